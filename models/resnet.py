@@ -1,0 +1,48 @@
+"""torchvision ResNets, wrapped with in-graph ImageNet preprocessing."""
+
+from __future__ import annotations
+
+import torchvision
+
+from models.preprocess import ImagePreprocess
+from models.registry import BuiltModel, InputSpec, ModelEntry, register
+from models.weights import resolve_torchvision
+
+RESNET_ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+DEFAULT_ARCH = "resnet50"
+INPUT_SIZE = 224
+OTHER_SIZE = 320  # a size that takes the resize branch the 224x224 trace never saw
+
+
+def imagenet_labels(arch: str) -> list[str]:
+    """Class names from torchvision's weights metadata (shipped with torchvision, no download)."""
+    return list(torchvision.models.get_model_weights(arch).DEFAULT.meta["categories"])
+
+
+def _builder(arch: str):
+    def build(weights: str) -> BuiltModel:
+        network, info = resolve_torchvision(
+            getattr(torchvision.models, arch), torchvision.models.get_model_weights(arch).DEFAULT, weights)
+        return BuiltModel(ImagePreprocess(network, size=INPUT_SIZE), info, imagenet_labels(arch))
+    return build
+
+
+def _probe_inputs():
+    import torch
+    generator = torch.Generator().manual_seed(1)
+    return {
+        f"{INPUT_SIZE}x{INPUT_SIZE} (as traced)": torch.rand(2, 3, INPUT_SIZE, INPUT_SIZE, generator=generator),
+        f"{OTHER_SIZE}x{OTHER_SIZE} (resize branch)": torch.rand(2, 3, OTHER_SIZE, OTHER_SIZE, generator=generator),
+    }
+
+
+for _arch in RESNET_ARCHS:
+    register(ModelEntry(
+        name=_arch,
+        family="resnet",
+        description=f"torchvision {_arch} with in-graph resize + ImageNet normalisation",
+        input_spec=InputSpec(shape=(1, 3, INPUT_SIZE, INPUT_SIZE), resizes_in_graph=True, min_size=32),
+        build=_builder(_arch),
+        probe_inputs=_probe_inputs,
+        source={"registry": _arch},
+    ))

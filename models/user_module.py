@@ -1,0 +1,93 @@
+"""A user's own module: `path/to/file.py:factory` returning an nn.Module, entered as a registry entry."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo
+from models.weights import RANDOM_SEED, load_state_dict_file, seeded
+
+
+class UserModuleError(ValueError):
+    """The FILE:factory reference cannot be loaded or does not give an nn.Module."""
+
+
+def parse_input_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) < 2 or any(d <= 0 for d in shape):
+        raise UserModuleError(f"--input-shape {text!r} must be positive integers separated by commas, "
+                              "batch first, e.g. 1,3,224,224")
+    return shape
+
+
+def load_factory(reference: str):
+    path, sep, name = reference.rpartition(":")
+    if not sep or not path or not name:
+        raise UserModuleError(f"{reference!r} must look like path/to/file.py:factory")
+    if not os.path.isfile(path):
+        raise UserModuleError(f"{path!r} does not exist (from {reference!r})")
+    module_name = f"user_module_{Path(path).stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # TorchScript needs the source module importable by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise UserModuleError(f"importing {path} failed: {type(error).__name__}: {error}") from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise UserModuleError(f"{path} has no callable named {name!r}")
+    return factory
+
+
+def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1.0)) -> ModelEntry:
+    factory = load_factory(reference)
+
+    def build(weights: str) -> BuiltModel:
+        module = seeded(factory)
+        if not isinstance(module, nn.Module):
+            raise UserModuleError(f"{reference} returned {type(module).__name__}, not a torch.nn.Module")
+        if weights in ("auto", "random"):
+            return BuiltModel(module, WeightsInfo("random" if weights == "random" else "factory", weights,
+                                                  seed=RANDOM_SEED,
+                                                  note="weights as the factory made them (seeded)"))
+        if weights == "imagenet":
+            raise UserModuleError("--weights imagenet is for registry models; give your module's state_dict PATH")
+        return BuiltModel(module, load_state_dict_file(module, weights))
+
+    return ModelEntry(
+        name=Path(reference.rpartition(":")[0]).stem,
+        family="module",
+        description=f"user module {reference}",
+        input_spec=InputSpec(shape=input_shape, value_range=value_range),
+        build=build,
+        probe_inputs=lambda: probe_inputs(input_shape),
+        source={"module": os.path.abspath(reference.rpartition(":")[0]) + ":" + reference.rpartition(":")[2],
+                "input_shape": list(input_shape)},
+    )
+
+
+def probe_inputs(shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """Varied inputs: values and signs, batch sizes, and (for images) other spatial sizes."""
+    generator = torch.Generator().manual_seed(7)
+    rand = lambda s: torch.rand(s, generator=generator)  # noqa: E731
+    probes = {
+        "like the tracing example": rand(shape),
+        "negative values": -rand(shape),
+        "large values (x10)": 10 * rand(shape),
+        "zeros": torch.zeros(shape),
+        f"batch {shape[0] + 2}": rand((shape[0] + 2,) + shape[1:]),
+    }
+    if len(shape) == 4:
+        bigger = shape[:2] + (shape[2] * 3 // 2, shape[3] * 3 // 2)
+        probes[f"spatial {bigger[2]}x{bigger[3]}"] = rand(bigger)
+    return probes

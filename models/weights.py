@@ -1,0 +1,137 @@
+"""Weights for a module: `auto`, `imagenet`, `random` (seeded) or a local state_dict PATH.
+
+`imagenet` goes through torchvision's normal download and the torch hub cache; `auto` uses it when the
+file is cached or the download host answers, and otherwise falls back to seeded random weights with a
+warning the caller shows prominently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from models.registry import WeightsInfo
+
+RANDOM_SEED = 0
+REACHABILITY_TIMEOUT_S = 5.0
+CHOICES_HELP = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
+
+
+class WeightsError(RuntimeError):
+    """Weights could not be obtained or do not fit the module; the message says which and what to do."""
+
+
+def seeded(build: Callable[[], nn.Module], seed: int = RANDOM_SEED) -> nn.Module:
+    """Build a module with a reproducible random initialisation (parity re-checks rebuild it)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cached_weights_path(url: str) -> Path:
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+
+
+def download_reachable(url: str) -> bool:
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=REACHABILITY_TIMEOUT_S)
+        return True
+    except Exception:
+        return False
+
+
+def load_torchvision_pretrained(build: Callable[..., nn.Module], weights_enum) -> nn.Module:
+    """torchvision's own path: download into (or read from) the torch hub cache, hash-checked."""
+    try:
+        return build(weights=weights_enum)
+    except Exception as error:  # URLError, hash mismatch, truncated cache file
+        raise WeightsError(
+            f"could not obtain {weights_enum} from {weights_enum.url} ({error}); "
+            f"check the network or place the file at {cached_weights_path(weights_enum.url)}, "
+            "or pass --weights random / --weights PATH"
+        ) from None
+
+
+def resolve_torchvision(build: Callable[..., nn.Module], weights_enum, choice: str) -> tuple[nn.Module, WeightsInfo]:
+    """Apply a --weights choice to a torchvision builder such as torchvision.models.resnet50."""
+    if choice == "imagenet":
+        return load_torchvision_pretrained(build, weights_enum), _imagenet_info(weights_enum, choice)
+    if choice == "auto":
+        cached = cached_weights_path(weights_enum.url)
+        if cached.exists() or download_reachable(weights_enum.url):
+            return load_torchvision_pretrained(build, weights_enum), _imagenet_info(weights_enum, choice)
+        note = (f"ImageNet weights {weights_enum} are not cached ({cached}) and {weights_enum.url} is "
+                "unreachable: using seeded RANDOM weights, so predictions are meaningless")
+        return seeded(lambda: build(weights=None)), WeightsInfo("random", choice, seed=RANDOM_SEED, note=note)
+    if choice == "random":
+        return seeded(lambda: build(weights=None)), WeightsInfo("random", choice, seed=RANDOM_SEED)
+    module = seeded(lambda: build(weights=None))
+    return module, load_state_dict_file(module, choice)
+
+
+def _imagenet_info(weights_enum, choice: str) -> WeightsInfo:
+    return WeightsInfo("imagenet", choice, source=f"{weights_enum} {weights_enum.url}")
+
+
+def _unwrap_checkpoint(obj) -> dict:
+    """Accept a bare state_dict, or the common {'state_dict': ...} / {'model': ...} wrappers."""
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise WeightsError("the checkpoint is not a state_dict (a dict of parameter name -> tensor); "
+                           "save one with torch.save(model.state_dict(), PATH)")
+    # DataParallel/DistributedDataParallel checkpoints prefix every key with 'module.'
+    if obj and all(k.startswith("module.") for k in obj):
+        obj = {k[len("module."):]: v for k, v in obj.items()}
+    return obj
+
+
+def load_state_dict_file(module: nn.Module, path: str) -> WeightsInfo:
+    """Load a local state_dict with weights_only=True; name every missing, unexpected or misshapen key."""
+    if not os.path.isfile(path):
+        raise WeightsError(f"--weights {path!r} is not a file, nor one of: {CHOICES_HELP}")
+    try:
+        state = _unwrap_checkpoint(torch.load(path, map_location="cpu", weights_only=True))
+    except WeightsError:
+        raise
+    except Exception as error:
+        raise WeightsError(f"cannot read checkpoint {path}: {str(error).splitlines()[0]}; "
+                           "it must be a state_dict saved with torch.save") from None
+    expected = module.state_dict()
+    problems = []
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        problems.append(f"missing keys: {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_few(unexpected)}")
+    misshapen = [f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(expected[k].shape)})"
+                 for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
+    if misshapen:
+        problems.append(f"shape mismatches: {_few(misshapen)}")
+    if problems:
+        raise WeightsError(f"checkpoint {path} does not fit the model: " + "; ".join(problems))
+    module.load_state_dict(state)
+    return WeightsInfo("path", path, source=os.path.abspath(path), sha256=file_sha256(path))
+
+
+def _few(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
