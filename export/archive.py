@@ -1,0 +1,80 @@
+"""Package an export folder as a TorchServe archive (.mar) with torch-model-archiver.
+
+The archive holds the handler (handlers/ and the runtime helpers it imports from export/), the served
+artifact, manifest.json, index_to_name.json and model-config.yaml. It is built in a temporary folder and
+renamed into the model store, so a model store never holds half an archive.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from export.atomic import ensure_writable_dir
+from export.errors import ExportError
+from export.manifest import MANIFEST_NAME, Manifest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+HANDLER_ENTRY = PROJECT_ROOT / "handlers" / "torchserve_entry.py"
+PACKAGES_IN_ARCHIVE = ("handlers", "export")  # export: only for runtime.py's ONNX Runtime session factory
+
+# TorchServe model-config.yaml. Batching trades latency for throughput: up to 8 requests or 50 ms.
+# On CPU one worker uses every core (threads set in the handler); more workers would oversubscribe.
+MODEL_CONFIG = {
+    "minWorkers": 1,
+    "maxWorkers": 1,
+    "batchSize": 8,
+    "maxBatchDelay": 50,
+    "responseTimeout": 120,
+    "deviceType": "gpu",  # TorchServe falls back to CPU where no GPU is visible
+}
+HANDLER_CONFIG = {"topk": 5, "fp16": False}
+
+
+def model_config_yaml(artifact: str, overrides: dict | None = None) -> str:
+    import yaml
+    config = {**MODEL_CONFIG, **(overrides or {})}
+    config["handler"] = {**HANDLER_CONFIG, "artifact": artifact}
+    return ("# TorchServe model configuration (written by `python -m export`).\n"
+            "# handler.artifact: which exported artifact is served; the archive holds only that one.\n"
+            + yaml.safe_dump(config, sort_keys=False))
+
+
+def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name: str,
+                  artifact: str | None = None, config_overrides: dict | None = None) -> Path:
+    artifact = artifact or manifest.serving.get("default_artifact")
+    if artifact not in manifest.artifacts:
+        raise ExportError(f"cannot serve {artifact!r}: choose one of {', '.join(manifest.artifacts)} "
+                          "(an artifact that passed parity)")
+    if not manifest.parity.get("summary", {}).get(artifact, {}).get("passed"):
+        raise ExportError(f"artifact {artifact!r} did not pass parity; refusing to package it")
+    ensure_writable_dir(model_store, "--model-store")
+    record = manifest.artifacts[artifact]
+    with tempfile.TemporaryDirectory(dir=model_store, prefix=".mar-build-") as scratch:
+        scratch = Path(scratch)
+        extra = scratch / "extra"
+        for package in PACKAGES_IN_ARCHIVE:
+            shutil.copytree(PROJECT_ROOT / package, extra / package,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "__main__.py"))
+        for file_name in [MANIFEST_NAME] + [f for f in manifest.files if f.endswith("index_to_name.json")]:
+            shutil.copy2(export_dir / file_name, extra / file_name)
+        config = scratch / "model-config.yaml"
+        config.write_text(model_config_yaml(artifact, config_overrides))
+        command = [sys.executable, "-m", "model_archiver.model_packaging",
+                   "--model-name", name, "--version", "1.0",
+                   "--serialized-file", str(export_dir / record["path"]),
+                   "--handler", str(HANDLER_ENTRY),
+                   "--extra-files", str(extra),
+                   "--config-file", str(config),
+                   "--export-path", str(scratch), "--force"]
+        result = subprocess.run(command, capture_output=True, text=True)
+        built = scratch / f"{name}.mar"
+        if result.returncode != 0 or not built.is_file():
+            raise ExportError(f"torch-model-archiver failed: {(result.stderr or result.stdout).strip()[-500:]}")
+        target = model_store / f"{name}.mar"
+        os.replace(built, target)
+    return target

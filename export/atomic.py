@@ -1,0 +1,93 @@
+"""Writes that are all-or-nothing: a file appears complete or not at all, and so does an export folder."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from export.errors import OutputDirError
+
+PARTIAL_MARK = ".partial-"
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    target = Path(target)
+    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(source, temp)
+        os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def ensure_writable_dir(path: Path, flag: str = "--out") -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-")
+        probe.close()
+    except OSError as error:
+        raise OutputDirError(f"cannot write to {path} ({error.strerror or error}); "
+                             f"choose a writable folder with {flag}") from None
+
+
+@contextmanager
+def staged_directory(final: Path):
+    """Build a folder beside `final`, then swap it in whole.
+
+    An interrupted run leaves only a hidden `.NAME.partial-PID` folder (removed by the next run) and
+    the previous complete export untouched, so a manifest never stands beside incomplete artifacts.
+    """
+    final = Path(final).absolute()
+    ensure_writable_dir(final.parent)
+    for stale in final.parent.glob(f".{final.name}{PARTIAL_MARK}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = final.parent / f".{final.name}{PARTIAL_MARK}{os.getpid()}"
+    stage.mkdir()
+    try:
+        yield stage
+        _swap_in(stage, final)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _swap_in(stage: Path, final: Path) -> None:
+    previous = final.parent / f".{final.name}.previous-{os.getpid()}"
+    if final.exists():
+        if not final.is_dir():
+            raise OutputDirError(f"{final} exists and is not a folder; choose another --out")
+        os.replace(final, previous)
+    os.replace(stage, final)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def describe_os_error(error: OSError) -> str:
+    if error.errno == errno.ENOSPC:
+        return (f"disk full while writing {error.filename or 'the export'}; "
+                "free some space or choose another folder with --out")
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied writing {error.filename}; choose a writable folder with --out"
+    return f"{error.strerror or error} ({error.filename})"

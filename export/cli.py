@@ -1,0 +1,103 @@
+"""`python -m export ...`: thin glue over the pipeline. Errors end as one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from export import formats
+from export.errors import ExportError, ParityError
+
+EXIT_ERROR = 1
+EXIT_PARITY = 3
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from models.resnet import DEFAULT_ARCH, RESNET_ARCHS
+    from models.weights import CHOICES_HELP
+
+    parser = argparse.ArgumentParser(
+        prog="python -m export",
+        description="Export a vision model to TorchScript (traced, scripted) and ONNX (legacy and torch.export), "
+                    "verify eval mode, check parity against eager PyTorch, and package it for TorchServe.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    resnet = commands.add_parser("resnet", help="a torchvision ResNet with in-graph preprocessing, plus resnet.mar",
+                                 description="Export a torchvision ResNet and package it as model-store/resnet.mar.")
+    resnet.add_argument("--arch", default=DEFAULT_ARCH, metavar="ARCH",
+                        help=f"one of: {', '.join(RESNET_ARCHS)} (default: {DEFAULT_ARCH})")
+    _common(resnet, CHOICES_HELP, default_out="artifacts/<arch>")
+    _archive_options(resnet)
+
+    module = commands.add_parser("module", help="your own nn.Module from FILE.py:factory",
+                                 description="Export your own module: the factory returns an nn.Module.")
+    module.add_argument("reference", metavar="FILE.py:factory")
+    module.add_argument("--input-shape", required=True, help="example input shape, batch first, e.g. 1,3,224,224")
+    _common(module, "auto/random (as the factory builds it) | PATH to a state_dict", default_out="artifacts/<file>")
+    module.add_argument("--model-store", type=Path, default=None,
+                        help="also write NAME.mar there (only for image classifiers that take 1x3xHxW in [0, 1])")
+    module.add_argument("--model-name", default=None, help="name to serve under (default: the file's stem)")
+    module.add_argument("--serve", default=None, metavar="ARTIFACT", help="artifact to package (default: fastest)")
+
+    controlflow = commands.add_parser("controlflow", help="trace vs script on control-flow demo models",
+                                      description="Export the control-flow demos and the ResNet resize branch; "
+                                                  "report where traced artifacts silently go wrong.")
+    controlflow.add_argument("--out", type=Path, default=Path("artifacts/controlflow"))
+    controlflow.add_argument("--opset", type=int, default=formats.DEFAULT_OPSET)
+
+    parity = commands.add_parser("parity", help="re-check an existing export folder (hashes, then parity)",
+                                 description="Verify every sha256 against manifest.json, then re-run parity.")
+    parity.add_argument("folder", type=Path)
+    return parser
+
+
+def _common(sub, weights_help: str, default_out: str) -> None:
+    sub.add_argument("--weights", default="auto", help=f"{weights_help} (default: auto)")
+    sub.add_argument("--out", type=Path, default=None, help=f"output folder (default: {default_out})")
+    sub.add_argument("--opset", type=int, default=formats.DEFAULT_OPSET,
+                     help=f"ONNX opset (default: {formats.DEFAULT_OPSET})")
+
+
+def _archive_options(sub) -> None:
+    sub.add_argument("--model-store", type=Path, default=Path("model-store"),
+                     help="where resnet.mar is written (default: model-store)")
+    sub.add_argument("--no-archive", action="store_true", help="skip the TorchServe archive")
+    sub.add_argument("--serve", default=None, metavar="ARTIFACT",
+                     help=f"artifact to package: {', '.join(formats.FILE_NAMES)} (default: fastest that passed parity)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from export import commands  # imported late: --help stays fast
+    try:
+        return getattr(commands, f"run_{args.command}")(args)
+    except ParityError as error:
+        print(f"\n{error.table}\n\nerror: {error}", file=sys.stderr)
+        return EXIT_PARITY
+    except KeyboardInterrupt:
+        print("\ninterrupted: nothing was swapped into the output folder; re-run to export", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as error:
+        from export.atomic import describe_os_error
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:
+        if not _is_user_error(error):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _is_user_error(error: Exception) -> bool:
+    from models.registry import UnknownModelError
+    from models.user_module import UserModuleError
+    from models.weights import WeightsError
+    return isinstance(error, (ExportError, UnknownModelError, UserModuleError, WeightsError))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The commands behind `python -m export`: each builds a registry entry and runs the pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from export.archive import build_archive
+from export.atomic import atomic_write_text, ensure_writable_dir
+from export.errors import ExportError
+from export.manifest import load_manifest, verify_hashes
+from export.parity import parity_inputs, report_json, report_markdown, run_parity
+from export.pipeline import ExportOptions, Progress, export_model
+from export.runtime import artifact_runner, eager_runner
+from export.trace_vs_script import CONCLUSION, compact_table, markdown_section
+
+CONTROLFLOW_MODELS = ("cf-branch", "cf-loop", "cf-repeat", "resnet18")
+
+
+def run_resnet(args) -> int:
+    import models
+    from models.resnet import RESNET_ARCHS
+    if args.arch not in RESNET_ARCHS:
+        raise ExportError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(RESNET_ARCHS)}")
+    out = args.out or Path("artifacts") / args.arch
+    progress = Progress()
+    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset), progress)
+    _print_resize_line(result.trace_vs_script, progress)
+    if not args.no_archive:
+        archive = build_archive(out, result.manifest, args.model_store, "resnet", args.serve)
+        progress.step(f"TorchServe archive: {archive} (serves {args.serve or result.manifest.serving['default_artifact']}"
+                      f"; batch-1 latency ms: {result.manifest.serving['latency_ms_batch1']})")
+    _print_files(out, progress)
+    return 0
+
+
+def run_module(args) -> int:
+    from models.user_module import parse_input_shape, user_entry
+    entry = user_entry(args.reference, parse_input_shape(args.input_shape))
+    out = args.out or Path("artifacts") / entry.name
+    progress = Progress()
+    result = export_model(entry, ExportOptions(out, args.weights, args.opset), progress)
+    if args.model_store:
+        archive = build_archive(out, result.manifest, args.model_store, args.model_name or entry.name, args.serve)
+        progress.step(f"TorchServe archive: {archive}")
+    _print_files(out, progress)
+    return 0
+
+
+def run_controlflow(args) -> int:
+    import models
+    progress = Progress()
+    ensure_writable_dir(args.out)
+    sections, tables, combined = [], [], {}
+    for name in CONTROLFLOW_MODELS:
+        entry = models.get(name)
+        progress.step(f"--- {name}: {entry.description}")
+        result = export_model(entry, ExportOptions(args.out / name, "random", args.opset),
+                              Progress(quiet=True))
+        combined[name] = result.trace_vs_script
+        sections.append(markdown_section(name, entry.description, result.trace_vs_script))
+        tables.append(compact_table(name, result.trace_vs_script))
+        progress.step(f"{name} exported to {args.out / name}")
+    header = ("# Trace vs script on control flow\n\nEach artifact is run on probe inputs: [1] is like the "
+              "tracing example, the others take another path. WRONG = differs from eager with no error.\n\n")
+    atomic_write_text(args.out / "report.md", header + "\n".join(sections) + "\n" + CONCLUSION + "\n")
+    atomic_write_text(args.out / "report.json", json.dumps(combined, indent=2, default=str))
+    print("\n" + "\n\n".join(tables) + "\n\n" + CONCLUSION.replace("**", "") + "\n")
+    progress.step(f"report: {args.out / 'report.md'} and report.json")
+    return 0
+
+
+def run_parity(args) -> int:
+    """Re-check an export folder: hashes first (a modified file is named), then parity against eager."""
+    folder = args.folder
+    manifest = load_manifest(folder)
+    verify_hashes(folder, manifest)
+    progress = Progress()
+    progress.step(f"sha256 of {len(manifest.artifacts) + len(manifest.files)} files match manifest.json")
+    entry = _entry_from_manifest(manifest)
+    built = entry.build(_weights_from_manifest(manifest))
+    module = built.module.eval().requires_grad_(False)
+    candidates = {k: (artifact_runner(r["format"], folder / r["path"], "cpu", k), r["format"], r["spatial_dynamic"])
+                  for k, r in manifest.artifacts.items()}
+    report = run_parity(eager_runner(module), candidates,
+                        parity_inputs(tuple(manifest.input["example_shape"]), tuple(manifest.input["value_range"]),
+                                      spatial_dynamic=manifest.input["resizes_in_graph"]))
+    print(report.table())
+    atomic_write_text(folder / "parity.recheck.md", report_markdown(report, manifest.model["name"] + " (re-check)"))
+    atomic_write_text(folder / "parity.recheck.json", report_json(report))
+    report.raise_on_failure()
+    progress.step(f"parity passed for {', '.join(report.summary())}; wrote parity.recheck.md")
+    return 0
+
+
+def _entry_from_manifest(manifest):
+    import models
+    from models.user_module import user_entry
+    if "module" in manifest.model:
+        return user_entry(manifest.model["module"], tuple(manifest.model["input_shape"]))
+    return models.get(manifest.model["registry"])
+
+
+def _weights_from_manifest(manifest) -> str:
+    weights = manifest.weights
+    if weights["kind"] == "path":
+        return weights["source"]
+    return {"imagenet": "imagenet"}.get(weights["kind"], "random")
+
+
+def _print_resize_line(paths: dict, progress: Progress) -> None:
+    """One line on the resize branch: what each artifact does with a non-224 input."""
+    probe = paths["probes"][-1]
+    parts = []
+    for row in paths["rows"]:
+        result = next(r for r in row["probes"] if r["probe"] == probe)
+        if result["status"] == "silently wrong":
+            parts.append(f"{row['artifact']} differs from eager by {result['max_abs']:.3g} (no error)")
+        elif result["status"] == "rejected input":
+            parts.append(f"{row['artifact']} rejects it")
+        else:
+            parts.append(f"{row['artifact']} matches")
+    progress.step(f"resize branch, input {probe}: " + "; ".join(parts))
+
+
+def _print_files(out: Path, progress: Progress) -> None:
+    listing = ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p in sorted(out.iterdir()) if p.is_file())
+    progress.step(f"files in {out}: {listing}")

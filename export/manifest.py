@@ -1,0 +1,87 @@
+"""manifest.json: one record of what an export wrote and proved. Written last, atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from export.atomic import atomic_write_text
+from export.errors import ExportError, IntegrityError
+
+MANIFEST_NAME = "manifest.json"
+SCHEMA_VERSION = 1
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import torch
+    import torchvision
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__}
+
+
+@dataclass
+class Manifest:
+    model: dict
+    weights: dict
+    input: dict
+    output: dict
+    opset: int
+    artifacts: dict = field(default_factory=dict)  # kind -> {path, format, exporter, sha256, bytes, ...}
+    refused: dict = field(default_factory=dict)  # kind -> why the exporter refused
+    files: dict = field(default_factory=dict)  # other files (labels, reports) -> {sha256, bytes}
+    timings_s: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    parity: dict = field(default_factory=dict)
+    trace_vs_script: dict = field(default_factory=dict)
+    serving: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=library_versions)
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    schema: int = SCHEMA_VERSION
+
+    def record_file(self, folder: Path, name: str) -> dict:
+        path = folder / name
+        return {"path": name, "sha256": sha256_of(path), "bytes": path.stat().st_size}
+
+    def write(self, folder: Path) -> Path:
+        path = folder / MANIFEST_NAME
+        atomic_write_text(path, json.dumps(asdict(self), indent=2, default=str) + "\n")
+        return path
+
+
+def load_manifest(folder: Path) -> Manifest:
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        raise ExportError(f"{path} not found: {folder} is not a complete export; run `python -m export ...` first")
+    try:
+        data = json.loads(path.read_text())
+        return Manifest(**data)
+    except (json.JSONDecodeError, TypeError) as error:
+        raise ExportError(f"{path} is not a manifest this version understands ({error}); re-run the export") from None
+
+
+def verify_hashes(folder: Path, manifest: Manifest) -> None:
+    """Every artifact and recorded file must exist with the recorded sha256; name each one that does not."""
+    problems = {}
+    for record in list(manifest.artifacts.values()) + list(manifest.files.values()):
+        path = Path(folder) / record["path"]
+        if not path.is_file():
+            problems[record["path"]] = "missing"
+        elif sha256_of(path) != record["sha256"]:
+            problems[record["path"]] = "sha256 differs (modified since export)"
+    if problems:
+        raise IntegrityError(problems)

@@ -1,0 +1,47 @@
+"""Collect warnings (torch.jit deprecation FutureWarnings, TracerWarnings, exporter chatter) per step.
+
+They are summarised once at the end and recorded in the manifest instead of being sprayed on the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WarningLog:
+    counts: Counter = field(default_factory=Counter)
+
+    @contextlib.contextmanager
+    def capture(self, step: str):
+        """Record warnings raised inside; swallow what exporters print to stdout/stderr."""
+        chatter = io.StringIO()
+        with warnings.catch_warnings(record=True) as caught, \
+                contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            warnings.simplefilter("always")
+            try:
+                yield
+            finally:
+                for record in caught:
+                    message = str(record.message).strip().splitlines()[0][:300]
+                    self.counts[(step, record.category.__name__, message)] += 1
+
+    def of_step(self, step: str) -> list[dict]:
+        return [entry for entry in self.as_list() if entry["step"] == step]
+
+    def as_list(self) -> list[dict]:
+        return [{"step": step, "category": category, "message": message, "count": count}
+                for (step, category, message), count in self.counts.items()]
+
+    def summary_line(self) -> str:
+        if not self.counts:
+            return "no warnings captured"
+        by_category = Counter()
+        for (_, category, _), count in self.counts.items():
+            by_category[category] += count
+        kinds = ", ".join(f"{category} x{count}" for category, count in by_category.most_common())
+        return f"captured {sum(by_category.values())} warnings ({kinds}); details in manifest.json 'warnings'"
