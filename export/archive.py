@@ -20,7 +20,8 @@ from export.manifest import MANIFEST_NAME, Manifest
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HANDLER_ENTRY = PROJECT_ROOT / "handlers" / "torchserve_entry.py"
-PACKAGES_IN_ARCHIVE = ("handlers", "export")  # export: only for runtime.py's ONNX Runtime session factory
+# The handler's code: all of handlers/, and from export/ only the runtime helpers it imports.
+ARCHIVE_SOURCES = {"handlers": None, "export": ("__init__.py", "runtime.py")}
 
 # TorchServe model-config.yaml. Batching trades latency for throughput: up to 8 requests or 50 ms.
 # On CPU one worker uses every core (threads set in the handler); more workers would oversubscribe.
@@ -57,9 +58,11 @@ def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name:
     with tempfile.TemporaryDirectory(dir=model_store, prefix=".mar-build-") as scratch:
         scratch = Path(scratch)
         extra = scratch / "extra"
-        for package in PACKAGES_IN_ARCHIVE:
-            shutil.copytree(PROJECT_ROOT / package, extra / package,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "__main__.py"))
+        for package, names in ARCHIVE_SOURCES.items():
+            (extra / package).mkdir(parents=True)
+            for source in sorted((PROJECT_ROOT / package).glob("*.py")):
+                if names is None or source.name in names:
+                    shutil.copy2(source, extra / package / source.name)
         for file_name in [MANIFEST_NAME] + [f for f in manifest.files if f.endswith("index_to_name.json")]:
             shutil.copy2(export_dir / file_name, extra / file_name)
         config = scratch / "model-config.yaml"

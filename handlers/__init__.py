@@ -1,0 +1,1 @@
+"""How TorchServe runs an exported model: decode -> batch -> predict -> encode."""

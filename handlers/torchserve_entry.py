@@ -1,0 +1,16 @@
+"""TorchServe's handler file (the archive's --handler): a module-level `handle` over ImageClassifier.
+
+TorchServe imports this file from the unpacked archive, where handlers/ and export/ sit beside it.
+"""
+
+from handlers.image_classifier import ImageClassifier
+
+_service = ImageClassifier()
+
+
+def handle(data, context):
+    if not _service.initialized:
+        _service.initialize(context)
+    if data is None:  # TorchServe's warm-up call during model load
+        return None
+    return _service.handle(data, context)

@@ -1,0 +1,240 @@
+"""Start TorchServe on loopback, wait for a real prediction, and stop it cleanly.
+
+TorchServe's /ping can answer Healthy while every worker crashes, so readiness here means: a POST of a
+real image returned 200 with predictions. A worker that fails to load is caught from the logs and
+reported with the handler's own error instead of waiting out the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PROJECT_ROOT = PACKAGE_DIR.parent
+DEFAULT_CONFIG = PACKAGE_DIR / "config.properties"
+EXAMPLE_IMAGE = PROJECT_ROOT / "examples" / "cat.jpg"
+READY_TIMEOUT_S = 240
+STOP_TIMEOUT_S = 60
+PID_FILE = "torchserve.pgid"
+# Lines in TorchServe's logs that mean the model will not load; the handler's message is near them.
+LOAD_FAILURE = re.compile(r"(Load model failed|Backend worker process died|Worker disconnected.*WORKER_STOPPED"
+                          r"|Failed to load model|ModuleNotFoundError|Traceback)")
+FAILURES_BEFORE_GIVING_UP = 2
+
+
+class ServingError(RuntimeError):
+    """TorchServe did not come up; the message carries what its logs said."""
+
+
+@dataclass
+class ServerSettings:
+    model_store: Path = Path("model-store")
+    model_name: str = "resnet"
+    host: str = "127.0.0.1"
+    inference_port: int = 8080
+    management_port: int = 8081
+    metrics_port: int = 8082
+    run_dir: Path = Path(".serving")  # logs, TorchServe's pid file and ours
+    config: Path = DEFAULT_CONFIG
+    extra_env: dict = field(default_factory=dict)
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://{self.host}:{self.inference_port}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://{self.host}:{self.management_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir.absolute() / "logs"
+
+    def predictions_url(self) -> str:
+        return f"{self.inference_url}/predictions/{self.model_name}"
+
+
+def torchserve_command(settings: ServerSettings) -> list[str]:
+    executable = shutil.which("torchserve", path=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    if not executable:
+        raise ServingError("torchserve is not installed: pip install -e '.[serving]' (see README)")
+    return [executable, "--start", "--foreground", "--ncs",
+            "--ts-config", str(Path(settings.config).absolute()),
+            "--model-store", str(Path(settings.model_store).absolute()),
+            "--models", f"{settings.model_name}={settings.model_name}.mar"]
+
+
+def server_env(settings: ServerSettings) -> dict:
+    run_dir = settings.run_dir.absolute()
+    return {
+        **os.environ,
+        "TS_INFERENCE_ADDRESS": settings.inference_url,
+        "TS_MANAGEMENT_ADDRESS": settings.management_url,
+        "TS_METRICS_ADDRESS": settings.metrics_url,
+        "LOG_LOCATION": str(settings.log_dir),
+        "METRICS_LOCATION": str(settings.log_dir),
+        "TMPDIR": str(run_dir),  # TorchServe keeps a global pid file in TMPDIR: ours is per run dir
+        **settings.extra_env,
+    }
+
+
+def start(settings: ServerSettings) -> subprocess.Popen:
+    archive = Path(settings.model_store) / f"{settings.model_name}.mar"
+    if not archive.is_file():
+        raise ServingError(f"{archive} not found: run `python -m export resnet` first (it writes the archive)")
+    run_dir = settings.run_dir.absolute()
+    if (run_dir / PID_FILE).exists() and _alive(_read_pgid(run_dir)):
+        raise ServingError(f"a server started from {run_dir} is still running: `python -m serving stop` first")
+    settings.log_dir.mkdir(parents=True, exist_ok=True)
+    for old in settings.log_dir.glob("*.log"):
+        old.unlink()
+    console = open(settings.log_dir / "console.log", "ab")
+    # Own session: Ctrl-C in the terminal reaches us, and stop() signals the whole group (launcher, Java
+    # frontend, Python workers) at once.
+    process = subprocess.Popen(torchserve_command(settings), cwd=run_dir, env=server_env(settings),
+                               stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True)
+    (run_dir / PID_FILE).write_text(str(process.pid))
+    return process
+
+
+def wait_until_serving(settings: ServerSettings, process: subprocess.Popen | None, image: Path = EXAMPLE_IMAGE,
+                       timeout: float = READY_TIMEOUT_S) -> dict:
+    """Block until a real prediction succeeds; raise ServingError with the log's reason otherwise."""
+    import requests
+    body = Path(image).read_bytes()
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise ServingError(f"TorchServe exited with code {process.returncode}: {_log_reason(settings)}")
+        failure = load_failure(settings)
+        if failure:
+            raise ServingError(f"the model failed to load: {failure}")
+        try:
+            response = requests.post(settings.predictions_url(), data=body,
+                                     headers={"Content-Type": "image/jpeg"}, timeout=30)
+            if response.status_code == 200:
+                return response.json()
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+        except requests.RequestException as error:
+            last = type(error).__name__
+        time.sleep(1.0)
+    raise ServingError(f"no successful prediction within {timeout:.0f}s (last: {last}); {_log_reason(settings)}")
+
+
+def load_failure(settings: ServerSettings) -> str | None:
+    """The handler's error once workers have failed to load more than once (TorchServe retries forever)."""
+    log = settings.log_dir / "model_log.log"
+    frontend = settings.log_dir / "ts_log.log"
+    text = (frontend.read_text(errors="replace") if frontend.exists() else "")
+    died = len(re.findall(r"Backend worker process died|Load model failed", text))
+    if died < FAILURES_BEFORE_GIVING_UP:
+        return None
+    return _last_exception(log) or _last_matching(frontend) or "see " + str(settings.log_dir)
+
+
+def _last_exception(path: Path) -> str | None:
+    if not path.exists():
+        return None
+    lines = [line.split(" - ", 1)[-1].strip() for line in path.read_text(errors="replace").splitlines()]
+    errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line)]
+    return errors[-1] if errors else None
+
+
+def _last_matching(path: Path) -> str | None:
+    if not path.exists():
+        return None
+    matches = [line.strip() for line in path.read_text(errors="replace").splitlines() if LOAD_FAILURE.search(line)]
+    return matches[-1][-300:] if matches else None
+
+
+def _log_reason(settings: ServerSettings) -> str:
+    return (_last_exception(settings.log_dir / "model_log.log") or _last_matching(settings.log_dir / "ts_log.log")
+            or _tail(settings.log_dir / "console.log") or f"see logs in {settings.log_dir}")
+
+
+def _tail(path: Path, lines: int = 3) -> str | None:
+    if not path.exists():
+        return None
+    return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) or None
+
+
+def stop(settings: ServerSettings, process: subprocess.Popen | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
+    """SIGTERM the server's process group (Java shuts its workers down), SIGKILL if it lingers."""
+    run_dir = settings.run_dir.absolute()
+    pgid = process.pid if process is not None else _read_pgid(run_dir)
+    if pgid is None or not _alive(pgid):
+        (run_dir / PID_FILE).unlink(missing_ok=True)
+        return False
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _group_alive(pgid):
+        if process is not None:
+            process.poll()
+        time.sleep(0.3)
+    if _group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+    if process is not None:
+        process.wait(timeout=10)
+    (run_dir / PID_FILE).unlink(missing_ok=True)
+    return True
+
+
+def _read_pgid(run_dir: Path) -> int | None:
+    try:
+        return int((run_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
+def curl_line(settings: ServerSettings, image: Path = EXAMPLE_IMAGE) -> str:
+    try:
+        shown = Path(image).resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = image
+    return (f'curl -X POST {settings.predictions_url()} -H "Content-Type: image/jpeg" '
+            f"--data-binary @{shown}")
+
+
+def summarise(prediction: dict) -> str:
+    top = prediction.get("predictions", [])[:5]
+    return json.dumps(top)
