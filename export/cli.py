@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from export import commands  # imported late: --help stays fast
     try:
-        return getattr(commands, f"run_{args.command}")(args)
+        return getattr(commands, f"{args.command}_command")(args)
     except ParityError as error:
         print(f"\n{error.table}\n\nerror: {error}", file=sys.stderr)
         return EXIT_PARITY

@@ -17,7 +17,7 @@ from export.trace_vs_script import CONCLUSION, compact_table, markdown_section
 CONTROLFLOW_MODELS = ("cf-branch", "cf-loop", "cf-repeat", "resnet18")
 
 
-def run_resnet(args) -> int:
+def resnet_command(args) -> int:
     import models
     from models.resnet import RESNET_ARCHS
     if args.arch not in RESNET_ARCHS:
@@ -34,7 +34,7 @@ def run_resnet(args) -> int:
     return 0
 
 
-def run_module(args) -> int:
+def module_command(args) -> int:
     from models.user_module import parse_input_shape, user_entry
     entry = user_entry(args.reference, parse_input_shape(args.input_shape))
     out = args.out or Path("artifacts") / entry.name
@@ -47,7 +47,7 @@ def run_module(args) -> int:
     return 0
 
 
-def run_controlflow(args) -> int:
+def controlflow_command(args) -> int:
     import models
     progress = Progress()
     ensure_writable_dir(args.out)
@@ -70,7 +70,7 @@ def run_controlflow(args) -> int:
     return 0
 
 
-def run_parity(args) -> int:
+def parity_command(args) -> int:
     """Re-check an export folder: hashes first (a modified file is named), then parity against eager."""
     folder = args.folder
     manifest = load_manifest(folder)

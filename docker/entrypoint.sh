@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Serve the exported ResNet with TorchServe: export it first when the model store has no resnet.mar, then
+# run TorchServe in the foreground until SIGTERM/SIGINT, which stops its Java frontend and Python workers.
+# Runs in the image (docker/Dockerfile) and natively from a checkout; every path and address comes from env.
+set -euo pipefail
+
+log() { printf 'entrypoint: %s\n' "$*" >&2; }
+absolute() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac; }
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python}"
+ARCH="${ARCH:-resnet50}"
+WEIGHTS="${WEIGHTS:-auto}"
+# Relative paths are taken from the caller's working directory, as `python -m export` does.
+MODEL_STORE="$(absolute "${MODEL_STORE:-model-store}")"
+ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$ARCH}")"
+TS_CONFIG="$(absolute "${TS_CONFIG:-$ROOT/serving/config.properties}")"
+STOP_TIMEOUT="${STOP_TIMEOUT:-25}"  # below compose's stop_grace_period (30 s), after which Docker kills
+# Where the archive goes when MODEL_STORE is not writable (e.g. a bind mount Docker created as root).
+FALLBACK_STORE="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vision-export/model-store"
+
+child=""          # process group of the running export or TorchServe (its leader's pid)
+serving=false
+
+# Signal a process group, wait for all of it to exit (SIGKILL after STOP_TIMEOUT), reap the leader.
+stop_group() {
+  kill -TERM -- "-$1" 2>/dev/null || true
+  local deadline=$((SECONDS + STOP_TIMEOUT))
+  while kill -0 -- "-$1" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      log "still running after ${STOP_TIMEOUT}s; sending SIGKILL"
+      kill -KILL -- "-$1" 2>/dev/null || true
+      break
+    fi
+    sleep 0.2
+  done
+  wait "$1" 2>/dev/null || true
+}
+
+on_signal() {
+  trap '' TERM INT
+  if [[ -n "$child" ]]; then
+    log "$1: stopping $($serving && echo TorchServe || echo the export)"
+    stop_group "$child"
+  fi
+  # A stop while serving is the normal end; an interrupted export is not.
+  if $serving; then exit 0; fi
+  [[ "$1" == INT ]] && exit 130 || exit 143
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
+
+# Run a command in its own process group (job control), so a stop reaches every process it started, and
+# wait for it. `wait` returns early when a trapped signal arrives; on_signal then ends the script.
+run() {
+  set -m
+  "$@" &
+  child=$!
+  set +m
+  local status=0
+  wait "$child" || status=$?
+  # Anything the command left behind in its group (e.g. workers after a frontend crash) goes too.
+  kill -0 -- "-$child" 2>/dev/null && stop_group "$child"
+  child=""
+  return "$status"
+}
+
+if [[ ! -f "$MODEL_STORE/resnet.mar" ]]; then
+  mkdir -p "$MODEL_STORE" 2>/dev/null || true
+  if [[ ! -w "$MODEL_STORE" ]]; then
+    log "warning: $MODEL_STORE is not writable by uid $(id -u); using $FALLBACK_STORE instead." \
+        "To keep the archive on the host, create the folder owned by uid $(id -u) or export there yourself."
+    MODEL_STORE="$FALLBACK_STORE"
+    mkdir -p "$MODEL_STORE"
+  fi
+fi
+if [[ ! -f "$MODEL_STORE/resnet.mar" ]]; then
+  log "no resnet.mar in $MODEL_STORE: exporting $ARCH (weights: $WEIGHTS)"
+  # From the project root so `-m export` imports this checkout's code whatever the working directory.
+  run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" \
+    "$PYTHON" -m export resnet --arch "$ARCH" --weights "$WEIGHTS" --model-store "$MODEL_STORE" --out "$ARTIFACTS"
+fi
+
+# TorchServe's launcher keeps its pid file, and Java its worker sockets and unpacked models, in the temp
+# folder (/tmp/.model_server.pid, /tmp/.ts.sock.9000): a private one lets several servers share a machine.
+runtime_dir="$(mktemp -d "${TMPDIR:-/tmp}/torchserve.XXXXXX")"
+trap 'rm -rf "$runtime_dir"' EXIT
+
+log "serving $MODEL_STORE/resnet.mar with $TS_CONFIG"
+serving=true
+status=0
+# `-m ts.model_server` is the `torchserve` command run by $PYTHON, which is then also the workers' Python.
+run env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
+  "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$TS_CONFIG" \
+  --model-store "$MODEL_STORE" --models resnet=resnet.mar || status=$?
+log "TorchServe exited with status $status"
+exit "$status"

@@ -1,0 +1,37 @@
+"""Shared fixtures. The expensive one, `resnet18_export`, runs the real export command once per session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def run_export(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m export ...` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "export", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture(scope="session")
+def resnet18_export(tmp_path_factory) -> dict:
+    """resnet18, random weights: every artifact, the manifest and model-store/resnet.mar."""
+    base = tmp_path_factory.mktemp("resnet18")
+    out, store = base / "artifacts", base / "model-store"
+    result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
+                        "--model-store", str(store))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {"out": out, "model_store": store, "stdout": result.stdout, "stderr": result.stderr}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,86 @@
+"""Parity must fail loudly: a perturbed ONNX weight, a modified file, and `python -m export parity DIR`."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import models
+from export.errors import ParityError
+from export.parity import parity_inputs, run_parity
+from export.runtime import eager_runner, onnx_runner
+from tests.conftest import run_export
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def export_copy(resnet18_export, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(resnet18_export["out"], copy)
+    return copy
+
+
+def test_parity_passes_on_every_artifact(resnet18_export):
+    summary = json.loads((resnet18_export["out"] / "parity.json").read_text())["summary"]
+    assert set(summary) == {"traced", "scripted", "onnx-traced", "onnx-scripted", "onnx-dynamo"}
+    assert all(s["passed"] and s["top1_agreement"] == 1.0 for s in summary.values())
+    assert (resnet18_export["out"] / "parity.md").read_text().count("| pass |") >= 5
+
+
+def test_perturbed_onnx_weight_fails_with_typed_error_and_numbers(export_copy):
+    model = onnx.load(str(export_copy / "model.traced.onnx"))
+    weight = next(t for t in model.graph.initializer if len(t.dims) == 4 and np.prod(t.dims) > 1000)
+    values = numpy_helper.to_array(weight).copy()
+    values.flat[0] += 0.5  # one weight of one convolution
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    perturbed = export_copy / "perturbed.onnx"
+    onnx.save(model, str(perturbed))
+
+    module = models.get("resnet18").build("random").module.eval()
+    report = run_parity(eager_runner(module), {"perturbed": (onnx_runner(perturbed), "onnx", False)},
+                        parity_inputs((1, 3, 224, 224)))
+    with pytest.raises(ParityError) as error:
+        report.raise_on_failure()
+    numbers = error.value.failures[0].metrics
+    assert numbers["max_abs"] > 1e-3 and numbers["required_rtol"] > 1e-3
+    assert "perturbed" in str(error.value) and "max_abs=" in str(error.value)
+
+
+def test_recheck_passes_on_a_clean_folder(export_copy):
+    result = run_export("parity", str(export_copy))
+    assert result.returncode == 0, result.stderr
+    assert "sha256 of" in result.stdout and "parity passed" in result.stdout
+    assert (export_copy / "parity.recheck.json").is_file()
+
+
+def test_recheck_names_a_modified_artifact(export_copy):
+    with open(export_copy / "model.scripted.onnx", "r+b") as handle:
+        handle.seek(-10, 2)
+        handle.write(b"0123456789")
+    result = run_export("parity", str(export_copy))
+    assert result.returncode == 1
+    assert "model.scripted.onnx: sha256 differs" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy):
+    """A file re-exported with different weights but a matching hash entry: parity itself must catch it."""
+    import hashlib
+    manifest_path = export_copy / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    model = onnx.load(str(export_copy / "model.dynamo.onnx"))
+    weight = next(t for t in model.graph.initializer if len(t.dims) == 4)
+    values = numpy_helper.to_array(weight).copy() * 1.5
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx.save(model, str(export_copy / "model.dynamo.onnx"))
+    record = manifest["artifacts"]["onnx-dynamo"]
+    data = (export_copy / "model.dynamo.onnx").read_bytes()
+    record.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    manifest_path.write_text(json.dumps(manifest))
+    result = run_export("parity", str(export_copy))
+    assert result.returncode == 3
+    assert "parity failed for onnx-dynamo" in result.stderr and "| onnx-dynamo |" in result.stderr

@@ -1,0 +1,55 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import models
+from models.preprocess import ImagePreprocess
+from models.registry import UnknownModelError
+
+
+def test_registry_holds_every_resnet_and_the_demos():
+    assert set(models.names("resnet")) == {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}
+    assert set(models.names("controlflow")) == {"cf-branch", "cf-loop", "cf-repeat"}
+
+
+def test_unknown_model_lists_the_choices():
+    with pytest.raises(UnknownModelError, match="resnet50") as error:
+        models.get("resnet9000")
+    assert "resnet9000" in str(error.value)
+
+
+def test_resnet_entry_builds_wrapped_network_with_labels():
+    built = models.get("resnet18").build("random")
+    assert isinstance(built.module, ImagePreprocess)
+    assert len(built.labels) == 1000 and built.labels[0] == "tench"
+    assert built.weights.kind == "random" and built.weights.seed == 0
+
+
+def test_random_weights_are_reproducible():
+    first = models.get("resnet18").build("random").module.state_dict()
+    second = models.get("resnet18").build("random").module.state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_normalisation_buffers_are_saved_and_follow_the_module():
+    module = ImagePreprocess(torch.nn.Identity())
+    assert {"mean", "std"} <= set(module.state_dict())
+    moved = module.to(torch.float64)
+    assert moved.mean.dtype == torch.float64
+
+
+def test_resize_branch_resizes_other_sizes_before_normalising():
+    module = ImagePreprocess(torch.nn.Identity(), size=8).eval()
+    x = torch.rand(2, 3, 12, 10)
+    expected = (F.interpolate(x, size=[8, 8], mode="bilinear", align_corners=False) - module.mean) / module.std
+    assert torch.allclose(module(x), expected)
+    same = torch.rand(1, 3, 8, 8)
+    assert torch.allclose(module(same), (same - module.mean) / module.std)
+
+
+def test_torch_export_form_computes_the_same():
+    module = ImagePreprocess(torch.nn.Conv2d(3, 4, 3), size=16).eval()
+    form = module.torch_export_form()
+    for shape in [(1, 3, 16, 16), (2, 3, 20, 24)]:
+        x = torch.rand(shape)
+        assert torch.allclose(module(x), form(x), atol=1e-6)
