@@ -22,10 +22,17 @@ FALLBACK_STORE="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vision-export/model-stor
 child=""          # process group of the running export or TorchServe (its leader's pid)
 serving=false
 
-# Signal a process group, wait for all of it to exit (SIGKILL after STOP_TIMEOUT), reap the leader.
+# Stop a process group (its leader's pid in $1) and wait for every process in it; SIGKILL what is left
+# after STOP_TIMEOUT. With "children-first", the leader's children get SIGTERM alone first: TorchServe's
+# launcher only waits on Java and would die at once, while Java stops its workers itself (signalled
+# directly, workers die and Java restarts them during its shutdown).
 stop_group() {
-  kill -TERM -- "-$1" 2>/dev/null || true
   local deadline=$((SECONDS + STOP_TIMEOUT))
+  if [[ "${2:-}" == children-first ]]; then
+    pkill -TERM -P "$1" 2>/dev/null || true
+    while kill -0 "$1" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+  fi
+  kill -TERM -- "-$1" 2>/dev/null || true
   while kill -0 -- "-$1" 2>/dev/null; do
     if ((SECONDS >= deadline)); then
       log "still running after ${STOP_TIMEOUT}s; sending SIGKILL"
@@ -40,8 +47,13 @@ stop_group() {
 on_signal() {
   trap '' TERM INT
   if [[ -n "$child" ]]; then
-    log "$1: stopping $($serving && echo TorchServe || echo the export)"
-    stop_group "$child"
+    if $serving; then
+      log "$1: stopping TorchServe"
+      stop_group "$child" children-first
+    else
+      log "$1: stopping the export"
+      stop_group "$child"
+    fi
   fi
   # A stop while serving is the normal end; an interrupted export is not.
   if $serving; then exit 0; fi

@@ -24,6 +24,7 @@ MAX_SIDE = 12_000
 MIN_SIDE = 8
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO")
 BODY_KEYS = ("data", "body", "file", "image")  # raw/JSON bodies arrive as data/body; forms by field name
+OPTION_KEYS = ("topk",)  # form fields that are options, never the image
 MAX_TOPK = 100
 
 RESIZE_TO = 256  # ImageNet evaluation: shorter side to 256, centre crop 224
@@ -47,8 +48,9 @@ def image_bytes(row: dict) -> bytes:
     if not isinstance(row, dict):
         raise RequestError(400, "empty request: send an image body")
     value = next((row[k] for k in BODY_KEYS if row.get(k) is not None), None)
-    if value is None:  # multipart forms use the client's field name
-        value = next((v for v in row.values() if isinstance(v, (bytes, bytearray)) and len(v) > 0), None)
+    if value is None:  # multipart forms use the client's field name; the file is the largest field
+        files = [v for k, v in row.items() if k not in OPTION_KEYS and isinstance(v, (bytes, bytearray)) and v]
+        value = max(files, key=len, default=None)
     if value is None:
         raise RequestError(400, "no image in the request: send the image as the body "
                                 "(Content-Type: image/jpeg), as JSON {\"data\": base64}, or as a form file")
@@ -68,7 +70,9 @@ def image_bytes(row: dict) -> bytes:
 def requested_topk(row: dict, header: str | None, default: int) -> int:
     """k from a form field or JSON field "topk", or the X-TopK header (TorchServe drops query strings)."""
     value = row.get("topk") if isinstance(row, dict) else None
-    body = row.get("body") if isinstance(row, dict) else None
+    body = next((row.get(k) for k in ("body", "data") if row.get(k) is not None), None) if isinstance(row, dict) else None
+    if isinstance(body, (bytes, bytearray)) and body[:1] == b"{":
+        body = _json_body(bytes(body))
     if value is None and isinstance(body, dict):
         value = body.get("topk")
     if value is None:
@@ -99,6 +103,7 @@ def _json_body(raw: bytes) -> dict:
 def _base64(text: str) -> bytes:
     if text.startswith("data:") and "," in text:  # data URLs: data:image/png;base64,....
         text = text.split(",", 1)[1]
+    text = "".join(text.split())  # line-wrapped base64 (GNU base64, encodebytes) is still base64
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
@@ -117,12 +122,12 @@ def decode_image(data: bytes) -> torch.Tensor:
     except RequestError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise RequestError(413, f"image too large: more than {MAX_PIXELS:,} pixels") from None
+        raise RequestError(413, f"image too large: more than {MAX_PIXELS:,} pixels; downscale it before sending") from None
     except UnidentifiedImageError:
         raise RequestError(415, "body is not an image PIL can read; send JPEG, PNG, WebP, BMP or GIF") from None
     except (OSError, ValueError, SyntaxError) as error:
         raise RequestError(400, f"image is corrupt or truncated: {error}") from None
-    return torch.from_numpy(np.asarray(to_rgb(ImageOps.exif_transpose(image)))).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.array(to_rgb(ImageOps.exif_transpose(image)))).permute(2, 0, 1).contiguous()
 
 
 def _check_header(image: Image.Image) -> None:
@@ -142,7 +147,11 @@ def to_rgb(image: Image.Image) -> Image.Image:
         array = np.asarray(image, dtype=np.float64)
         peak = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
         image = Image.fromarray(np.clip(array / peak * 255.0 + 0.5, 0, 255).astype(np.uint8), mode="L")
-    if image.mode == "P" and "transparency" in image.info:
+    if image.mode == "F":  # float TIFFs: [0, 1] data is scaled, anything else is taken as 0..255
+        array = np.asarray(image, dtype=np.float64)
+        scale = 255.0 if array.size and array.max() <= 1.0 else 1.0
+        image = Image.fromarray(np.clip(array * scale + 0.5, 0, 255).astype(np.uint8), mode="L")
+    if image.mode in ("P", "RGB", "L") and "transparency" in image.info:  # palette or colour-key transparency
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):
         rgba = image.convert("RGBA")

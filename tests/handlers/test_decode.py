@@ -97,9 +97,6 @@ def test_image_bytes_multipart_skips_empty_fields():
     assert image_bytes({"note": b"", "upload": bytearray(PNG)}) == PNG
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: multipart fallback takes the first non-empty bytes field, so a "
-                                       "form field sent before the file (curl -F topk=3 -F myfile=@x.png) "
-                                       "is returned as the image")
 def test_image_bytes_multipart_with_topk_field_before_file():
     assert image_bytes({"topk": bytearray(b"3"), "myfile": bytearray(PNG)}) == PNG
 
@@ -190,9 +187,6 @@ def test_requested_topk_invalid_json_int(value):
     assert caught.value.code == 400 and f"got {value}" in caught.value.message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a JSON body that arrives as raw bytes has its \"data\" used by "
-                                       "image_bytes(), but requested_topk() only reads topk from a parsed "
-                                       "dict body, so the requested topk is silently ignored")
 def test_requested_topk_from_raw_json_bytes():
     row = {"body": json.dumps({"data": PNG_B64, "topk": 2}).encode()}
     assert image_bytes(row) == PNG
@@ -322,9 +316,6 @@ def test_mode_P_palette_transparency_on_white(fmt):
     assert pixel(tensor, 5, 5) == [250, 100, 5]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: to_rgb() composites transparency only for P/RGBA/LA/PA; an RGB or "
-                                       "L PNG with a tRNS colour key (what optimisers such as oxipng write for "
-                                       "binary alpha) keeps the key colour instead of white")
 @pytest.mark.parametrize("mode, colour", [("RGB", (0, 255, 0)), ("L", 7)])
 def test_colour_key_transparency_on_white(mode, colour):
     image = Image.new(mode, (16, 16), colour)

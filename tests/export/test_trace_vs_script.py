@@ -1,0 +1,99 @@
+"""Facts about control flow, established by running the artifacts (TorchScript and ONNX Runtime)."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx.reference import ReferenceEvaluator
+
+import models
+from export.formats import FILE_NAMES
+from export.pipeline import ExportOptions, Progress, export_model
+
+pytestmark = pytest.mark.slow
+
+DATA_DEPENDENT = ("cf-branch", "cf-loop")
+
+
+@pytest.fixture(scope="module")
+def demo_exports(tmp_path_factory):
+    base = tmp_path_factory.mktemp("controlflow")
+    return {name: export_model(models.get(name), ExportOptions(base / name, "random"), Progress(quiet=True)).out
+            for name in models.names("controlflow")}
+
+
+def _probes(name):
+    return list(models.get(name).probe_inputs().values())  # [as traced, other path]
+
+
+def _eager(name, x):
+    with torch.inference_mode():
+        return models.get(name).build("random").module.eval()(x)
+
+
+def _torchscript(path, x):
+    with torch.inference_mode():
+        return torch.jit.load(str(path))(x)
+
+
+def _onnxruntime(path, x):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+
+
+def _ops(path):
+    return {node.op_type for node in onnx.load(str(path)).graph.node}
+
+
+@pytest.mark.parametrize("name", DATA_DEPENDENT)
+def test_traced_artifacts_are_silently_wrong_on_the_other_path(demo_exports, name):
+    as_traced, other = _probes(name)
+    out = demo_exports[name]
+    for run, file in [(_torchscript, FILE_NAMES["traced"]), (_onnxruntime, FILE_NAMES["onnx-traced"])]:
+        assert torch.allclose(run(out / file, as_traced), _eager(name, as_traced), atol=1e-5)
+        wrong = run(out / file, other)  # no exception: that is the danger
+        assert (wrong - _eager(name, other)).abs().max() > 0.1, f"{file} should be wrong on the other path"
+
+
+@pytest.mark.parametrize("name", DATA_DEPENDENT)
+def test_scripted_and_onnx_from_scripted_stay_right(demo_exports, name):
+    out = demo_exports[name]
+    for x in _probes(name):
+        expected = _eager(name, x)
+        torch.testing.assert_close(_torchscript(out / FILE_NAMES["scripted"], x), expected)
+        torch.testing.assert_close(_onnxruntime(out / FILE_NAMES["onnx-scripted"], x), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(_onnxruntime(out / FILE_NAMES["onnx-dynamo"], x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,op", [("cf-branch", "If"), ("cf-loop", "Loop")])
+def test_onnx_from_script_keeps_control_flow_and_from_trace_does_not(demo_exports, name, op):
+    out = demo_exports[name]
+    assert op in _ops(out / FILE_NAMES["onnx-scripted"])
+    assert op in _ops(out / FILE_NAMES["onnx-dynamo"])  # torch.cond / torch.while_loop forms
+    assert not _ops(out / FILE_NAMES["onnx-traced"]) & {"If", "Loop"}
+
+
+def test_fixed_count_loop_is_safe_to_trace(demo_exports):
+    out = demo_exports["cf-repeat"]
+    for x in _probes("cf-repeat"):
+        torch.testing.assert_close(_torchscript(out / FILE_NAMES["traced"], x), _eager("cf-repeat", x))
+
+
+@pytest.mark.parametrize("name", models.names("controlflow"))
+def test_reference_evaluator_agrees_with_onnxruntime(demo_exports, name):
+    out = demo_exports[name]
+    for kind in ("onnx-scripted", "onnx-dynamo"):
+        evaluator = ReferenceEvaluator(str(out / FILE_NAMES[kind]))
+        for x in _probes(name):
+            reference = np.asarray(evaluator.run(None, {evaluator.input_names[0]: x.numpy()})[0])
+            np.testing.assert_allclose(_onnxruntime(out / FILE_NAMES[kind], x).numpy(), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_report_says_traced_is_wrong_and_scripted_is_right(demo_exports):
+    import json
+    report = json.loads((demo_exports["cf-branch"] / "report.json").read_text())["cf-branch"]
+    verdicts = {row["artifact"]: row["verdict"] for row in report["rows"]}
+    assert verdicts["traced"].startswith("WRONG") and verdicts["onnx-traced"].startswith("WRONG")
+    assert verdicts["scripted"] == "right on every probe" and verdicts["onnx-scripted"] == "right on every probe"
+    assert any(w["category"] == "TracerWarning" for w in report["tracer_warnings"])

@@ -1,0 +1,42 @@
+"""User-style model files for the `python -m export module FILE:factory` tests."""
+
+import torch
+from torch import nn
+
+
+class GatedNet(nn.Module):
+    """A user's model with a data-dependent branch: bright images take another head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.dark_head = nn.Linear(4, 2)
+        self.bright_head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        features = self.conv(x).mean(dim=(2, 3))
+        if x.mean() > 0.75:
+            return self.bright_head(features)
+        return self.dark_head(features)
+
+
+class PlainNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def gated():
+    return GatedNet()
+
+
+def plain():
+    return PlainNet()
+
+
+def not_a_module():
+    return "oops"
