@@ -15,11 +15,10 @@ from export.runtime import CUDA_PROVIDER, ort_session
 logger = logging.getLogger(__name__)
 
 
-def select_device(system_properties: dict, cuda_available: Callable[[], bool] = torch.cuda.is_available
-                  ) -> torch.device:
+def select_device(system_properties: dict, cuda_available: Callable[[], bool] | None = None) -> torch.device:
     """cuda:{gpu_id} when TorchServe assigned a GPU and CUDA works here; CPU otherwise."""
     gpu_id = system_properties.get("gpu_id")
-    if gpu_id is not None and cuda_available():
+    if gpu_id is not None and (cuda_available or torch.cuda.is_available)():
         return torch.device(f"cuda:{int(gpu_id)}")
     return torch.device("cpu")
 

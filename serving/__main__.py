@@ -25,6 +25,8 @@ def parse(argv):
     parser.add_argument("--inference-port", type=int, default=8080)
     parser.add_argument("--management-port", type=int, default=8081)
     parser.add_argument("--metrics-port", type=int, default=8082)
+    parser.add_argument("--grpc-inference-port", type=int, default=7070)
+    parser.add_argument("--grpc-management-port", type=int, default=7071)
     parser.add_argument("--run-dir", type=Path, default=Path(".serving"), help="logs and pid files (default: .serving)")
     parser.add_argument("--config", type=Path, default=server.DEFAULT_CONFIG)
     parser.add_argument("--timeout", type=float, default=server.READY_TIMEOUT_S)
@@ -34,8 +36,11 @@ def parse(argv):
 
 def main(argv=None) -> int:
     args = parse(argv)
-    settings = server.ServerSettings(args.model_store, args.model_name, "127.0.0.1", args.inference_port,
-                                     args.management_port, args.metrics_port, args.run_dir, args.config)
+    settings = server.ServerSettings(
+        model_store=args.model_store, model_name=args.model_name, inference_port=args.inference_port,
+        management_port=args.management_port, metrics_port=args.metrics_port,
+        grpc_inference_port=args.grpc_inference_port, grpc_management_port=args.grpc_management_port,
+        run_dir=args.run_dir, config=args.config)
     if args.action == "stop":
         stopped = server.stop(settings)
         print("TorchServe stopped" if stopped else f"no server running from {args.run_dir.absolute()}")

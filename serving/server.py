@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ class ServerSettings:
     inference_port: int = 8080
     management_port: int = 8081
     metrics_port: int = 8082
+    grpc_inference_port: int = 7070
+    grpc_management_port: int = 7071
     run_dir: Path = Path(".serving")  # logs, TorchServe's pid file and ours
     config: Path = DEFAULT_CONFIG
     extra_env: dict = field(default_factory=dict)
@@ -86,7 +89,12 @@ def server_env(settings: ServerSettings) -> dict:
         "TS_METRICS_ADDRESS": settings.metrics_url,
         "LOG_LOCATION": str(settings.log_dir),
         "METRICS_LOCATION": str(settings.log_dir),
+        "TS_GRPC_INFERENCE_PORT": str(settings.grpc_inference_port),
+        "TS_GRPC_MANAGEMENT_PORT": str(settings.grpc_management_port),
         "TMPDIR": str(run_dir),  # TorchServe keeps a global pid file in TMPDIR: ours is per run dir
+        # Workers talk to Java over unix sockets named by port in java.io.tmpdir (/tmp/.ts.sock.9000):
+        # a private, short folder lets two servers run side by side (sun_path is limited to 107 bytes).
+        "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={tempfile.mkdtemp(prefix='ts-')}",
         **settings.extra_env,
     }
 
@@ -162,8 +170,15 @@ def _last_matching(path: Path) -> str | None:
     return matches[-1][-300:] if matches else None
 
 
+def _bind_failure(settings: ServerSettings) -> str | None:
+    console = settings.log_dir / "console.log"
+    text = console.read_text(errors="replace") if console.exists() else ""
+    match = re.search(r"Failed to bind to address (\S+)", text)
+    return f"port in use: {match.group(1)} (stop what holds it or choose other ports)" if match else None
+
+
 def _log_reason(settings: ServerSettings) -> str:
-    return (_last_exception(settings.log_dir / "model_log.log") or _last_matching(settings.log_dir / "ts_log.log")
+    return (_bind_failure(settings) or _last_exception(settings.log_dir / "model_log.log") or _last_matching(settings.log_dir / "ts_log.log")
             or _tail(settings.log_dir / "console.log") or f"see logs in {settings.log_dir}")
 
 

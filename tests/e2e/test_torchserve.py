@@ -1,0 +1,206 @@
+"""A real TorchServe (Java frontend, Python worker) on 127.0.0.1 with free ports, serving the .mar that
+`python -m export resnet` built, answering real HTTP."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import requests
+from PIL import Image
+
+from export.archive import build_archive
+from export.manifest import load_manifest
+from serving import server
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.slow
+CAT = ROOT / "examples" / "cat.jpg"
+
+
+def _settings(model_store: Path, run_dir: Path) -> server.ServerSettings:
+    return server.ServerSettings(model_store=model_store, run_dir=run_dir, inference_port=free_port(),
+                                 management_port=free_port(), metrics_port=free_port(),
+                                 grpc_inference_port=free_port(), grpc_management_port=free_port())
+
+
+def _no_process_mentions(text: str) -> bool:
+    found = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True)
+    return found.stdout.strip() == ""
+
+
+@pytest.fixture(scope="module")
+def serving(resnet18_export, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("serving")
+    settings = _settings(resnet18_export["model_store"], run_dir)
+    process = server.start(settings)
+    try:
+        server.wait_until_serving(settings, process, CAT)
+        yield settings
+    finally:
+        server.stop(settings, process)
+    assert _no_process_mentions(str(run_dir)), "TorchServe processes survived stop()"
+
+
+def _post(settings, data, headers=None, files=None, timeout=60):
+    return requests.post(settings.predictions_url(), data=data, headers=headers, files=files, timeout=timeout)
+
+
+def _image(fmt: str, mode="RGB", size=(320, 240)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, size, (10, 200, 30) if mode == "RGB" else 128).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def _assert_top5(response):
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert len(body["predictions"]) == 5 and body["model"] == "resnet18"
+    for item in body["predictions"]:
+        assert isinstance(item["label"], str) and 0 <= item["index"] < 1000 and 0 < item["probability"] <= 1
+    return body
+
+
+def test_raw_jpeg(serving):
+    _assert_top5(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}))
+
+
+def test_raw_png_and_webp(serving):
+    _assert_top5(_post(serving, _image("PNG"), {"Content-Type": "image/png"}))
+    _assert_top5(_post(serving, _image("WEBP"), {"Content-Type": "image/webp"}))
+
+
+def test_base64_json(serving):
+    payload = {"data": base64.b64encode(CAT.read_bytes()).decode()}
+    _assert_top5(requests.post(serving.predictions_url(), json=payload, timeout=60))
+    payload["topk"] = 3
+    response = requests.post(serving.predictions_url(), json=payload, timeout=60)
+    assert len(response.json()["predictions"]) == 3
+
+
+def test_multipart_form_file(serving):
+    _assert_top5(_post(serving, None, files={"image": ("cat.jpg", CAT.read_bytes(), "image/jpeg")}))
+    response = _post(serving, {"topk": "2"}, files={"photo": ("cat.jpg", CAT.read_bytes(), "image/jpeg")})
+    assert response.status_code == 200 and len(response.json()["predictions"]) == 2
+
+
+def test_same_image_same_answer_in_any_encoding(serving):
+    raw = _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}).json()["predictions"]
+    form = _post(serving, None, files={"f": ("c.jpg", CAT.read_bytes(), "image/jpeg")}).json()["predictions"]
+    assert raw == form
+
+
+def test_topk_header(serving):
+    response = _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg", "X-TopK": "10"})
+    assert len(response.json()["predictions"]) == 10
+
+
+@pytest.mark.parametrize("body,code", [
+    (b"this is not an image", 415),
+    (CAT.read_bytes()[:3000], 400),  # a real JPEG cut short
+])
+def test_bad_input_is_a_4xx_json_error_and_the_worker_survives(serving, body, code):
+    workers_before = _worker_pids(serving)
+    response = _post(serving, body, {"Content-Type": "image/jpeg"})
+    assert response.status_code == code
+    assert response.json()["code"] == code and response.json()["error"]
+    _assert_top5(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}))
+    assert _worker_pids(serving) == workers_before
+
+
+def test_decompression_bomb_is_refused_with_413(serving):
+    buffer = io.BytesIO()
+    Image.new("1", (9000, 9000)).save(buffer, "PNG", optimize=True)  # 81 Mpx in a few kB
+    response = _post(serving, buffer.getvalue(), {"Content-Type": "image/png"})
+    assert response.status_code == 413 and "pixels" in response.json()["error"]
+
+
+def test_metrics_endpoint_speaks_prometheus(serving):
+    text = requests.get(f"{serving.metrics_url}/metrics", timeout=10).text
+    assert "ts_inference_requests_total" in text or "# TYPE" in text
+
+
+def _worker_pids(settings) -> list:
+    workers = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=10).json()[0]["workers"]
+    assert all(w["status"] == "READY" for w in workers)
+    return sorted(w["pid"] for w in workers)
+
+
+# ---------------------------------------------------------------- batching, and failing fast
+
+
+@pytest.fixture(scope="module")
+def batching_server(resnet18_export, tmp_path_factory):
+    """Same export, archived with a long batch delay so concurrent requests share one batch."""
+    store = tmp_path_factory.mktemp("batch-store")
+    out = resnet18_export["out"]
+    build_archive(out, load_manifest(out), store, "resnet", config_overrides={"batchSize": 4, "maxBatchDelay": 3000})
+    settings = _settings(store, tmp_path_factory.mktemp("batch-run"))
+    process = server.start(settings)
+    try:
+        server.wait_until_serving(settings, process, CAT)
+        yield settings
+    finally:
+        server.stop(settings, process)
+
+
+def test_one_bad_image_in_a_batch_gets_its_own_error(batching_server):
+    bodies = [CAT.read_bytes(), b"garbage, not an image", _image("PNG"), _image("BMP")]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda b: _post(batching_server, b, {"Content-Type": "image/jpeg"}), bodies))
+    assert [r.status_code for r in responses] == [200, 415, 200, 200]
+    assert responses[1].json() == {"code": 415, "error": responses[1].json()["error"]}
+    log = (batching_server.log_dir / "model_log.log").read_text()
+    assert "batch of 4 handled" in log, "the four requests were not served as one batch"
+
+
+def test_a_model_that_cannot_load_fails_fast_with_the_handlers_error(resnet18_export, tmp_path):
+    store = tmp_path / "store"
+    good = build_archive(resnet18_export["out"], load_manifest(resnet18_export["out"]), store, "resnet")
+    _rewrite_member(good, "model-config.yaml", lambda text: text.replace("artifact: ", "artifact: missing-"))
+    settings = _settings(store, tmp_path / "run")
+    process = server.start(settings)
+    started = time.monotonic()
+    try:
+        with pytest.raises(server.ServingError, match="is not in the manifest"):
+            server.wait_until_serving(settings, process, CAT, timeout=200)
+        assert time.monotonic() - started < 120
+    finally:
+        server.stop(settings, process)
+    assert _no_process_mentions(str(tmp_path / "run"))
+
+
+def _rewrite_member(archive: Path, name: str, change) -> None:
+    with zipfile.ZipFile(archive) as source:
+        members = {info.filename: source.read(info) for info in source.infolist()}
+    members[name] = change(members[name].decode()).encode()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as target:
+        for member, data in members.items():
+            target.writestr(member, data)
+
+
+def test_serving_command_detach_then_stop(resnet18_export, tmp_path):
+    ports = [str(free_port()) for _ in range(5)]
+    args = ["--model-store", str(resnet18_export["model_store"]), "--run-dir", str(tmp_path / "run"),
+            "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
+            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = subprocess.run([sys.executable, "-m", "serving", *args, "--detach"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"curl -X POST http://127.0.0.1:{ports[0]}/predictions/resnet" in started.stdout
+        assert requests.get(f"http://127.0.0.1:{ports[0]}/ping", timeout=10).status_code == 200
+    finally:
+        stopped = subprocess.run([sys.executable, "-m", "serving", "stop", "--run-dir", str(tmp_path / "run")],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "TorchServe stopped" in stopped.stdout
+    assert _no_process_mentions(str(tmp_path / "run"))
