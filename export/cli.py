@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parity = commands.add_parser("parity", help="re-check an existing export folder (hashes, then parity)",
                                  description="Verify every sha256 against manifest.json, then re-run parity.")
     parity.add_argument("folder", type=Path)
+    _device_option(parity)
     return parser
 
 
@@ -60,6 +61,13 @@ def _common(sub, weights_help: str, default_out: str) -> None:
     sub.add_argument("--out", type=Path, default=None, help=f"output folder (default: {default_out})")
     sub.add_argument("--opset", type=int, default=formats.DEFAULT_OPSET,
                      help=f"ONNX opset (default: {formats.DEFAULT_OPSET})")
+    _device_option(sub)
+
+
+def _device_option(sub) -> None:
+    sub.add_argument("--device", default="cpu",
+                     help="where artifacts run for parity: cpu, or cuda[:N] (ONNX Runtime's CUDA provider, "
+                          "TorchScript on that GPU); eager stays on CPU as the reference (default: cpu)")
 
 
 def _archive_options(sub) -> None:

@@ -22,9 +22,10 @@ def resnet_command(args) -> int:
     from models.resnet import RESNET_ARCHS
     if args.arch not in RESNET_ARCHS:
         raise ExportError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(RESNET_ARCHS)}")
+    device = _device(args.device)
     out = args.out or Path("artifacts") / args.arch
     progress = Progress()
-    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset), progress)
+    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device), progress)
     _print_resize_line(result.trace_vs_script, progress)
     if not args.no_archive:
         archive = build_archive(out, result.manifest, args.model_store, "resnet", args.serve)
@@ -36,10 +37,11 @@ def resnet_command(args) -> int:
 
 def module_command(args) -> int:
     from models.user_module import parse_input_shape, user_entry
+    device = _device(args.device)
     entry = user_entry(args.reference, parse_input_shape(args.input_shape))
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
-    result = export_model(entry, ExportOptions(out, args.weights, args.opset), progress)
+    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device), progress)
     if args.model_store:
         archive = build_archive(out, result.manifest, args.model_store, args.model_name or entry.name, args.serve)
         progress.step(f"TorchServe archive: {archive}")
@@ -72,7 +74,7 @@ def controlflow_command(args) -> int:
 
 def parity_command(args) -> int:
     """Re-check an export folder: hashes first (a modified file is named), then parity against eager."""
-    folder = args.folder
+    folder, device = args.folder, _device(args.device)
     manifest = load_manifest(folder)
     verify_hashes(folder, manifest)
     progress = Progress()
@@ -80,7 +82,7 @@ def parity_command(args) -> int:
     entry = _entry_from_manifest(manifest)
     built = entry.build(_weights_from_manifest(manifest))
     module = built.module.eval().requires_grad_(False)
-    candidates = {k: (artifact_runner(r["format"], folder / r["path"], "cpu", k), r["format"], r["spatial_dynamic"])
+    candidates = {k: (artifact_runner(r["format"], folder / r["path"], device, k), r["format"], r["spatial_dynamic"])
                   for k, r in manifest.artifacts.items()}
     report = run_parity(eager_runner(module), candidates,
                         parity_inputs(tuple(manifest.input["example_shape"]), tuple(manifest.input["value_range"]),
@@ -91,6 +93,17 @@ def parity_command(args) -> int:
     report.raise_on_failure()
     progress.step(f"parity passed for {', '.join(report.summary())}; wrote parity.recheck.md")
     return 0
+
+
+def _device(name: str) -> str:
+    import torch
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ExportError(f"--device {name!r} is not a device; use cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ExportError(f"--device {name}: no CUDA device is visible here; use --device cpu")
+    return str(device)
 
 
 def _entry_from_manifest(manifest):

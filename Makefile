@@ -1,0 +1,44 @@
+# Two commands for a fresh machine:
+#   make run   set up .venv, export resnet50 (+ resnet.mar), serve it, send one curl, stop
+#   make test  set up .venv and run every test (slow end-to-end ones included)
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARCH ?= resnet50
+WEIGHTS ?= auto
+PORT ?= 8080
+
+.PHONY: setup run export serve test test-fast bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[serving,dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+export: setup
+	$(PY) -m export resnet --arch $(ARCH) --weights $(WEIGHTS)
+
+# The whole path: export -> serve -> one prediction with curl -> stop (also when curl fails).
+run: export
+	$(PY) -m serving --detach --inference-port $(PORT)
+	trap '$(PY) -m serving stop' EXIT; \
+	curl -sS --fail-with-body -X POST http://127.0.0.1:$(PORT)/predictions/resnet \
+	     -H "Content-Type: image/jpeg" --data-binary @examples/cat.jpg
+
+serve: setup
+	$(PY) -m serving
+
+test: setup
+	$(PY) -m pytest -v -rs
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup
+	$(PY) -m serving.bench
+
+clean:
+	rm -rf artifacts model-store .serving bench-results
