@@ -18,6 +18,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(descriptor, 0o666 & ~_umask())  # mkstemp makes 0600; readers (TorchServe, docker) need more
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -26,6 +27,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -82,6 +89,15 @@ def _swap_in(stage: Path, final: Path) -> None:
         os.replace(final, previous)
     os.replace(stage, final)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+def ensure_free_space(folder: Path, needed: int) -> None:
+    free = shutil.disk_usage(folder).free
+    margin = 1.2  # temporary files and reports on top of the artifacts
+    if free < needed * margin:
+        raise OutputDirError(f"not enough free disk space in {folder}: the export needs about "
+                             f"{needed * margin / 1e6:.0f} MB and {free / 1e6:.0f} MB are free; "
+                             "free some space or choose another folder with --out")
 
 
 def describe_os_error(error: OSError) -> str:

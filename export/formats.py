@@ -10,11 +10,14 @@ Artifact kinds, in the order they are produced:
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from export.atomic import atomic_write_bytes
 
 DEFAULT_OPSET = 18  # the torch.export-based exporter's floor; ONNX Runtime 1.2x runs it everywhere
 INPUT_NAME = "input"
@@ -66,7 +69,10 @@ def script(module: nn.Module, folder: Path, spatial_dynamic: bool) -> tuple[torc
 
 def _save_torchscript(module, kind: str, folder: Path, spatial_dynamic: bool) -> Artifact:
     path = folder / FILE_NAMES[kind]
-    module.save(str(path))
+    # Serialise in memory, write from Python: torch's own file writer aborts the process on a full disk.
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
     return Artifact(kind, path, "torchscript", EXPORTERS[kind], spatial_dynamic)
 
 
@@ -96,6 +102,12 @@ def onnx_dynamo(module: nn.Module, example: torch.Tensor, folder: Path, opset: i
                                 dynamic_shapes={argument: dims})
     program.save(str(path), external_data=False)
     return Artifact("onnx-dynamo", path, "onnx", EXPORTERS["onnx-dynamo"], spatial_dynamic)
+
+
+def estimated_bytes(module: nn.Module) -> int:
+    """Disk an export needs: five artifacts, each about the size of the parameters and buffers."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    return len(FILE_NAMES) * sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _forward_argument_names(module: nn.Module) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from export import formats
-from export.atomic import atomic_write_text, staged_directory
+from export.atomic import atomic_write_text, ensure_free_space, staged_directory
 from export.eval_check import prepare_for_export
 from export.manifest import Manifest
 from export.onnx_check import check_onnx, onnx_control_flow, torchscript_control_flow
@@ -85,6 +85,7 @@ def export_model(entry: ModelEntry, options: ExportOptions, progress: Progress |
             progress.warn(built.weights.note)
         progress.step(f"built {entry.name} (weights: {built.weights.kind})")
         module, example = built.module, entry.example_input()
+        ensure_free_space(stage, formats.estimated_bytes(module))
         with timed("eval_check"):
             prepare_for_export(module, example)
         progress.step("eval mode verified: no submodule training, no grads, repeatable outputs")

@@ -43,7 +43,8 @@ class ImageClassifier:
         self.labels = self._labels(model_dir)
         self.device = select_device(properties)
         workers = int(config.get("maxWorkers") or config.get("minWorkers") or 1)
-        self.threads = threads_per_worker(workers)
+        # handler.threads overrides the safe default (the benchmark uses it to show oversubscription)
+        self.threads = int(settings.get("threads") or threads_per_worker(workers))
         if self.device.type == "cpu":
             torch.set_num_threads(self.threads)
         self.backend = open_backend(self.manifest["artifacts"][self.artifact], model_dir, self.device,
