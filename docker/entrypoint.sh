@@ -28,8 +28,7 @@ serving=false
 # directly, workers die and Java restarts them during its shutdown).
 stop_group() {
   local deadline=$((SECONDS + STOP_TIMEOUT))
-  if [[ "${2:-}" == children-first ]]; then
-    pkill -TERM -P "$1" 2>/dev/null || true
+  if [[ "${2:-}" == children-first ]] && pkill -TERM -P "$1" 2>/dev/null; then
     while kill -0 "$1" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
   fi
   kill -TERM -- "-$1" 2>/dev/null || true

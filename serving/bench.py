@@ -71,18 +71,14 @@ def bench_configuration(name: str, export_dir: Path, image: Path, requests: int,
                                      metrics_port=free_port(), grpc_inference_port=free_port(),
                                      grpc_management_port=free_port())
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    process = server.start(settings)
     rows = []
-    try:
-        server.wait_until_serving(settings, process, image)
+    with server.running(settings, image):
         run_ab(settings.predictions_url(), image, max(10, requests // 10), max(levels))  # warm-up
         for level in levels:
             row = {"configuration": name, **run_ab(settings.predictions_url(), image, requests, level)}
             print(f"  {name:<15} c={level:<3} {row['req_per_s']:7.1f} req/s  p50 {row['p50_ms']:6.0f} ms  "
                   f"p99 {row['p99_ms']:6.0f} ms  failed {row['failed']}", flush=True)
             rows.append(row)
-    finally:
-        server.stop(settings, process)
     return rows
 
 

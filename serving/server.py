@@ -7,6 +7,7 @@ reported with the handler's own error instead of waiting out the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -142,6 +143,17 @@ def wait_until_serving(settings: ServerSettings, process: subprocess.Popen | Non
             last = type(error).__name__
         time.sleep(1.0)
     raise ServingError(f"no successful prediction within {timeout:.0f}s (last: {last}); {_log_reason(settings)}")
+
+
+@contextlib.contextmanager
+def running(settings: ServerSettings, image: Path = EXAMPLE_IMAGE, timeout: float = READY_TIMEOUT_S):
+    """A TorchServe that has answered a real prediction, stopped (whole process group) on exit."""
+    process = start(settings)
+    try:
+        wait_until_serving(settings, process, image, timeout)
+        yield process
+    finally:
+        stop(settings, process)
 
 
 def load_failure(settings: ServerSettings) -> str | None:

@@ -41,12 +41,8 @@ def _no_process_mentions(text: str) -> bool:
 def serving(resnet18_export, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("serving")
     settings = _settings(resnet18_export["model_store"], run_dir)
-    process = server.start(settings)
-    try:
-        server.wait_until_serving(settings, process, CAT)
+    with server.running(settings, CAT):
         yield settings
-    finally:
-        server.stop(settings, process)
     assert _no_process_mentions(str(run_dir)), "TorchServe processes survived stop()"
 
 
@@ -144,12 +140,8 @@ def batching_server(resnet18_export, tmp_path_factory):
     out = resnet18_export["out"]
     build_archive(out, load_manifest(out), store, "resnet", config_overrides={"batchSize": 4, "maxBatchDelay": 3000})
     settings = _settings(store, tmp_path_factory.mktemp("batch-run"))
-    process = server.start(settings)
-    try:
-        server.wait_until_serving(settings, process, CAT)
+    with server.running(settings, CAT):
         yield settings
-    finally:
-        server.stop(settings, process)
 
 
 def test_one_bad_image_in_a_batch_gets_its_own_error(batching_server):

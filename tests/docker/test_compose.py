@@ -1,0 +1,144 @@
+"""compose.yaml as the real Compose parser resolves it (`docker-compose config`; no Docker engine needed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.docker.test_dockerfile import DOCKERFILE, parse_stages
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_SERVICE, CPU_SERVICE, CPU_PROFILE = "torchserve", "torchserve-cpu", "cpu"
+# Variables the file interpolates or Compose reads: the test checks the defaults, not this shell's settings.
+COMPOSE_VARIABLES = ("APP_UID", "COMPOSE_FILE", "COMPOSE_PROFILES", "COMPOSE_PROJECT_NAME", "COMPOSE_PATH_SEPARATOR")
+
+
+def compose_config(*options: str) -> dict:
+    executable = shutil.which("docker-compose")
+    if executable is None:
+        if os.environ.get("CI"):
+            pytest.fail("docker-compose is not installed: CI must install it (apt-get install -y docker-compose)")
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose) to check compose.yaml")
+    env = {key: value for key, value in os.environ.items() if key not in COMPOSE_VARIABLES}
+    result = subprocess.run([executable, "-f", "compose.yaml", *options, "config"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def services() -> dict:
+    return compose_config()["services"]
+
+
+@pytest.fixture(scope="module")
+def cpu_services() -> dict:
+    return compose_config("--profile", CPU_PROFILE)["services"]
+
+
+def gpu_devices(service: dict) -> list[dict]:
+    return service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+def port_bindings(service: dict) -> list[tuple[str, int, int]]:
+    """(host ip or "" for all interfaces, published, target) from either of Compose's port notations."""
+    bindings = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            bindings.append((port.get("host_ip", ""), int(port["published"]), int(port["target"])))
+            continue
+        match = re.fullmatch(r"(?:(?P<ip>[\d.]+):)?(?P<published>\d+):(?P<target>\d+)(?:/\w+)?", str(port))
+        assert match, f"unexpected port notation {port!r}"
+        bindings.append((match["ip"] or "", int(match["published"]), int(match["target"])))
+    return bindings
+
+
+def size_in_bytes(size) -> int:
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(size).strip().lower())
+    assert match, f"unexpected size {size!r}"
+    return int(match[1]) * 1024 ** " kmg".index(match[2] or " ")
+
+
+def seconds(duration: str) -> float:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", str(duration))
+    assert parts, f"unexpected duration {duration!r}"
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+def image_env() -> dict:
+    return parse_stages(DOCKERFILE.read_text())[-1].env()
+
+
+def test_plain_up_starts_only_the_gpu_service(services):
+    assert GPU_SERVICE in services
+    default = [name for name, service in services.items() if not service.get("profiles")]
+    assert default == [GPU_SERVICE], f"`docker compose up` would start {default}"
+
+
+def test_gpu_is_reserved(services):
+    devices = gpu_devices(services[GPU_SERVICE])
+    nvidia = [d for d in devices if d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", [])]
+    assert nvidia, f"no nvidia GPU reservation: {devices}"
+    assert "count" in nvidia[0] or "device_ids" in nvidia[0], "say which GPUs: count or device_ids"
+
+
+def test_build_uses_the_dockerfile_from_the_repository_root(services):
+    build = services[GPU_SERVICE]["build"]
+    assert Path(build["context"]) == ROOT
+    assert (ROOT / build["context"] / build.get("dockerfile", "Dockerfile")).resolve() == DOCKERFILE
+
+
+def test_ports_inference_and_metrics_published_management_on_loopback(services):
+    bindings = port_bindings(services[GPU_SERVICE])
+    by_target = {target: [(ip, published) for ip, published, t in bindings if t == target] for target in (8080, 8081, 8082)}
+    assert by_target[8080] == [("", 8080)] or by_target[8080] == [("0.0.0.0", 8080)], by_target[8080]
+    assert by_target[8082] == [("", 8082)] or by_target[8082] == [("0.0.0.0", 8082)], by_target[8082]
+    assert by_target[8081] == [("127.0.0.1", 8081)], f"management must be published on 127.0.0.1 only: {by_target[8081]}"
+
+
+def test_model_store_is_the_repository_folder(services):
+    volumes = services[GPU_SERVICE]["volumes"]
+    binds = [v.split(":") if isinstance(v, str) else [v["source"], v["target"]] for v in volumes]
+    target = image_env()["MODEL_STORE"]
+    assert [str(ROOT / "model-store"), target] in [b[:2] for b in binds], \
+        f"./model-store must be mounted at the image's MODEL_STORE ({target}): {volumes}"
+
+
+def test_healthcheck_restart_and_shm(services):
+    service = services[GPU_SERVICE]
+    test = service["healthcheck"]["test"]
+    command = " ".join(test) if isinstance(test, list) else test
+    assert "healthcheck.sh" in command and "/ping" not in command, command
+    assert seconds(service["healthcheck"]["start_period"]) >= 300, "the first start exports the model: allow minutes"
+    assert service["restart"] in ("always", "unless-stopped", "on-failure")
+    assert size_in_bytes(service["shm_size"]) >= 256 * 1024 ** 2, "Docker's default 64 MB /dev/shm is too small"
+
+
+def test_stop_grace_period_outlasts_the_entrypoint_stop(services):
+    entrypoint = (ROOT / "docker" / "entrypoint.sh").read_text()
+    stop_timeout = int(re.search(r'STOP_TIMEOUT="\$\{STOP_TIMEOUT:-(\d+)\}"', entrypoint)[1])
+    assert seconds(services[GPU_SERVICE]["stop_grace_period"]) > stop_timeout, \
+        "Docker would SIGKILL TorchServe before the entrypoint's own stop finishes"
+
+
+def test_cpu_variant_has_no_gpu_reservation_and_otherwise_matches(cpu_services, services):
+    cpu = cpu_services[CPU_SERVICE]
+    assert CPU_PROFILE in cpu.get("profiles", [])
+    assert not gpu_devices(cpu), f"the CPU service still reserves {gpu_devices(cpu)}"
+    strip = ("deploy", "profiles")
+    assert {k: v for k, v in cpu.items() if k not in strip} == \
+           {k: v for k, v in services[GPU_SERVICE].items() if k not in strip}
+
+
+def test_readme_gives_the_cpu_command():
+    readme = (ROOT / "docker" / "README.md").read_text()
+    assert f"docker compose --profile {CPU_PROFILE} up {CPU_SERVICE}" in readme

@@ -1,0 +1,240 @@
+"""docker/entrypoint.sh run natively: export when the store is empty, serve, and stop everything on SIGTERM."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
+HEALTHCHECK = ROOT / "docker" / "healthcheck.sh"
+EXPORT_AND_SERVE_TIMEOUT_S = 480  # resnet18 export (about a minute alone) plus TorchServe's start
+SERVE_TIMEOUT_S = 180
+STOP_TIMEOUT_S = 60
+
+pytestmark = pytest.mark.slow
+
+# A stand-in handler for the test that only exercises the entrypoint: answers like the real one.
+STUB_HANDLER = '''
+def handle(data, context):
+    if data is None:
+        return None
+    return [{"predictions": [{"label": f"class {i}", "index": i, "probability": 0.2} for i in range(5)]}
+            for _ in data]
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def jpeg_bytes() -> bytes:
+    from PIL import Image, ImageDraw
+    image = Image.new("RGB", (256, 192), (90, 140, 200))
+    draw = ImageDraw.Draw(image)
+    draw.ellipse((60, 40, 200, 170), fill=(230, 180, 60), outline=(40, 40, 40), width=4)
+    draw.rectangle((10, 150, 250, 185), fill=(40, 120, 50))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def session_pids(session: int) -> list[int]:
+    """Every process still in the entrypoint's session (it was started with start_new_session=True)."""
+    result = subprocess.run(["pgrep", "-s", str(session)], capture_output=True, text=True)
+    return [int(pid) for pid in result.stdout.split()]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    result = subprocess.run(["pgrep", "-af", text], capture_output=True, text=True)
+    return [line for line in result.stdout.splitlines() if str(os.getpid()) != line.split()[0]]
+
+
+class Entrypoint:
+    """docker/entrypoint.sh with every path and port inside tmp_path."""
+
+    def __init__(self, tmp_path: Path, **env: str):
+        self.tmp_path = tmp_path
+        self.model_store = tmp_path / "model-store"
+        self.artifacts = tmp_path / "artifacts"
+        self.workdir = tmp_path / "work"
+        self.log_dir = tmp_path / "logs"
+        for folder in (self.workdir, self.log_dir, tmp_path / "tmp"):
+            folder.mkdir(exist_ok=True)
+        self.ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc1", "grpc2")}
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("TS_")},
+            "MODEL_STORE": str(self.model_store),
+            "ARTIFACTS": str(self.artifacts),
+            "ARCH": "resnet18",
+            "WEIGHTS": "random",
+            "PYTHON": sys.executable,
+            "TS_INFERENCE_ADDRESS": f"http://127.0.0.1:{self.ports['inference']}",
+            "TS_MANAGEMENT_ADDRESS": f"http://127.0.0.1:{self.ports['management']}",
+            "TS_METRICS_ADDRESS": f"http://127.0.0.1:{self.ports['metrics']}",
+            # TorchServe also opens gRPC on 7070/7071: free ones, in case another server runs here.
+            "TS_GRPC_INFERENCE_PORT": str(self.ports["grpc1"]),
+            "TS_GRPC_MANAGEMENT_PORT": str(self.ports["grpc2"]),
+            "LOG_LOCATION": str(self.log_dir),
+            "METRICS_LOCATION": str(self.log_dir),
+            "TMPDIR": str(tmp_path / "tmp"),
+            **env,
+        }
+        self.console = tmp_path / "console.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.console, "wb") as console:
+            self.process = subprocess.Popen(["bash", str(ENTRYPOINT)], cwd=self.workdir, env=self.env,
+                                            stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def output(self) -> str:
+        text = self.console.read_text(errors="replace")
+        ts_log = self.log_dir / "ts_log.log"
+        if ts_log.exists():
+            text += "\n--- ts_log.log (end) ---\n" + ts_log.read_text(errors="replace")[-4000:]
+        return text[-8000:]
+
+    def predict(self, timeout: float) -> dict:
+        url = f"{self.env['TS_INFERENCE_ADDRESS']}/predictions/resnet"
+        body, deadline, last = jpeg_bytes(), time.monotonic() + timeout, "no answer"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the entrypoint exited ({self.process.returncode}) before serving:\n{self.output()}")
+            try:
+                response = requests.post(url, data=body, headers={"Content-Type": "image/jpeg"}, timeout=30)
+                if response.status_code == 200:
+                    return response.json()
+                last = f"HTTP {response.status_code}: {response.text[:300]}"
+            except requests.RequestException as error:
+                last = type(error).__name__
+            time.sleep(1)
+        pytest.fail(f"no prediction within {timeout:.0f}s (last: {last}):\n{self.output()}")
+
+    def healthcheck(self) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(HEALTHCHECK)], env=self.env, capture_output=True, text=True, timeout=30)
+
+    def stop(self) -> int:
+        """SIGTERM to the entrypoint alone, as `docker compose down` sends to the container's main process."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the entrypoint did not exit within {STOP_TIMEOUT_S}s of SIGTERM:\n{self.output()}")
+
+    def assert_nothing_left(self) -> None:
+        left = processes_mentioning(str(self.model_store))
+        assert not left, f"TorchServe still running for {self.model_store}:\n" + "\n".join(left)
+        assert not session_pids(self.process.pid), \
+            f"processes left behind: {subprocess.run(['ps', '-o', 'pid,cmd', '-s', str(self.process.pid)], capture_output=True, text=True).stdout}"
+
+    def kill_everything(self) -> None:
+        if self.process is None:
+            return
+        for pid in session_pids(self.process.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def entrypoint(tmp_path):
+    created: list[Entrypoint] = []
+
+    def make(**env: str) -> Entrypoint:
+        created.append(Entrypoint(tmp_path, **env))
+        return created[-1]
+
+    yield make
+    for instance in created:
+        instance.kill_everything()
+
+
+def assert_five_predictions(answer: dict) -> None:
+    predictions = answer["predictions"]
+    assert len(predictions) == 5, answer
+    for prediction in predictions:
+        assert isinstance(prediction["label"], str) and prediction["label"]
+        assert isinstance(prediction["index"], int)
+        assert isinstance(prediction["probability"], float) and 0.0 <= prediction["probability"] <= 1.0
+
+
+def stub_archive(model_store: Path) -> None:
+    model_store.mkdir(parents=True, exist_ok=True)
+    handler = model_store.parent / "stub_handler.py"
+    handler.write_text(STUB_HANDLER)
+    subprocess.run([sys.executable, "-m", "model_archiver.model_packaging", "--model-name", "resnet", "--version", "1",
+                    "--handler", str(handler), "--export-path", str(model_store)], check=True, timeout=120)
+
+
+def test_serves_an_existing_archive_without_exporting_and_stops_on_sigterm(entrypoint):
+    server = entrypoint()
+    stub_archive(server.model_store)
+    assert server.healthcheck().returncode != 0, "healthy before the server started"
+
+    server.start()
+    assert_five_predictions(server.predict(SERVE_TIMEOUT_S))
+    health = server.healthcheck()
+    assert health.returncode == 0, health.stdout + health.stderr
+    assert not server.artifacts.exists(), "exported although the model store had resnet.mar"
+    assert processes_mentioning(str(server.model_store)), "no process serves this model store"
+
+    assert server.stop() == 0, server.output()
+    server.assert_nothing_left()
+    assert server.healthcheck().returncode != 0
+
+
+def test_exports_into_an_empty_store_then_serves_and_stops_on_sigterm(entrypoint):
+    server = entrypoint()
+    server.start()
+    answer = server.predict(EXPORT_AND_SERVE_TIMEOUT_S)
+    assert_five_predictions(answer)
+    assert (server.model_store / "resnet.mar").is_file()
+    assert (server.artifacts / "manifest.json").is_file()
+    assert server.healthcheck().returncode == 0
+
+    assert server.stop() == 0, server.output()
+    server.assert_nothing_left()
+
+
+def test_sigterm_during_the_export_stops_it(entrypoint):
+    server = entrypoint()
+    server.start()
+    deadline = time.monotonic() + 60
+    while not any("-m export resnet" in line for line in processes_mentioning(str(server.artifacts))):
+        assert server.process.poll() is None and time.monotonic() < deadline, \
+            f"the export never started:\n{server.output()}"
+        time.sleep(0.2)
+    assert server.stop() == 128 + signal.SIGTERM, server.output()
+    server.assert_nothing_left()
+    assert not (server.model_store / "resnet.mar").exists()
+
+
+def test_unwritable_model_store_falls_back_to_the_cache_folder(entrypoint, tmp_path):
+    # As when Docker creates a missing ./model-store as root. A path under a file is unwritable even for root.
+    (tmp_path / "a-file").write_text("")
+    server = entrypoint(MODEL_STORE=str(tmp_path / "a-file" / "model-store"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    server.model_store = tmp_path / "cache" / "vision-export" / "model-store"
+    stub_archive(server.model_store)
+    server.start()
+    assert_five_predictions(server.predict(SERVE_TIMEOUT_S))
+    assert "not writable" in server.console.read_text()
+    assert processes_mentioning(str(server.model_store)), "not serving the fallback store"
+    assert server.stop() == 0, server.output()
+    server.assert_nothing_left()
