@@ -8,6 +8,7 @@ reported with the handler's own error instead of waiting out the timeout.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -81,6 +82,17 @@ def torchserve_command(settings: ServerSettings) -> list[str]:
             "--models", f"{settings.model_name}={settings.model_name}.mar"]
 
 
+SOCKET_PATH_MAX = 100  # sun_path holds 107 bytes; leave room for ".ts.sock.NNNNN"
+
+
+def java_temp_dir(run_dir: Path) -> Path:
+    folder = run_dir / "tmp"
+    if len(str(folder)) + len("/.ts.sock.65535") > SOCKET_PATH_MAX:
+        folder = Path(tempfile.gettempdir()) / f"ts-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def server_env(settings: ServerSettings) -> dict:
     run_dir = settings.run_dir.absolute()
     return {
@@ -92,10 +104,11 @@ def server_env(settings: ServerSettings) -> dict:
         "METRICS_LOCATION": str(settings.log_dir),
         "TS_GRPC_INFERENCE_PORT": str(settings.grpc_inference_port),
         "TS_GRPC_MANAGEMENT_PORT": str(settings.grpc_management_port),
-        "TMPDIR": str(run_dir),  # TorchServe keeps a global pid file in TMPDIR: ours is per run dir
-        # Workers talk to Java over unix sockets named by port in java.io.tmpdir (/tmp/.ts.sock.9000):
-        # a private, short folder lets two servers run side by side (sun_path is limited to 107 bytes).
-        "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={tempfile.mkdtemp(prefix='ts-')}",
+        # TorchServe's launcher keeps a global pid file in TMPDIR and passes TEMP to Java as java.io.tmpdir,
+        # where workers' unix sockets (.ts.sock.9000) and unpacked models live: a folder per run dir lets
+        # two servers share a machine.
+        "TMPDIR": str(run_dir),
+        "TEMP": str(java_temp_dir(run_dir)),
         **settings.extra_env,
     }
 
