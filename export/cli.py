@@ -76,6 +76,10 @@ def _archive_options(sub) -> None:
     sub.add_argument("--no-archive", action="store_true", help="skip the TorchServe archive")
     sub.add_argument("--serve", default=None, metavar="ARTIFACT",
                      help=f"artifact to package: {', '.join(formats.FILE_NAMES)} (default: fastest that passed parity)")
+    sub.add_argument("--workers", type=int, default=None,
+                     help="TorchServe workers (model-config min/maxWorkers; default 1; CPU threads = cores / workers)")
+    sub.add_argument("--batch-size", type=int, default=None, help="TorchServe batchSize (default 8)")
+    sub.add_argument("--max-batch-delay", type=int, default=None, help="TorchServe maxBatchDelay in ms (default 50)")
 
 
 def main(argv: list[str] | None = None) -> int:

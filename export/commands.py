@@ -22,13 +22,13 @@ def resnet_command(args) -> int:
     from models.resnet import RESNET_ARCHS
     if args.arch not in RESNET_ARCHS:
         raise ExportError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(RESNET_ARCHS)}")
-    device = _device(args.device)
+    device, overrides = _device(args.device), _config_overrides(args)
     out = args.out or Path("artifacts") / args.arch
     progress = Progress()
     result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device), progress)
     _print_resize_line(result.trace_vs_script, progress)
     if not args.no_archive:
-        archive = build_archive(out, result.manifest, args.model_store, "resnet", args.serve)
+        archive = build_archive(out, result.manifest, args.model_store, "resnet", args.serve, overrides)
         progress.step(f"TorchServe archive: {archive} (serves {args.serve or result.manifest.serving['default_artifact']}"
                       f"; batch-1 latency ms: {result.manifest.serving['latency_ms_batch1']})")
     _print_files(out, progress)
@@ -93,6 +93,19 @@ def parity_command(args) -> int:
     report.raise_on_failure()
     progress.step(f"parity passed for {', '.join(report.summary())}; wrote parity.recheck.md")
     return 0
+
+
+def _config_overrides(args) -> dict:
+    overrides = {}
+    if args.workers is not None:
+        overrides.update(minWorkers=args.workers, maxWorkers=args.workers)
+    if args.batch_size is not None:
+        overrides["batchSize"] = args.batch_size
+    if args.max_batch_delay is not None:
+        overrides["maxBatchDelay"] = args.max_batch_delay
+    if any(v < 1 for k, v in overrides.items() if k != "maxBatchDelay") or overrides.get("maxBatchDelay", 0) < 0:
+        raise ExportError("--workers and --batch-size must be at least 1, --max-batch-delay at least 0")
+    return overrides
 
 
 def _device(name: str) -> str:

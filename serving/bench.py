@@ -30,6 +30,10 @@ CORES = os.cpu_count() or 1
 CONFIGURATIONS = {
     "tuned": (None, {}, "our model-config: 1 worker x all cores, batches of up to 8 within 50 ms"),
     "torchscript": ("scripted", {}, "same settings, TorchScript backend instead of the default"),
+    "workers-per-core": (None, {"minWorkers": CORES, "maxWorkers": CORES},
+                         "a worker per core, one thread each (cores / workers), batches of up to 8"),
+    "unbatched-per-core": (None, {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1},
+                           "a worker per core, one thread each, no batching"),
     "oversubscribed": (None, {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES},
                        "TorchServe-like defaults: a worker per core, each using every core, no batching"),
 }

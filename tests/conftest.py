@@ -26,7 +26,7 @@ def resnet18_export(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("resnet18")
     out, store = base / "artifacts", base / "model-store"
     result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
-                        "--model-store", str(store))
+                        "--model-store", str(store), "--max-batch-delay", "40")
     assert result.returncode == 0, result.stdout + result.stderr
     return {"out": out, "model_store": store, "stdout": result.stdout, "stderr": result.stderr}
 

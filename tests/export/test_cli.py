@@ -135,3 +135,9 @@ def test_controlflow_command_reports_traced_wrong_and_scripted_right(tmp_path):
     combined = json.loads((tmp_path / "cf" / "report.json").read_text())
     assert combined["cf-repeat"]["diverging"] == []
     assert {d["artifact"] for d in combined["cf-loop"]["diverging"]} == {"traced", "onnx-traced"}
+
+
+def test_bad_serving_shape_is_refused_before_exporting(tmp_path):
+    result = run_export("resnet", "--arch", "resnet18", "--workers", "0", "--out", str(tmp_path / "o"))
+    assert result.returncode == 1 and "--workers and --batch-size must be at least 1" in result.stderr
+    assert not (tmp_path / "o").exists()
