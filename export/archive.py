@@ -23,23 +23,38 @@ HANDLER_ENTRY = PROJECT_ROOT / "handlers" / "torchserve_entry.py"
 # The handler's code: all of handlers/, and from export/ only the runtime helpers it imports.
 ARCHIVE_SOURCES = {"handlers": None, "export": ("__init__.py", "runtime.py")}
 
-# TorchServe model-config.yaml. Batching trades latency for throughput: up to 8 requests or 50 ms.
-# On CPU one worker uses every core (threads set in the handler); more workers would oversubscribe.
-MODEL_CONFIG = {
-    "minWorkers": 1,
-    "maxWorkers": 1,
-    "batchSize": 8,
-    "maxBatchDelay": 50,
-    "responseTimeout": 120,
-    "deviceType": "gpu",  # TorchServe falls back to CPU where no GPU is visible
-}
+# TorchServe model-config.yaml, by where the export runs (override with --workers/--batch-size/...).
+# GPU: one worker per GPU, batches of up to 8 within 50 ms keep the device busy.
+# CPU: measured with `python -m serving.bench` (resnet50, ONNX Runtime, 2 cores): batching gains no
+# throughput on a CPU (a batch of 8 costs 8 single passes) and its delay adds latency, while a worker per
+# core with one thread each overlaps one request's decoding with another's inference. Workers are capped
+# so a many-core host does not load dozens of copies; threads per worker = cores / workers.
+COMMON_CONFIG = {"responseTimeout": 120, "deviceType": "gpu"}  # TorchServe falls back to CPU without a GPU
+GPU_SERVING = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 8, "maxBatchDelay": 50}
+MAX_CPU_WORKERS = 4
+
+
+def cpu_serving(cores: int | None = None) -> dict:
+    workers = max(1, min(cores or os.cpu_count() or 1, MAX_CPU_WORKERS))
+    return {"minWorkers": workers, "maxWorkers": workers, "batchSize": 1, "maxBatchDelay": 5}
+
+
+def default_serving(cuda_available: bool | None = None) -> dict:
+    import torch
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    return {**(GPU_SERVING if available else cpu_serving()), **COMMON_CONFIG}
+
+
 HANDLER_CONFIG = {"topk": 5, "fp16": False}
+HANDLER_KEYS = ("topk", "fp16", "threads")  # overrides that belong to the handler's section
 
 
 def model_config_yaml(artifact: str, overrides: dict | None = None) -> str:
     import yaml
-    config = {**MODEL_CONFIG, **(overrides or {})}
-    config["handler"] = {**HANDLER_CONFIG, "artifact": artifact}
+    overrides = dict(overrides or {})
+    handler = {**HANDLER_CONFIG, "artifact": artifact,
+               **{k: overrides.pop(k) for k in list(overrides) if k in HANDLER_KEYS}}
+    config = {**default_serving(), **overrides, "handler": handler}
     return ("# TorchServe model configuration (written by `python -m export`).\n"
             "# handler.artifact: which exported artifact is served; the archive holds only that one.\n"
             + yaml.safe_dump(config, sort_keys=False))

@@ -21,19 +21,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from export.archive import build_archive
+from export.archive import GPU_SERVING, build_archive
 from export.manifest import load_manifest
 from serving import server
 
 CORES = os.cpu_count() or 1
 # name -> (artifact or None for the export's default, model-config overrides, what it shows)
 CONFIGURATIONS = {
-    "tuned": (None, {}, "our model-config: 1 worker x all cores, batches of up to 8 within 50 ms"),
-    "torchscript": ("scripted", {}, "same settings, TorchScript backend instead of the default"),
-    "workers-per-core": (None, {"minWorkers": CORES, "maxWorkers": CORES},
-                         "a worker per core, one thread each (cores / workers), batches of up to 8"),
-    "unbatched-per-core": (None, {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1},
-                           "a worker per core, one thread each, no batching"),
+    "default": (None, {}, "the model-config `python -m export` writes on this machine"),
+    "batched": (None, {**GPU_SERVING, "threads": 0}, "the GPU policy on this CPU: 1 worker x all cores, "
+                                                       "batches of up to 8 within 50 ms"),
+    "torchscript": ("scripted", {}, "the default model-config with the TorchScript backend"),
     "oversubscribed": (None, {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES},
                        "TorchServe-like defaults: a worker per core, each using every core, no batching"),
 }

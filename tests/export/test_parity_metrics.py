@@ -64,3 +64,4 @@ def test_run_parity_raises_typed_error_with_numbers():
     assert {c.artifact for c in error.value.failures} == {"bad"}
     assert error.value.failures[0].metrics["max_abs"] == pytest.approx(0.5, rel=1e-5)
     assert "max_abs=0.5" in str(error.value) and "| bad |" in error.value.table
+
