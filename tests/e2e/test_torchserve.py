@@ -138,7 +138,8 @@ def batching_server(resnet18_export, tmp_path_factory):
     """Same export, archived with a long batch delay so concurrent requests share one batch."""
     store = tmp_path_factory.mktemp("batch-store")
     out = resnet18_export["out"]
-    build_archive(out, load_manifest(out), store, "resnet", config_overrides={"batchSize": 4, "maxBatchDelay": 3000})
+    one_batching_worker = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 4, "maxBatchDelay": 3000}
+    build_archive(out, load_manifest(out), store, "resnet", config_overrides=one_batching_worker)
     settings = _settings(store, tmp_path_factory.mktemp("batch-run"))
     with server.running(settings, CAT):
         yield settings
