@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from dataclasses import asdict, dataclass, field
@@ -11,17 +10,13 @@ from pathlib import Path
 
 from export.atomic import atomic_write_text
 from export.errors import ExportError, IntegrityError
+from models.weights import file_sha256
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+sha256_of = file_sha256  # one hashing helper for checkpoints and artifacts
 
 
 def library_versions() -> dict[str, str]:

@@ -93,6 +93,8 @@ def test_archive_holds_handler_artifact_manifest_labels_and_config(resnet18_expo
                 "handlers/image_classifier.py", "export/runtime.py", FILE_NAMES[served]} <= names
         assert served == manifest["serving"]["default_artifact"]
         assert {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout", "deviceType"} <= set(config)
-        assert config["maxBatchDelay"] == 40 and config["batchSize"] == 8  # --max-batch-delay 40, default batch
+        from export.archive import default_serving
+        assert config["maxBatchDelay"] == 40  # --max-batch-delay 40 from the export command
+        assert config["batchSize"] == default_serving()["batchSize"]  # the device's policy otherwise
         # only the served artifact travels in the archive
         assert not names & {FILE_NAMES[k] for k in FILE_NAMES if k != served}
