@@ -26,7 +26,7 @@ run: export
 	$(PY) -m serving --detach --inference-port $(PORT)
 	trap '$(PY) -m serving stop' EXIT; \
 	curl -sS --fail-with-body -X POST http://127.0.0.1:$(PORT)/predictions/resnet \
-	     -H "Content-Type: image/jpeg" --data-binary @examples/cat.jpg
+	     -H "Content-Type: image/jpeg" --data-binary @examples/cat.jpg; status=$$?; echo; exit $$status
 
 serve: setup
 	$(PY) -m serving
