@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,12 +34,6 @@ CONFIGURATIONS = {
     "oversubscribed": (None, {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES},
                        "TorchServe-like defaults: a worker per core, each using every core, no batching"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_ab(url: str, image: Path, requests: int, concurrency: int) -> dict:
@@ -68,10 +61,7 @@ def bench_configuration(name: str, export_dir: Path, image: Path, requests: int,
     artifact, overrides, _ = CONFIGURATIONS[name]
     store = scratch / name / "store"
     build_archive(export_dir, load_manifest(export_dir), store, "resnet", artifact, overrides)
-    settings = server.ServerSettings(model_store=store, run_dir=scratch / name / "run",
-                                     inference_port=free_port(), management_port=free_port(),
-                                     metrics_port=free_port(), grpc_inference_port=free_port(),
-                                     grpc_management_port=free_port())
+    settings = server.on_free_ports(store, scratch / name / "run")
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     with server.running(settings, image):

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,20 @@ class ServerSettings:
 
     def predictions_url(self) -> str:
         return f"{self.inference_url}/predictions/{self.model_name}"
+
+
+def free_port() -> int:
+    """A loopback port nobody holds right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:
+    """Settings whose five ports (HTTP and gRPC) are all free: for tests and benchmarks beside other servers."""
+    return ServerSettings(model_store=model_store, run_dir=run_dir, inference_port=free_port(),
+                          management_port=free_port(), metrics_port=free_port(),
+                          grpc_inference_port=free_port(), grpc_management_port=free_port())
 
 
 def torchserve_command(settings: ServerSettings) -> list[str]:

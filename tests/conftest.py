@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +28,3 @@ def resnet18_export(tmp_path_factory) -> dict:
                         "--model-store", str(store), "--max-batch-delay", "40")
     assert result.returncode == 0, result.stdout + result.stderr
     return {"out": out, "model_store": store, "stdout": result.stdout, "stderr": result.stderr}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

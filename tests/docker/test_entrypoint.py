@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from serving.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
@@ -31,12 +32,6 @@ def handle(data, context):
     return [{"predictions": [{"label": f"class {i}", "index": i, "probability": 0.2} for i in range(5)]}
             for _ in data]
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def jpeg_bytes() -> bytes:

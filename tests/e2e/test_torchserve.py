@@ -20,16 +20,15 @@ from PIL import Image
 from export.archive import build_archive
 from export.manifest import load_manifest
 from serving import server
-from tests.conftest import ROOT, free_port
+from serving.server import free_port
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
 
 
 def _settings(model_store: Path, run_dir: Path) -> server.ServerSettings:
-    return server.ServerSettings(model_store=model_store, run_dir=run_dir, inference_port=free_port(),
-                                 management_port=free_port(), metrics_port=free_port(),
-                                 grpc_inference_port=free_port(), grpc_management_port=free_port())
+    return server.on_free_ports(model_store, run_dir)
 
 
 def _no_process_mentions(text: str) -> bool:
