@@ -1,0 +1,105 @@
+"""The backend interface and the registry of backends, keyed by artifact format.
+
+A backend opens one artifact for a device, a CPU thread count and a run-time precision, and predicts a
+batch: float32 NCHW in, float32 logits on the CPU out. Adding a backend means one new file with a
+`Backend` subclass plus one line in `BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from models.errors import VisionExportError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+# format -> "module:Class"; imported on first use, so a missing optional library only matters to its format
+BACKENDS: dict[str, str] = {
+    "torchscript": "runtime.torchscript:TorchScriptBackend",
+    "onnx": "runtime.onnxruntime:OnnxRuntimeBackend",
+    "onnx-reference": "runtime.onnx_reference:ReferenceBackend",
+}
+
+
+class ArtifactError(VisionExportError):
+    """An artifact cannot be opened or run as asked (missing file, wrong options for its backend)."""
+
+
+class UnknownFormatError(ArtifactError):
+    def __init__(self, format: str):
+        super().__init__(f"no backend for artifact format {format!r}; known formats: {', '.join(BACKENDS)}")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device: str = "cpu"
+    threads: int = 0  # CPU intra-op threads; 0 leaves the library's default (every core)
+    precision: str = "fp32"  # run-time compute precision: fp16 = CUDA autocast, bf16 = CPU/CUDA autocast
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ArtifactError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.threads < 0:
+            raise ArtifactError(f"threads must be 0 (library default) or more, got {self.threads}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+
+class Backend(ABC):
+    """One opened artifact. Subclasses set `format` and implement `predict`."""
+
+    format: ClassVar[str]
+    supported_precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+
+    def __init__(self, path: Path | None, options: RunOptions, name: str | None = None):
+        if options.precision not in self.supported_precisions:
+            raise ArtifactError(f"the {self.format} backend runs {', '.join(self.supported_precisions)}, "
+                                f"not {options.precision}; the artifact itself carries its precision")
+        if path is not None and not Path(path).is_file():
+            raise ArtifactError(f"artifact {path} does not exist; re-run the export that should have written it")
+        self.path = Path(path) if path is not None else None
+        self.options = options
+        self.name = name or (self.path.name if self.path else self.format)
+
+    @abstractmethod
+    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+        """float32 batch (on the CPU) -> float32 output on the CPU."""
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.predict(batch)
+
+    def describe(self) -> dict:
+        """What ran: for reports, logs and the benchmark's table."""
+        return {"backend": type(self).__name__, "format": self.format, "name": self.name,
+                "path": str(self.path) if self.path else None, **asdict(self.options)}
+
+
+def backend_class(format: str) -> type[Backend]:
+    try:
+        module_name, class_name = BACKENDS[format].split(":")
+    except KeyError:
+        raise UnknownFormatError(format) from None
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def register_backend(format: str, target: str) -> None:
+    """Add a backend from outside this package ("package.module:Class")."""
+    BACKENDS[format] = target
+
+
+def available_formats() -> list[str]:
+    return list(BACKENDS)
+
+
+def open_artifact(format: str, path: str | Path, options: RunOptions | None = None,
+                  name: str | None = None) -> Backend:
+    """The one way to open an artifact for running."""
+    return backend_class(format)(Path(path), options or RunOptions(), name)

@@ -1,0 +1,42 @@
+"""sha256 of artifacts and the check that a file is the one a manifest recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from models.errors import EXIT_INTEGRITY, VisionExportError
+
+
+class IntegrityError(VisionExportError):
+    """Files on disk do not match the sha256 a manifest recorded; `problems` names each one."""
+
+    exit_code = EXIT_INTEGRITY
+
+    def __init__(self, problems: dict[str, str], what_to_do: str = "re-run the export to rebuild them"):
+        self.problems = problems
+        listed = "; ".join(f"{name}: {why}" for name, why in problems.items())
+        super().__init__(f"integrity check failed ({listed}); {what_to_do}")
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def mismatch(path: Path, expected_sha256: str) -> str | None:
+    """Why `path` is not the recorded file, or None when it is."""
+    if not path.is_file():
+        return "missing"
+    actual = file_sha256(path)
+    if actual != expected_sha256:
+        return f"sha256 {actual} but the manifest records {expected_sha256}"
+    return None
+
+
+def verify_file(path: str | os.PathLike, expected_sha256: str, what_to_do: str) -> None:
+    path = Path(path)
+    problem = mismatch(path, expected_sha256)
+    if problem:
+        raise IntegrityError({str(path): problem}, what_to_do)

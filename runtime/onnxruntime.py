@@ -1,0 +1,56 @@
+"""ONNX artifacts through ONNX Runtime: one place for session options and provider choice."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from runtime.base import ArtifactError, Backend, RunOptions
+
+logger = logging.getLogger(__name__)
+
+# ORT_ENABLE_ALL fuses Conv+BN and reorders layouts; parity tolerances are chosen for it.
+GRAPH_OPTIMIZATION = "ORT_ENABLE_ALL"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def providers_for(device: torch.device, available: list[str]) -> list:
+    """The CUDA provider on the requested GPU, CPU as the fallback for ops CUDA lacks."""
+    if device.type == "cuda":
+        if CUDA_PROVIDER not in available:
+            raise ArtifactError(f"ONNX Runtime here has no {CUDA_PROVIDER} (providers: {', '.join(available)}); "
+                                "install onnxruntime-gpu, or run on cpu")
+        return [(CUDA_PROVIDER, {"device_id": device.index or 0}), CPU_PROVIDER]
+    return [CPU_PROVIDER]
+
+
+def session_options(threads: int):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION)
+    options.intra_op_num_threads = threads  # 0: every core
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # errors only: warnings about unused initializers are noise here
+    return options
+
+
+class OnnxRuntimeBackend(Backend):
+    format = "onnx"
+
+    def __init__(self, path, options: RunOptions, name: str | None = None):
+        super().__init__(path, options, name)
+        import onnxruntime as ort
+        providers = providers_for(options.torch_device, ort.get_available_providers())
+        self.session = ort.InferenceSession(str(path), sess_options=session_options(options.threads),
+                                            providers=providers)
+        self.input_name = self.session.get_inputs()[0].name
+
+    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+        array = np.ascontiguousarray(batch.detach().cpu().numpy())
+        return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])
+
+    def describe(self) -> dict:
+        return {**super().describe(), "providers": self.session.get_providers()}

@@ -1,0 +1,38 @@
+"""TorchScript artifacts (traced or scripted) through torch.jit.load."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.base import Backend, RunOptions
+
+
+class TorchScriptBackend(Backend):
+    format = "torchscript"
+    supported_precisions = ("fp32", "fp16", "bf16")
+
+    def __init__(self, path, options: RunOptions, name: str | None = None):
+        super().__init__(path, options, name)
+        self.device = options.torch_device
+        configure_torch(options)
+        self.module = torch.jit.load(str(path), map_location=self.device).eval()
+        self.autocast = autocast_settings(options)
+
+    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(), torch.autocast(**self.autocast):
+            return self.module(batch.to(self.device, non_blocking=True)).float().cpu()
+
+
+def configure_torch(options: RunOptions) -> None:
+    """Process-wide torch settings for a run: CPU threads, cuDNN autotuning on GPUs."""
+    if options.threads:
+        torch.set_num_threads(options.threads)  # process-wide: one TorchServe worker serves one model
+    if options.torch_device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed-size batches: let cuDNN pick its fastest kernels
+
+
+def autocast_settings(options: RunOptions) -> dict:
+    """torch.autocast keyword arguments for the run-time precision (disabled for fp32)."""
+    device_type = options.torch_device.type
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(options.precision)
+    return {"device_type": device_type, "dtype": dtype or torch.float32, "enabled": dtype is not None}
