@@ -60,12 +60,17 @@ def ensure_writable_dir(path: Path, flag: str = "--out") -> None:
                              f"choose a writable folder with {flag}") from None
 
 
+FAILED_SUFFIX = ".failed"
+FAILURE_NOTE = "FAILED.txt"
+
+
 @contextmanager
 def staged_directory(final: Path):
     """Build a folder beside `final`, then swap it in whole.
 
-    An interrupted run leaves only a hidden `.NAME.partial-PID` folder (removed by the next run) and
-    the previous complete export untouched, so a manifest never stands beside incomplete artifacts.
+    The previous complete export stays untouched until the swap. A step that fails (an exception) leaves
+    its work in `NAME.failed/` (with FAILED.txt saying why) for inspection, and the error says where.
+    An interrupted or killed run leaves only a hidden `.NAME.partial-PID` folder, removed by the next run.
     """
     final = Path(final).absolute()
     ensure_writable_dir(final.parent)
@@ -75,10 +80,36 @@ def staged_directory(final: Path):
     stage.mkdir()
     try:
         yield stage
+    except Exception as error:
+        error.add_note(_keep_failed(stage, final, error))
+        raise
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    try:
         _swap_in(stage, final)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def failed_dir(final: Path) -> Path:
+    final = Path(final).absolute()
+    return final.parent / f"{final.name}{FAILED_SUFFIX}"
+
+
+def _keep_failed(stage: Path, final: Path, error: Exception) -> str:
+    """Move a failed attempt to NAME.failed/ (replacing an older one); returns the sentence for the user."""
+    failed = failed_dir(final)
+    try:
+        (stage / FAILURE_NOTE).write_text(f"{type(error).__name__}: {error}\n")
+        if failed.exists():
+            shutil.rmtree(failed)
+        os.replace(stage, failed)
+    except OSError as problem:
+        shutil.rmtree(stage, ignore_errors=True)
+        return f"{final} was not changed; the failed attempt could not be kept ({problem})"
+    return f"{final} was not changed; the failed attempt is kept in {failed} for inspection"
 
 
 def _swap_in(stage: Path, final: Path) -> None:

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
 from export import formats
-from export.errors import ExportError, ParityError
-
-EXIT_ERROR = 1
-EXIT_PARITY = 3
-EXIT_INTERRUPTED = 130
+from export.errors import ParityError
+from models.errors import EXIT_ERROR, EXIT_INTERRUPTED, VisionExportError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     module.add_argument("--model-store", type=Path, default=None,
                         help="also write NAME.mar there (only for image classifiers that take 1x3xHxW in [0, 1])")
     module.add_argument("--model-name", default=None, help="name to serve under (default: the file's stem)")
-    module.add_argument("--serve", default=None, metavar="ARTIFACT", help="artifact to package (default: fastest)")
+    module.add_argument("--serve", default=None, metavar="ARTIFACT",
+                        help="artifact to package (default: the manifest's served artifact; see resnet --help)")
 
     controlflow = commands.add_parser("controlflow", help="trace vs script on control-flow demo models",
                                       description="Export the control-flow demos and the ResNet resize branch; "
@@ -75,40 +71,45 @@ def _archive_options(sub) -> None:
                      help="where resnet.mar is written (default: model-store)")
     sub.add_argument("--no-archive", action="store_true", help="skip the TorchServe archive")
     sub.add_argument("--serve", default=None, metavar="ARTIFACT",
-                     help=f"artifact to package: {', '.join(formats.FILE_NAMES)} (default: fastest that passed parity)")
+                     help=f"artifact to package: {', '.join(formats.FILE_NAMES)} (default: the first of "
+                          "onnx-dynamo, onnx-scripted, onnx-traced, scripted, traced that passed parity and "
+                          "does not diverge from eager; see manifest.json 'serving')")
     sub.add_argument("--workers", type=int, default=None,
-                     help="TorchServe workers (model-config min/maxWorkers; default 1; CPU threads = cores / workers)")
-    sub.add_argument("--batch-size", type=int, default=None, help="TorchServe batchSize (default 8)")
-    sub.add_argument("--max-batch-delay", type=int, default=None, help="TorchServe maxBatchDelay in ms (default 50)")
+                     help="pin TorchServe workers in the archive (default: not pinned; decided where it is "
+                          "served: a worker per GPU, or per CPU core up to 4; threads = cores / workers)")
+    sub.add_argument("--batch-size", type=int, default=None,
+                     help="pin TorchServe batchSize (default: not pinned; 8 on a GPU host, 1 on CPU)")
+    sub.add_argument("--max-batch-delay", type=int, default=None,
+                     help="pin TorchServe maxBatchDelay in ms (default: not pinned; 50 on a GPU host)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from export import commands  # imported late: --help stays fast
+    return run_command(lambda: getattr(commands, f"{args.command}_command")(args))
+
+
+INTERRUPTED = "interrupted: nothing was swapped into the output folder; re-run to export"
+
+
+def run_command(command, interrupted: str = INTERRUPTED) -> int:
+    """The one place a user-facing error becomes a message and an exit code (python -m export / serving)."""
     try:
-        return getattr(commands, f"{args.command}_command")(args)
-    except ParityError as error:
-        print(f"\n{error.table}\n\nerror: {error}", file=sys.stderr)
-        return EXIT_PARITY
+        return command()
+    except VisionExportError as error:
+        if isinstance(error, ParityError):
+            print(f"\n{error.table}\n", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
+        for note in getattr(error, "__notes__", []):
+            print(f"  {note}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
-        print("\ninterrupted: nothing was swapped into the output folder; re-run to export", file=sys.stderr)
+        print(f"\n{interrupted}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as error:
         from export.atomic import describe_os_error
         print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return EXIT_ERROR
-    except Exception as error:
-        if not _is_user_error(error):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
-
-
-def _is_user_error(error: Exception) -> bool:
-    from models.registry import UnknownModelError
-    from models.user_module import UserModuleError
-    from models.weights import WeightsError
-    return isinstance(error, (ExportError, UnknownModelError, UserModuleError, WeightsError))
 
 
 if __name__ == "__main__":

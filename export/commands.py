@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from export.archive import build_archive
+from export.archive import ArchiveRequest
 from export.atomic import atomic_write_text, ensure_writable_dir
 from export.errors import ExportError
 from export.manifest import load_manifest, verify_hashes
 from export.parity import parity_inputs, report_json, report_markdown, run_parity
 from export.pipeline import ExportOptions, Progress, export_model
-from export.runtime import artifact_runner, eager_runner
 from export.trace_vs_script import CONCLUSION, compact_table, markdown_section
+from runtime import RunOptions, open_artifact
+from runtime.eager import EagerBackend
 
 CONTROLFLOW_MODELS = ("cf-branch", "cf-loop", "cf-repeat", "resnet18")
 
@@ -25,12 +26,11 @@ def resnet_command(args) -> int:
     device, overrides = _device(args.device), _config_overrides(args)
     out = args.out or Path("artifacts") / args.arch
     progress = Progress()
-    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device), progress)
+    archive = None if args.no_archive else ArchiveRequest(args.model_store, "resnet", args.serve, overrides)
+    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device, archive=archive),
+                          progress)
     _print_resize_line(result.trace_vs_script, progress)
-    if not args.no_archive:
-        archive = build_archive(out, result.manifest, args.model_store, "resnet", args.serve, overrides)
-        progress.step(f"TorchServe archive: {archive} (serves {args.serve or result.manifest.serving['default_artifact']}"
-                      f"; batch-1 latency ms: {result.manifest.serving['latency_ms_batch1']})")
+    _print_serving(result, progress)
     _print_files(out, progress)
     return 0
 
@@ -41,10 +41,9 @@ def module_command(args) -> int:
     entry = user_entry(args.reference, parse_input_shape(args.input_shape))
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
-    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device), progress)
-    if args.model_store:
-        archive = build_archive(out, result.manifest, args.model_store, args.model_name or entry.name, args.serve)
-        progress.step(f"TorchServe archive: {archive}")
+    archive = ArchiveRequest(args.model_store, args.model_name or entry.name, args.serve) if args.model_store else None
+    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive), progress)
+    _print_serving(result, progress)
     _print_files(out, progress)
     return 0
 
@@ -82,9 +81,9 @@ def parity_command(args) -> int:
     entry = _entry_from_manifest(manifest)
     built = entry.build(_weights_from_manifest(manifest))
     module = built.module.eval().requires_grad_(False)
-    candidates = {k: (artifact_runner(r["format"], folder / r["path"], device, k), r["format"], r["spatial_dynamic"])
-                  for k, r in manifest.artifacts.items()}
-    report = run_parity(eager_runner(module), candidates,
+    candidates = {k: (open_artifact(r["format"], folder / r["path"], RunOptions(device=device), k), r["format"],
+                      r["spatial_dynamic"]) for k, r in manifest.artifacts.items()}
+    report = run_parity(EagerBackend(module), candidates,
                         parity_inputs(tuple(manifest.input["example_shape"]), tuple(manifest.input["value_range"]),
                                       spatial_dynamic=manifest.input["resizes_in_graph"]))
     print(report.table())
@@ -147,6 +146,15 @@ def _print_resize_line(paths: dict, progress: Progress) -> None:
         else:
             parts.append(f"{row['artifact']} matches")
     progress.step(f"resize branch, input {probe}: " + "; ".join(parts))
+
+
+def _print_serving(result, progress: Progress) -> None:
+    serving = result.manifest.serving
+    excluded = {k: v for k, v in serving["candidates"].items() if v not in ("served",) and not v.startswith("servable")}
+    progress.step(f"served artifact: {serving['default_artifact']} (rule: {serving['rule']})"
+                  + "".join(f"\n    not {k}: {why}" for k, why in excluded.items()))
+    if result.archive:
+        progress.step(f"TorchServe archive: {result.archive}")
 
 
 def _print_files(out: Path, progress: Progress) -> None:

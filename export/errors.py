@@ -1,10 +1,13 @@
-"""Typed errors. Each message says what was wrong and what to do; the CLI prints it as one line."""
+"""The export room's errors, all in the one family rooted at models.errors.VisionExportError."""
 
 from __future__ import annotations
 
+from models.errors import EXIT_PARITY, VisionExportError
+from runtime.integrity import IntegrityError  # noqa: F401  (re-exported: the manifest check raises it)
 
-class ExportError(Exception):
-    """Base for every error the export command reports without a traceback."""
+
+class ExportError(VisionExportError):
+    """An export cannot proceed as asked; the message says why and what to do."""
 
 
 class EvalModeError(ExportError):
@@ -19,17 +22,10 @@ class OnnxCheckError(ExportError):
     """An ONNX file failed onnx.checker or shape inference."""
 
 
-class IntegrityError(ExportError):
-    """Artifacts on disk do not match the sha256 recorded in the manifest."""
-
-    def __init__(self, problems: dict[str, str]):
-        self.problems = problems
-        listed = "; ".join(f"{name}: {why}" for name, why in problems.items())
-        super().__init__(f"artifacts differ from manifest.json ({listed}); re-run the export to rebuild them")
-
-
 class ParityError(ExportError):
     """One or more artifacts disagree with eager PyTorch beyond tolerance; carries the numbers."""
+
+    exit_code = EXIT_PARITY
 
     def __init__(self, failures: list, table: str):
         self.failures = failures  # list[export.parity.Comparison]

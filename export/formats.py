@@ -88,11 +88,16 @@ def onnx_legacy(script_module, kind: str, example: torch.Tensor, folder: Path, o
     return Artifact(kind, path, "onnx", EXPORTERS[kind], spatial_dynamic)
 
 
-def onnx_dynamo(module: nn.Module, example: torch.Tensor, folder: Path, opset: int,
+def torch_export_form(module: nn.Module) -> nn.Module:
+    """What torch.export sees: modules with data-dependent branches offer `torch_export_form()`
+    (torch.cond / torch.while_loop spelling); the pipeline puts it in eval mode and verifies it."""
+    return module.torch_export_form() if hasattr(module, "torch_export_form") else module
+
+
+def onnx_dynamo(form: nn.Module, example: torch.Tensor, folder: Path, opset: int,
                 spatial_dynamic: bool) -> Artifact:
-    """torch.export-based exporter. Modules with data-dependent branches offer `torch_export_form()`."""
+    """torch.export-based exporter, given the module's torch.export form (see torch_export_form)."""
     path = folder / FILE_NAMES["onnx-dynamo"]
-    form = module.torch_export_form() if hasattr(module, "torch_export_form") else module
     dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=4096)}
     if spatial_dynamic:
         dims.update({2: torch.export.Dim("height", min=32, max=4096), 3: torch.export.Dim("width", min=32, max=4096)})

@@ -10,13 +10,10 @@ from pathlib import Path
 
 from export.atomic import atomic_write_text
 from export.errors import ExportError, IntegrityError
-from models.weights import file_sha256
+from runtime.integrity import file_sha256, mismatch
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
-
-
-sha256_of = file_sha256  # one hashing helper for checkpoints and artifacts
 
 
 def library_versions() -> dict[str, str]:
@@ -41,6 +38,7 @@ class Manifest:
     files: dict = field(default_factory=dict)  # other files (labels, reports) -> {sha256, bytes}
     timings_s: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
+    exporter_output: dict = field(default_factory=dict)  # step -> what exporters printed (first lines)
     parity: dict = field(default_factory=dict)
     trace_vs_script: dict = field(default_factory=dict)
     serving: dict = field(default_factory=dict)
@@ -50,7 +48,7 @@ class Manifest:
 
     def record_file(self, folder: Path, name: str) -> dict:
         path = folder / name
-        return {"path": name, "sha256": sha256_of(path), "bytes": path.stat().st_size}
+        return {"path": name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
 
     def write(self, folder: Path) -> Path:
         path = folder / MANIFEST_NAME
@@ -73,10 +71,8 @@ def verify_hashes(folder: Path, manifest: Manifest) -> None:
     """Every artifact and recorded file must exist with the recorded sha256; name each one that does not."""
     problems = {}
     for record in list(manifest.artifacts.values()) + list(manifest.files.values()):
-        path = Path(folder) / record["path"]
-        if not path.is_file():
-            problems[record["path"]] = "missing"
-        elif sha256_of(path) != record["sha256"]:
-            problems[record["path"]] = "sha256 differs (modified since export)"
+        problem = mismatch(Path(folder) / record["path"], record["sha256"])
+        if problem:
+            problems[record["path"]] = problem
     if problems:
         raise IntegrityError(problems)

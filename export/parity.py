@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from export.errors import ParityError
-from export.runtime import Runner
+from runtime.base import Backend
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def topk_agreement(reference: torch.Tensor, candidate: torch.Tensor, k: int) -> 
 
 # ---------------------------------------------------------------- running
 
-def run_parity(eager: Runner, candidates: dict[str, tuple[Runner, str, bool]], inputs: list[InputBatch],
+def run_parity(eager: Backend, candidates: dict[str, tuple[Backend, str, bool]], inputs: list[InputBatch],
                tolerances: dict[str, Tolerance] | None = None) -> ParityReport:
     """candidates: name -> (runner, format, accepts_other_sizes)."""
     tolerances = {**TOLERANCE_BY_FORMAT, **(tolerances or {})}

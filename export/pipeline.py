@@ -13,23 +13,24 @@ from pathlib import Path
 import torch
 
 from export import formats
+from export.archive import ArchiveRequest, PendingArchive, prepare_archive
 from export.atomic import atomic_write_text, ensure_free_space, staged_directory
 from export.eval_check import prepare_for_export
 from export.manifest import Manifest
 from export.onnx_check import check_onnx, onnx_control_flow, torchscript_control_flow
 from export.parity import (ParityReport, compare_outputs, parity_inputs, report_json, report_markdown,
                            run_parity, ONNX_TOLERANCE)
-from export.runtime import artifact_runner, eager_runner, reference_runner
+from export.selection import Candidate, decide
 from export.trace_vs_script import (CONCLUSION, ArtifactUnderTest, compact_table, compare_paths,
                                     markdown_section)
 from export.warnings_log import WarningLog
 from models.registry import ModelEntry
+from runtime import RunOptions, open_artifact
+from runtime.eager import EagerBackend
 
 LABELS_FILE = "index_to_name.json"
 LATENCY_WARMUP = 1
-LATENCY_RUNS = 5
-# Served-backend preference when latencies tie within noise: ONNX Runtime first, then TorchScript.
-BACKEND_PREFERENCE = ("onnx-dynamo", "onnx-scripted", "onnx-traced", "scripted", "traced")
+LATENCY_RUNS = 5  # batch-1 latency is recorded for information; it never chooses the served artifact
 
 
 class Progress:
@@ -58,6 +59,7 @@ class ExportOptions:
     opset: int = formats.DEFAULT_OPSET
     device: str = "cpu"
     fail_on_parity: bool = True
+    archive: ArchiveRequest | None = None  # also build NAME.mar, committed only with the export
 
 
 @dataclass
@@ -68,94 +70,128 @@ class ExportResult:
     trace_vs_script: dict
     warnings: WarningLog
     timings: dict = field(default_factory=dict)
+    archive: Path | None = None
 
 
 def export_model(entry: ModelEntry, options: ExportOptions, progress: Progress | None = None) -> ExportResult:
+    """Build, prove and write every artifact; swap the folder (and the archive) in only when all passed."""
     progress = progress or Progress()
+    pending: PendingArchive | None = None
+    try:
+        with staged_directory(Path(options.out)) as stage:
+            result = _export_into(stage, entry, options, progress)
+            if options.archive:
+                pending = prepare_archive(stage, result.manifest, options.archive)
+        progress.step(f"wrote {options.out}/ (manifest.json last); {result.warnings.summary_line()}")
+        if pending:
+            result.archive = pending.commit()
+        result.out = Path(options.out)
+        return result
+    finally:
+        if pending:
+            pending.discard()
+
+
+def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progress: Progress) -> ExportResult:
     log = WarningLog()
     timings: dict[str, float] = {}
 
     def timed(name: str):
         return _Timer(name, timings, log)
 
-    with staged_directory(Path(options.out)) as stage:
-        with timed("build"):
-            built = entry.build(options.weights)
-        if built.weights.note:
-            progress.warn(built.weights.note)
-        progress.step(f"built {entry.name} (weights: {built.weights.kind})")
-        module, example = built.module, entry.example_input()
-        ensure_free_space(stage, formats.estimated_bytes(module))
-        with timed("eval_check"):
-            prepare_for_export(module, example)
-        progress.step("eval mode verified: no submodule training, no grads, repeatable outputs")
+    with timed("build"):
+        built = entry.build(options.weights)
+    if built.weights.note:
+        progress.warn(built.weights.note)
+    progress.step(f"built {entry.name} (weights: {built.weights.kind})")
+    module, example = built.module, entry.example_input()
+    ensure_free_space(stage, formats.estimated_bytes(module))
+    with timed("eval_check"):
+        prepare_for_export(module, example)
+        export_form = formats.torch_export_form(module)
+        if export_form is not module:
+            prepare_for_export(export_form, example)
+    progress.step("eval mode verified (module and its torch.export form): no submodule training, no grads, "
+                  "repeatable outputs")
 
-        artifacts, refused, scripted_modules = _export_artifacts(entry, module, example, stage, options, timed,
-                                                                 progress)
-        with timed("onnx_check"):
-            for artifact in artifacts.values():
-                if artifact.format == "onnx":
-                    artifact.checks = check_onnx(artifact.path)
-                    artifact.control_flow = onnx_control_flow(artifact.path)
-                else:
-                    artifact.control_flow = torchscript_control_flow(scripted_modules[artifact.kind])
-        progress.step(f"onnx.checker (full) and strict shape inference passed on "
-                      f"{sum(a.format == 'onnx' for a in artifacts.values())} ONNX files")
+    artifacts, refused, scripted_modules = _export_artifacts(entry, module, export_form, example, stage,
+                                                             options, timed, progress)
+    with timed("onnx_check"):
+        for artifact in artifacts.values():
+            if artifact.format == "onnx":
+                artifact.checks = check_onnx(artifact.path)
+                artifact.control_flow = onnx_control_flow(artifact.path)
+            else:
+                artifact.control_flow = torchscript_control_flow(scripted_modules[artifact.kind])
+    progress.step(f"onnx.checker (full) and strict shape inference passed on "
+                  f"{sum(a.format == 'onnx' for a in artifacts.values())} ONNX files")
 
-        eager = eager_runner(module)
-        with timed("load"):
-            runners = {kind: artifact_runner(a.format, a.path, options.device, kind) for kind, a in artifacts.items()}
-        with timed("parity"):
-            inputs = parity_inputs(entry.input_spec.shape, entry.input_spec.value_range,
-                                   spatial_dynamic=entry.input_spec.resizes_in_graph)
-            candidates = {k: (runners[k], a.format, a.spatial_dynamic) for k, a in artifacts.items()}
-            parity = run_parity(eager, candidates, inputs)
-        _print_parity(parity, progress)
+    eager = EagerBackend(module)
+    with timed("load"):
+        backends = {kind: open_artifact(a.format, a.path, RunOptions(device=options.device), name=kind)
+                    for kind, a in artifacts.items()}
+    with timed("parity"):
+        inputs = parity_inputs(entry.input_spec.shape, entry.input_spec.value_range,
+                               spatial_dynamic=entry.input_spec.resizes_in_graph)
+        candidates = {k: (backends[k], a.format, a.spatial_dynamic) for k, a in artifacts.items()}
+        parity = run_parity(eager, candidates, inputs)
+    _print_parity(parity, progress)
 
-        second_opinion = {}
-        if entry.family == "controlflow":
-            with timed("reference_evaluator"):
-                second_opinion = reference_agreement(artifacts, runners, entry.probe_inputs())
-            progress.step("onnx.reference.ReferenceEvaluator vs ONNX Runtime: " + ", ".join(
-                f"{k} {'agree' if v['agree'] else 'DISAGREE'} (max abs {v['max_abs']:.1e})"
-                for k, v in second_opinion.items()))
+    second_opinion = {}
+    if entry.family == "controlflow":
+        with timed("reference_evaluator"):
+            second_opinion = reference_agreement(artifacts, backends, entry.probe_inputs())
+        progress.step("onnx.reference.ReferenceEvaluator vs ONNX Runtime: " + ", ".join(
+            f"{k} {'agree' if v['agree'] else 'DISAGREE'} (max abs {v['max_abs']:.1e})"
+            for k, v in second_opinion.items()))
 
-        with timed("trace_vs_script"):
-            units = [ArtifactUnderTest(k, a.format, runners[k], a.control_flow) for k, a in artifacts.items()]
-            paths = compare_paths(eager, units, entry.probe_inputs(), log.of_step("trace"))
-        progress.step("trace vs script on probe inputs:\n" + compact_table(entry.name, paths))
-        _warn_divergence(entry, paths, progress)
+    with timed("trace_vs_script"):
+        units = [ArtifactUnderTest(k, a.format, backends[k], a.control_flow) for k, a in artifacts.items()]
+        paths = compare_paths(eager, units, entry.probe_inputs(), log.of_step("trace"))
+    progress.step("trace vs script on probe inputs:\n" + compact_table(entry.name, paths))
+    _warn_divergence(entry, paths, progress)
 
-        with timed("latency"):
-            latency = measure_latency({k: runners[k] for k in artifacts if parity.passed(k)}, example)
-        default_backend = choose_backend(latency)
+    with timed("latency"):
+        latency = measure_latency({k: backends[k] for k in artifacts if parity.passed(k)}, example)
+    serving = serving_decision(entry, artifacts, parity, paths)
+    serving["latency_ms_batch1"] = latency
 
-        manifest = Manifest(
-            model={"name": entry.name, "family": entry.family, "description": entry.description,
-                   **entry.source},
-            weights=built.weights.describe(),
-            input={"name": formats.INPUT_NAME, **entry.input_spec.describe()},
-            output=_output_spec(module, example, built.labels),
-            opset=options.opset,
-        )
-        files = _write_reports(stage, entry, built.labels, parity, paths, second_opinion)
-        manifest.artifacts = {k: _artifact_record(manifest, stage, a, entry) for k, a in artifacts.items()}
-        manifest.refused = refused
-        manifest.files = {name: manifest.record_file(stage, name) for name in files}
-        manifest.parity = {"passed": not parity.failures, "summary": parity.summary(),
-                           "reference_evaluator": second_opinion}
-        manifest.trace_vs_script = {"diverging": paths["diverging"],
-                                    "verdicts": {r["artifact"]: r["verdict"] for r in paths["rows"]},
-                                    "warning": divergence_warning(paths) or ""}
-        manifest.serving = {"default_artifact": default_backend, "latency_ms_batch1": latency}
-        manifest.warnings = log.as_list()
-        manifest.timings_s = {k: round(v, 2) for k, v in timings.items()}
-        manifest.write(stage)  # last: its presence means the folder is complete
-
-    progress.step(f"wrote {options.out}/ (manifest.json last); {log.summary_line()}")
+    manifest = Manifest(
+        model={"name": entry.name, "family": entry.family, "description": entry.description, **entry.source},
+        weights=built.weights.describe(),
+        input={"name": formats.INPUT_NAME, **entry.input_spec.describe()},
+        output=_output_spec(module, example, built.labels),
+        opset=options.opset,
+    )
+    files = _write_reports(stage, entry, built.labels, parity, paths, second_opinion)
     if options.fail_on_parity:
-        parity.raise_on_failure()
+        parity.raise_on_failure()  # inside the stage: the failed attempt is kept, the last good export stays
+    manifest.artifacts = {k: _artifact_record(manifest, stage, a, entry) for k, a in artifacts.items()}
+    manifest.refused = refused
+    manifest.files = {name: manifest.record_file(stage, name) for name in files}
+    manifest.parity = {"passed": not parity.failures, "summary": parity.summary(),
+                       "reference_evaluator": second_opinion}
+    manifest.trace_vs_script = {"diverging": paths["diverging"],
+                                "verdicts": {r["artifact"]: r["verdict"] for r in paths["rows"]},
+                                "warning": divergence_warning(paths) or ""}
+    manifest.serving = serving
+    manifest.warnings = log.as_list()
+    manifest.exporter_output = log.output_as_dict()
+    manifest.timings_s = {k: round(v, 2) for k, v in timings.items()}
+    manifest.write(stage)  # last: its presence means the folder is complete
     return ExportResult(Path(options.out), manifest, parity, paths, log, timings)
+
+
+def serving_decision(entry: ModelEntry, artifacts: dict, parity: ParityReport, paths: dict) -> dict:
+    """Apply export.selection's declared rule to this export's results."""
+    diverging: dict[str, list[str]] = {}
+    for item in paths["diverging"]:
+        diverging.setdefault(item["artifact"], []).append(item["probe"])
+    contract = entry.input_spec.preprocessing
+    handler_input = (entry.input_spec.shape[1], *contract.crop) if contract else None
+    candidates = [Candidate(kind, parity.passed(kind), tuple(diverging.get(kind, ())), a.spatial_dynamic,
+                            tuple(entry.input_spec.shape[1:])) for kind, a in artifacts.items()]
+    return decide(candidates, handler_input)
 
 
 class _Timer:
@@ -172,7 +208,7 @@ class _Timer:
         return False
 
 
-def _export_artifacts(entry, module, example, stage, options, timed, progress):
+def _export_artifacts(entry, module, export_form, example, stage, options, timed, progress):
     artifacts, refused, script_modules = {}, {}, {}
     dynamic = entry.input_spec.resizes_in_graph
     with timed("trace"):
@@ -188,9 +224,9 @@ def _export_artifacts(entry, module, example, stage, options, timed, progress):
     progress.step(f"ONNX (legacy exporter, opset {options.opset}) from the traced and the scripted module")
     try:
         with timed("onnx_dynamo"):
-            artifacts["onnx-dynamo"] = formats.onnx_dynamo(module, example, stage, options.opset, dynamic)
+            artifacts["onnx-dynamo"] = formats.onnx_dynamo(export_form, example, stage, options.opset, dynamic)
         progress.step("ONNX (torch.export-based exporter)")
-    except Exception as error:  # record the refusal, keep the other artifacts
+    except Exception as error:  # the exporter refuses some models: recorded in the manifest, the rest go on
         reason = f"{type(error).__name__}: {_first_lines(str(error))}"
         refused["onnx-dynamo"] = reason
         progress.step(f"ONNX (torch.export-based exporter) REFUSED: {reason[:200]}")
@@ -234,52 +270,45 @@ def _second_opinion_md(second_opinion: dict) -> str:
     if not second_opinion:
         return ""
     lines = ["", "## Second opinion: onnx.reference.ReferenceEvaluator vs ONNX Runtime", ""]
-    lines += [f"- {k}: {'agree' if v['agree'] else 'DISAGREE'} (max abs {v['max_abs']:.2e} over {v['inputs']} inputs)"
-              for k, v in second_opinion.items()]
+    for k, v in second_opinion.items():
+        lines.append(f"- {k}: {'agree' if v['agree'] else 'DISAGREE'} (max abs {v['max_abs']:.2e} over {v['inputs']} inputs)")
+        lines += [f"  - probe `{probe}` not run by the reference evaluator: {why}" for probe, why in v["skipped"].items()]
     return "\n".join(lines) + "\n"
 
 
-def reference_agreement(artifacts, runners, probes: dict) -> dict:
+def reference_agreement(artifacts, backends, probes: dict) -> dict:
     """ONNX Runtime against the spec-level reference evaluator on every probe (small models only)."""
     out = {}
     for kind, artifact in artifacts.items():
         if artifact.format != "onnx":
             continue
-        reference = reference_runner(artifact.path)
-        worst, agree, count = 0.0, True, 0
-        for tensor in probes.values():
+        reference = open_artifact("onnx-reference", artifact.path)
+        worst, agree, count, skipped = 0.0, True, 0, {}
+        for probe, tensor in probes.items():
             try:
                 expected = reference(tensor)
-            except Exception:
-                continue  # a fixed-shape graph rejects other shapes in both runtimes
-            metrics, passed = compare_outputs(expected, runners[kind](tensor), ONNX_TOLERANCE)
+            except Exception as error:  # e.g. a fixed-shape graph refuses other shapes: recorded, not hidden
+                skipped[probe] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+                continue
+            metrics, passed = compare_outputs(expected, backends[kind](tensor), ONNX_TOLERANCE)
             worst, agree, count = max(worst, metrics["max_abs"]), agree and passed, count + 1
-        out[kind] = {"agree": agree and count > 0, "max_abs": worst, "inputs": count}
+        out[kind] = {"agree": agree and count > 0, "max_abs": worst, "inputs": count, "skipped": skipped}
     return out
 
 
-def measure_latency(runners: dict, example: torch.Tensor) -> dict[str, float]:
-    """Median milliseconds per batch-1 call; used to pick the served backend, not as a benchmark."""
+def measure_latency(backends: dict, example: torch.Tensor) -> dict[str, float]:
+    """Median milliseconds per batch-1 call, for information (the served artifact is chosen by rule)."""
     latency = {}
-    for kind, runner in runners.items():
+    for kind, backend in backends.items():
         for _ in range(LATENCY_WARMUP):
-            runner(example)
+            backend(example)
         samples = []
         for _ in range(LATENCY_RUNS):
             start = time.perf_counter()
-            runner(example)
+            backend(example)
             samples.append((time.perf_counter() - start) * 1000)
         latency[kind] = round(statistics.median(samples), 3)
     return latency
-
-
-def choose_backend(latency: dict[str, float]) -> str | None:
-    """Fastest artifact that passed parity; ties within 5% go to the earlier entry of BACKEND_PREFERENCE."""
-    if not latency:
-        return None
-    best = min(latency.values())
-    close = [k for k in latency if latency[k] <= best * 1.05]
-    return min(close, key=lambda k: BACKEND_PREFERENCE.index(k) if k in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE))
 
 
 def divergence_warning(paths: dict) -> str | None:

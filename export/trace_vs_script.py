@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from export.parity import TOLERANCE_BY_FORMAT, compare_outputs
-from export.runtime import Runner
+from runtime.base import Backend
 
 SILENTLY_WRONG = "silently wrong"
 REJECTED = "rejected input"
@@ -24,11 +24,11 @@ MATCHES = "matches eager"
 class ArtifactUnderTest:
     kind: str
     format: str
-    runner: Runner
+    runner: Backend
     control_flow: dict
 
 
-def compare_paths(eager: Runner, artifacts: list[ArtifactUnderTest], probes: dict[str, torch.Tensor],
+def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: dict[str, torch.Tensor],
                   tracer_warnings: list[dict] | None = None) -> dict:
     """Rows of model x artifact x probe; JSON-ready."""
     expected, skipped = {}, {}

@@ -12,13 +12,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
+OUTPUT_LINES_KEPT = 20  # per step: enough to read what an exporter said, not a log dump
+
+
 @dataclass
 class WarningLog:
     counts: Counter = field(default_factory=Counter)
+    output: dict = field(default_factory=dict)  # step -> lines exporters printed (first OUTPUT_LINES_KEPT)
 
     @contextlib.contextmanager
     def capture(self, step: str):
-        """Record warnings raised inside; swallow what exporters print to stdout/stderr."""
+        """Record warnings raised inside, and what exporters print to stdout/stderr, for the manifest."""
         chatter = io.StringIO()
         with warnings.catch_warnings(record=True) as caught, \
                 contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
@@ -29,6 +33,17 @@ class WarningLog:
                 for record in caught:
                     message = str(record.message).strip().splitlines()[0][:300]
                     self.counts[(step, record.category.__name__, message)] += 1
+                self._keep_output(step, chatter.getvalue())
+
+    def _keep_output(self, step: str, text: str) -> None:
+        lines = [line.rstrip()[:300] for line in text.splitlines() if line.strip()]
+        if lines:
+            kept = self.output.setdefault(step, {"lines": [], "total_lines": 0})
+            kept["lines"] = (kept["lines"] + lines)[:OUTPUT_LINES_KEPT]
+            kept["total_lines"] += len(lines)
+
+    def output_as_dict(self) -> dict:
+        return dict(self.output)
 
     def of_step(self, step: str) -> list[dict]:
         return [entry for entry in self.as_list() if entry["step"] == step]

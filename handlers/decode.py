@@ -12,11 +12,15 @@ import binascii
 import io
 import json
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
+
+from models.errors import VisionExportError
 
 # Limits checked from the header before decoding, so a small file cannot expand into gigabytes.
 MAX_PIXELS = 40_000_000  # 40 megapixels: any camera photo; a decompression bomb is far larger
@@ -27,11 +31,9 @@ BODY_KEYS = ("data", "body", "file", "image")  # raw/JSON bodies arrive as data/
 OPTION_KEYS = ("topk",)  # form fields that are options, never the image
 MAX_TOPK = 100
 
-RESIZE_TO = 256  # ImageNet evaluation: shorter side to 256, centre crop 224
-CROP_TO = 224
 
 
-class RequestError(Exception):
+class RequestError(VisionExportError):
     """A bad request: becomes {"code": code, "error": message} with that HTTP status for this row only."""
 
     def __init__(self, code: int, message: str):
@@ -160,8 +162,27 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def preprocess(image: torch.Tensor) -> torch.Tensor:
-    """uint8 (3, H, W) -> float32 (3, 224, 224) in [0, 1]; normalisation happens inside the model."""
-    image = TF.resize(image, RESIZE_TO, antialias=True)
-    image = TF.center_crop(image, CROP_TO)
+@dataclass(frozen=True)
+class ImageContract:
+    """The manifest's `input.preprocessing`: what the weights were evaluated with."""
+
+    resize: int
+    crop: tuple[int, int]
+    interpolation: str = "bilinear"
+    antialias: bool = True
+
+    @classmethod
+    def from_manifest(cls, record: dict | None) -> "ImageContract":
+        if not record:
+            raise ValueError("the manifest has no input.preprocessing: this model takes no RGB image input")
+        return cls(int(record["resize"]), tuple(int(v) for v in record["crop"]), record.get("interpolation", "bilinear"),
+                   bool(record.get("antialias", True)))
+
+
+def preprocess(image: torch.Tensor, contract: ImageContract) -> torch.Tensor:
+    """uint8 (3, H, W) -> float32 (3, crop) in [0, 1], as the weights' transforms() do (same resize, same
+    interpolation, antialias, centre crop); normalisation happens inside the model."""
+    image = TF.resize(image, [contract.resize], interpolation=InterpolationMode(contract.interpolation),
+                      antialias=contract.antialias)
+    image = TF.center_crop(image, list(contract.crop))
     return image.float().div_(255.0)

@@ -25,7 +25,7 @@ class ValueBranch(nn.Module):
         return 1.0 - x
 
     def torch_export_form(self) -> nn.Module:
-        return _CondValueBranch()
+        return _CondValueBranch().train(self.training)
 
 
 class _CondValueBranch(nn.Module):
@@ -48,7 +48,7 @@ class DataDependentLoop(nn.Module):
         return y
 
     def torch_export_form(self) -> nn.Module:
-        return _WhileLoopDataDependentLoop()
+        return _WhileLoopDataDependentLoop().train(self.training)
 
 
 class _WhileLoopDataDependentLoop(nn.Module):

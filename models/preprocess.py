@@ -31,7 +31,7 @@ class ImagePreprocess(nn.Module):
 
     def torch_export_form(self) -> nn.Module:
         """The same computation with the branch as `torch.cond`, which torch.export keeps as an ONNX If."""
-        return _CondPreprocess(self)
+        return _CondPreprocess(self).train(self.training)  # a new module starts in training mode
 
 
 class _CondPreprocess(nn.Module):

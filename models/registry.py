@@ -13,9 +13,27 @@ from typing import Callable
 import torch
 from torch import nn
 
+from models.errors import VisionExportError
 
-class UnknownModelError(LookupError):
+
+class UnknownModelError(VisionExportError, LookupError):
     """A model name that is not in the registry; the message lists the choices."""
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How a decoded RGB image becomes one input row: the serving contract the handler reads from the
+    manifest. Normalisation is not here: it is inside the exported graph."""
+
+    resize: int  # the shorter side is resized to this many pixels
+    crop: tuple[int, int]  # then a centre crop of (height, width)
+    interpolation: str = "bilinear"
+    antialias: bool = True
+    source: str = ""  # where these numbers come from (e.g. the weights' own transforms())
+
+    def describe(self) -> dict:
+        return {"resize": self.resize, "crop": list(self.crop), "interpolation": self.interpolation,
+                "antialias": self.antialias, "scale": "uint8 / 255 -> [0, 1]", "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -30,9 +48,11 @@ class InputSpec:
     # Any spatial size at or above min_size is resized in the graph (scripted/ONNX-from-script/cond forms).
     resizes_in_graph: bool = False
     min_size: int = 0
+    preprocessing: Preprocessing | None = None  # None: not an image model the handler can serve
 
     def describe(self) -> dict:
         return {
+            "preprocessing": self.preprocessing.describe() if self.preprocessing else None,
             "example_shape": list(self.shape),
             "dtype": self.dtype,
             "layout": self.layout,

@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo
+from models.errors import VisionExportError
+from models.registry import BuiltModel, InputSpec, ModelEntry, Preprocessing, WeightsInfo
 from models.weights import RANDOM_SEED, load_state_dict_file, seeded
 
 
-class UserModuleError(ValueError):
+class UserModuleError(VisionExportError, ValueError):
     """The FILE:factory reference cannot be loaded or does not give an nn.Module."""
 
 
@@ -68,12 +69,23 @@ def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1
         name=Path(reference.rpartition(":")[0]).stem,
         family="module",
         description=f"user module {reference}",
-        input_spec=InputSpec(shape=input_shape, value_range=value_range),
+        input_spec=InputSpec(shape=input_shape, value_range=value_range,
+                             preprocessing=image_preprocessing(input_shape, value_range)),
         build=build,
         probe_inputs=lambda: probe_inputs(input_shape),
         source={"module": os.path.abspath(reference.rpartition(":")[0]) + ":" + reference.rpartition(":")[2],
                 "input_shape": list(input_shape)},
     )
+
+
+def image_preprocessing(shape: tuple[int, ...], value_range) -> Preprocessing | None:
+    """An RGB image model (N x 3 x H x W in [0, 1]) is served by resizing the shorter side to fit the
+    larger of H and W, then a centre crop of H x W; any other input is not an image the handler can serve."""
+    if len(shape) != 4 or shape[1] != 3 or tuple(value_range) != (0.0, 1.0):
+        return None
+    height, width = shape[2], shape[3]
+    return Preprocessing(resize=max(height, width), crop=(height, width),
+                         source="derived from --input-shape (no weights transform known)")
 
 
 def probe_inputs(shape: tuple[int, ...]) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from models.errors import VisionExportError
 from models.registry import WeightsInfo
 
 RANDOM_SEED = 0
@@ -23,7 +24,7 @@ REACHABILITY_TIMEOUT_S = 5.0
 CHOICES_HELP = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
 
 
-class WeightsError(RuntimeError):
+class WeightsError(VisionExportError, RuntimeError):
     """Weights could not be obtained or do not fit the module; the message says which and what to do."""
 
 
@@ -34,24 +35,17 @@ def seeded(build: Callable[[], nn.Module], seed: int = RANDOM_SEED) -> nn.Module
         return build()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def cached_weights_path(url: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
 
 
-def download_reachable(url: str) -> bool:
+def download_unreachable_reason(url: str) -> str | None:
+    """None when the weights host answers; otherwise why not (shown to the user in the warning)."""
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=REACHABILITY_TIMEOUT_S)
-        return True
-    except Exception:
-        return False
+        return None
+    except (OSError, ValueError) as error:  # URLError, timeouts, refused connections, HTTP errors
+        return f"{type(error).__name__}: {getattr(error, 'reason', None) or error}"
 
 
 def load_torchvision_pretrained(build: Callable[..., nn.Module], weights_enum) -> nn.Module:
@@ -72,10 +66,11 @@ def resolve_torchvision(build: Callable[..., nn.Module], weights_enum, choice: s
         return load_torchvision_pretrained(build, weights_enum), _imagenet_info(weights_enum, choice)
     if choice == "auto":
         cached = cached_weights_path(weights_enum.url)
-        if cached.exists() or download_reachable(weights_enum.url):
+        unreachable = None if cached.exists() else download_unreachable_reason(weights_enum.url)
+        if unreachable is None:
             return load_torchvision_pretrained(build, weights_enum), _imagenet_info(weights_enum, choice)
         note = (f"ImageNet weights {weights_enum} are not cached ({cached}) and {weights_enum.url} is "
-                "unreachable: using seeded RANDOM weights, so predictions are meaningless")
+                f"unreachable ({unreachable}): using seeded RANDOM weights, so predictions are meaningless")
         return seeded(lambda: build(weights=None)), WeightsInfo("random", choice, seed=RANDOM_SEED, note=note)
     if choice == "random":
         return seeded(lambda: build(weights=None)), WeightsInfo("random", choice, seed=RANDOM_SEED)
@@ -129,7 +124,9 @@ def load_state_dict_file(module: nn.Module, path: str) -> WeightsInfo:
     if problems:
         raise WeightsError(f"checkpoint {path} does not fit the model: " + "; ".join(problems))
     module.load_state_dict(state)
-    return WeightsInfo("path", path, source=os.path.abspath(path), sha256=file_sha256(path))
+    with open(path, "rb") as handle:  # provenance: which checkpoint file exactly
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    return WeightsInfo("path", path, source=os.path.abspath(path), sha256=digest)
 
 
 def _few(items: list[str], limit: int = 5) -> str:

@@ -22,6 +22,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from handlers.policy import THREADS_ENV, ServingPolicy, machine_policy, this_machine
+from models.errors import VisionExportError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
 DEFAULT_CONFIG = PACKAGE_DIR / "config.properties"
@@ -35,7 +38,7 @@ LOAD_FAILURE = re.compile(r"(Load model failed|Backend worker process died|Worke
 FAILURES_BEFORE_GIVING_UP = 2
 
 
-class ServingError(RuntimeError):
+class ServingError(VisionExportError):
     """TorchServe did not come up; the message carries what its logs said."""
 
 
@@ -52,6 +55,12 @@ class ServerSettings:
     run_dir: Path = Path(".serving")  # logs, TorchServe's pid file and ours
     config: Path = DEFAULT_CONFIG
     extra_env: dict = field(default_factory=dict)
+    policy: ServingPolicy | None = None  # None: decided for this machine when the server starts
+    model_version: str = "1.0"  # what `python -m export` archives
+    response_timeout_s: int = 120
+
+    def effective_policy(self) -> ServingPolicy:
+        return self.policy or machine_policy(*this_machine())
 
     @property
     def inference_url(self) -> str:
@@ -87,12 +96,32 @@ def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:
                           grpc_inference_port=free_port(), grpc_management_port=free_port())
 
 
-def torchserve_command(settings: ServerSettings) -> list[str]:
+RUN_CONFIG = "config.properties"
+
+
+def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
+    """The base config.properties plus this machine's serving policy for the model (TorchServe's per-model
+    `models=` settings; values pinned in the archive's model-config.yaml take precedence over them)."""
+    model = {settings.model_name: {settings.model_version: {
+        "defaultVersion": True, "marName": f"{settings.model_name}.mar",
+        **policy.model_config(), "responseTimeout": settings.response_timeout_s}}}
+    return (Path(settings.config).read_text().rstrip("\n")
+            + f"\n\n# Serving policy decided on this machine by `python -m serving`: {policy.reason};"
+            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(model)}\n")
+
+
+def write_run_config(settings: ServerSettings, policy: ServingPolicy) -> Path:
+    path = settings.run_dir.absolute() / RUN_CONFIG
+    path.write_text(run_config_text(settings, policy))
+    return path
+
+
+def torchserve_command(settings: ServerSettings, config: Path) -> list[str]:
     executable = shutil.which("torchserve", path=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     if not executable:
         raise ServingError("torchserve is not installed: pip install -e '.[serving]' (see README)")
     return [executable, "--start", "--foreground", "--ncs",
-            "--ts-config", str(Path(settings.config).absolute()),
+            "--ts-config", str(Path(config).absolute()),
             "--model-store", str(Path(settings.model_store).absolute()),
             "--models", f"{settings.model_name}={settings.model_name}.mar"]
 
@@ -108,10 +137,11 @@ def java_temp_dir(run_dir: Path) -> Path:
     return folder
 
 
-def server_env(settings: ServerSettings) -> dict:
+def server_env(settings: ServerSettings, policy: ServingPolicy) -> dict:
     run_dir = settings.run_dir.absolute()
     return {
         **os.environ,
+        THREADS_ENV: str(policy.threads_per_worker),  # workers inherit it; the handler reads it
         "TS_INFERENCE_ADDRESS": settings.inference_url,
         "TS_MANAGEMENT_ADDRESS": settings.management_url,
         "TS_METRICS_ADDRESS": settings.metrics_url,
@@ -138,10 +168,12 @@ def start(settings: ServerSettings) -> subprocess.Popen:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     for old in settings.log_dir.glob("*.log"):
         old.unlink()
+    policy = settings.effective_policy()
+    config = write_run_config(settings, policy)
     console = open(settings.log_dir / "console.log", "ab")
     # Own session: Ctrl-C in the terminal reaches us, and stop() signals the whole group (launcher, Java
     # frontend, Python workers) at once.
-    process = subprocess.Popen(torchserve_command(settings), cwd=run_dir, env=server_env(settings),
+    process = subprocess.Popen(torchserve_command(settings, config), cwd=run_dir, env=server_env(settings, policy),
                                stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True)
     (run_dir / PID_FILE).write_text(str(process.pid))
