@@ -20,26 +20,35 @@ import sys
 import tempfile
 from pathlib import Path
 
-from export.archive import GPU_SERVING, build_archive
+from export.archive import build_archive
 from export.manifest import load_manifest
+from handlers.policy import machine_policy
+from models.errors import VisionExportError
 from serving import server
 
 CORES = os.cpu_count() or 1
 # name -> (artifact or None for the export's default, model-config overrides, what it shows)
 CONFIGURATIONS = {
-    "default": (None, {}, "the model-config `python -m export` writes on this machine"),
-    "batched": (None, {**GPU_SERVING, "threads": 0}, "the GPU policy on this CPU: 1 worker x all cores, "
-                                                       "batches of up to 8 within 50 ms"),
+    "default": (None, {}, "the policy `python -m serving` decides for this machine, the default artifact"),
+    "batched": (None, {**machine_policy(gpus=1, cores=CORES).model_config(), "threads": CORES},
+                "the GPU policy on this CPU: 1 worker x all cores, batches of up to 8 within 50 ms"),
     "torchscript": ("scripted", {}, "the default model-config with the TorchScript backend"),
     "oversubscribed": (None, {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES},
                        "TorchServe-like defaults: a worker per core, each using every core, no batching"),
 }
 
 
+class BenchError(VisionExportError):
+    """The load generator failed; its own message is included."""
+
+
 def run_ab(url: str, image: Path, requests: int, concurrency: int) -> dict:
     # -k: keep-alive; TorchServe holds HTTP/1.0 connections open, so plain ab would wait out its timeout
     command = ["ab", "-q", "-k", "-n", str(requests), "-c", str(concurrency), "-p", str(image), "-T", "image/jpeg", url]
-    output = subprocess.run(command, capture_output=True, text=True, timeout=1800).stdout
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        raise BenchError(f"ab exited with {result.returncode}: {(result.stderr or result.stdout).strip()[-300:]}")
+    output = result.stdout
 
     def number(pattern: str) -> float:
         match = re.search(pattern, output, re.MULTILINE)

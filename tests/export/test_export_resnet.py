@@ -1,5 +1,6 @@
 """`python -m export resnet` on resnet18 with random weights: every artifact, checked by loading it."""
 
+import hashlib
 import json
 import zipfile
 
@@ -25,8 +26,9 @@ def test_every_artifact_is_written_and_recorded(resnet18_export):
     assert set(manifest["artifacts"]) == set(FILE_NAMES)
     for kind, record in manifest["artifacts"].items():
         path = out / record["path"]
-        assert path.is_file() and path.stat().st_size == record["bytes"] and len(record["sha256"]) == 64
-        assert record["format"] in ("torchscript", "onnx") and record["exporter"]
+        assert path.is_file() and path.stat().st_size == record["bytes"]
+        assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert record["format"] == ("onnx" if kind.startswith("onnx") else "torchscript") and record["exporter"]
     assert manifest["weights"]["kind"] == "random" and manifest["opset"] == 18
     assert manifest["input"]["layout"] == "NCHW" and manifest["input"]["value_range"] == [0.0, 1.0]
     assert set(manifest["versions"]) >= {"python", "torch", "torchvision", "onnx", "onnxruntime"}
@@ -82,19 +84,29 @@ def test_resize_branch_line_and_manifest_sizes(resnet18_export):
     assert manifest["artifacts"]["onnx-traced"]["spatial_dynamic"] is False
 
 
-def test_archive_holds_handler_artifact_manifest_labels_and_config(resnet18_export):
+def test_archive_holds_handler_runtime_artifact_manifest_labels_and_config(resnet18_export):
     import yaml
     manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
     with zipfile.ZipFile(resnet18_export["model_store"] / "resnet.mar") as archive:
         names = set(archive.namelist())
         config = yaml.safe_load(archive.read("model-config.yaml"))
         served = config["handler"]["artifact"]
+        assert served == manifest["serving"]["default_artifact"] == "onnx-dynamo"  # first of the preference order
         assert {"torchserve_entry.py", "manifest.json", "index_to_name.json", "model-config.yaml",
-                "handlers/image_classifier.py", "export/runtime.py", FILE_NAMES[served]} <= names
-        assert served == manifest["serving"]["default_artifact"]
-        assert {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout", "deviceType"} <= set(config)
-        from export.archive import default_serving
-        assert config["maxBatchDelay"] == 40  # --max-batch-delay 40 from the export command
-        assert config["batchSize"] == default_serving()["batchSize"]  # the device's policy otherwise
+                "handlers/image_classifier.py", "runtime/base.py", "runtime/onnxruntime.py", "models/errors.py",
+                FILE_NAMES[served]} <= names
+        # the archive ships runtime/ and handlers/ (and the error root), never export/ or the rest of models/
+        assert not {n for n in names if n.startswith("export/") or (n.startswith("models/") and n != "models/errors.py")}
+        assert config["maxBatchDelay"] == 40  # pinned by --max-batch-delay 40 in the export command
+        assert not {"batchSize", "minWorkers", "maxWorkers"} & set(config)  # decided where it is served
         # only the served artifact travels in the archive
         assert not names & {FILE_NAMES[k] for k in FILE_NAMES if k != served}
+
+
+def test_manifest_records_the_serving_contract_and_no_training_mode_export(resnet18_export):
+    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
+    assert manifest["input"]["preprocessing"]["resize"] == 256  # resnet18's DEFAULT weights: 256 -> 224
+    assert manifest["input"]["preprocessing"]["crop"] == [224, 224]
+    assert manifest["serving"]["candidates"]["traced"].startswith("silently diverges")
+    assert not [w for w in manifest["warnings"] if "training mode" in w["message"]]
+    assert "onnx_dynamo" in manifest["exporter_output"]  # what the exporter printed is kept, not dropped

@@ -11,7 +11,8 @@ from onnx import numpy_helper
 import models
 from export.errors import ParityError
 from export.parity import parity_inputs, run_parity
-from export.runtime import eager_runner, onnx_runner
+from runtime import file_sha256, open_artifact
+from runtime.eager import EagerBackend
 from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def test_perturbed_onnx_weight_fails_with_typed_error_and_numbers(export_copy):
     onnx.save(model, str(perturbed))
 
     module = models.get("resnet18").build("random").module.eval()
-    report = run_parity(eager_runner(module), {"perturbed": (onnx_runner(perturbed), "onnx", False)},
+    report = run_parity(EagerBackend(module), {"perturbed": (open_artifact("onnx", perturbed), "onnx", False)},
                         parity_inputs((1, 3, 224, 224)))
     with pytest.raises(ParityError) as error:
         report.raise_on_failure()
@@ -62,8 +63,10 @@ def test_recheck_names_a_modified_artifact(export_copy):
         handle.seek(-10, 2)
         handle.write(b"0123456789")
     result = run_export("parity", str(export_copy))
-    assert result.returncode == 1
-    assert "model.scripted.onnx: sha256 differs" in result.stderr
+    assert result.returncode == 4  # models.errors.EXIT_INTEGRITY
+    recorded = json.loads((export_copy / "manifest.json").read_text())["artifacts"]["onnx-scripted"]["sha256"]
+    assert f"model.scripted.onnx: sha256 {file_sha256(export_copy / 'model.scripted.onnx')} but the manifest " \
+           f"records {recorded}" in result.stderr
     assert "Traceback" not in result.stderr
 
 

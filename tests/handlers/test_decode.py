@@ -17,11 +17,13 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from models.errors import VisionExportError
 from handlers.decode import (
     MAX_PIXELS,
     MAX_SIDE,
     MAX_TOPK,
     MIN_SIDE,
+    ImageContract,
     RequestError,
     decode_image,
     image_bytes,
@@ -435,12 +437,19 @@ def test_readable_but_unaccepted_format_is_415(fmt):
 
 
 # ---------------------------------------------------------------- preprocess()
+RESNET18_CONTRACT = ImageContract(resize=256, crop=(224, 224))  # torchvision's ResNet18 weights: 256 -> 224
+
+
+def preprocess_224(image):
+    return preprocess(image, RESNET18_CONTRACT)
+
+
 @pytest.mark.parametrize("size", [(512, 256), (256, 512), (640, 480), (300, 1000), (MIN_SIDE, MIN_SIDE),
                                   (MIN_SIDE, 50)], ids=["landscape-2to1", "portrait-1to2", "landscape",
                                                         "portrait", "tiny", "tiny-thin"])
 def test_preprocess_shape_dtype_range(size):
     colour = (255, 0, 128)
-    tensor = preprocess(decode_image(encode(solid(colour, size=size))))
+    tensor = preprocess_224(decode_image(encode(solid(colour, size=size))))
     assert tensor.dtype == torch.float32 and tuple(tensor.shape) == (3, 224, 224)
     assert float(tensor.min()) >= 0.0 and float(tensor.max()) <= 1.0
     expected = torch.tensor(colour, dtype=torch.float32).div(255).view(3, 1, 1).expand(3, 224, 224)
@@ -451,7 +460,7 @@ def test_preprocess_centre_crops_landscape():
     image = solid(BLUE, size=(512, 256))  # shorter side already 256: crop keeps columns 144..367
     image.paste(RED, (0, 0, 128, 256))
     image.paste(RED, (384, 0, 512, 256))
-    tensor = preprocess(decode_image(encode(image)))
+    tensor = preprocess_224(decode_image(encode(image)))
     assert torch.allclose(tensor, torch.tensor([0.0, 0.0, 1.0]).view(3, 1, 1).expand(3, 224, 224))
 
 
@@ -459,7 +468,7 @@ def test_preprocess_centre_crops_portrait():
     image = solid(BLUE, size=(256, 512))  # crop keeps rows 144..367
     image.paste(RED, (0, 0, 256, 128))
     image.paste(RED, (0, 384, 256, 512))
-    tensor = preprocess(decode_image(encode(image)))
+    tensor = preprocess_224(decode_image(encode(image)))
     assert torch.allclose(tensor, torch.tensor([0.0, 0.0, 1.0]).view(3, 1, 1).expand(3, 224, 224))
 
 
@@ -468,9 +477,27 @@ def test_preprocess_resizes_shorter_side_to_256():
     # the crop [144, 368) shows red on its left 112 columns and blue on the rest
     image = solid(BLUE, size=(1024, 512))
     image.paste(RED, (0, 0, 512, 512))
-    tensor = preprocess(decode_image(encode(image)))
+    tensor = preprocess_224(decode_image(encode(image)))
     assert torch.allclose(tensor[:, :, 100], torch.tensor([1.0, 0.0, 0.0]).view(3, 1).expand(3, 224), atol=0.01)
     assert torch.allclose(tensor[:, :, 124], torch.tensor([0.0, 0.0, 1.0]).view(3, 1).expand(3, 224), atol=0.01)
+
+
+def test_preprocess_follows_the_contracts_resize_and_crop():
+    # 1024x512 -> shorter side 232 -> 464x232; centre crop 200x100 keeps columns 132..332 and rows 66..166;
+    # red covers x < 232 after the resize, so crop columns left of 100 are red and right of it blue (away from the antialiased edge)
+    image = solid(BLUE, size=(1024, 512))
+    image.paste(RED, (0, 0, 512, 512))
+    tensor = preprocess(decode_image(encode(image)), ImageContract(resize=232, crop=(100, 200)))
+    assert tuple(tensor.shape) == (3, 100, 200)
+    assert torch.allclose(tensor[:, :, 94], torch.tensor([1.0, 0.0, 0.0]).view(3, 1).expand(3, 100), atol=0.02)
+    assert torch.allclose(tensor[:, :, 106], torch.tensor([0.0, 0.0, 1.0]).view(3, 1).expand(3, 100), atol=0.02)
+
+
+def test_contract_from_manifest_and_its_absence():
+    record = {"resize": 232, "crop": [224, 224], "interpolation": "bilinear", "antialias": True}
+    assert ImageContract.from_manifest(record) == ImageContract(232, (224, 224))
+    with pytest.raises(ValueError, match="no RGB image input"):
+        ImageContract.from_manifest(None)
 
 
 # ---------------------------------------------------------------- RequestError
@@ -478,7 +505,7 @@ def test_request_error_as_response():
     error = RequestError(413, "too big")
     assert error.as_response() == {"code": 413, "error": "too big"}
     assert error.code == 413 and error.message == "too big" and str(error) == "too big"
-    assert isinstance(error, Exception)
+    assert isinstance(error, VisionExportError)
 
 
 def test_decode_error_as_response():

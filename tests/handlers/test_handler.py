@@ -12,10 +12,11 @@ from PIL import Image
 from ts.context import Context, RequestProcessor
 
 import models
-from export.runtime import CPU_PROVIDER, CUDA_PROVIDER, ort_providers
-from handlers.backends import OnnxBackend, TorchScriptBackend, select_device, threads_per_worker
 from handlers.decode import decode_image, preprocess
-from handlers.image_classifier import ImageClassifier
+from handlers.image_classifier import HandlerSetupError, ImageClassifier, select_device
+from runtime import RunOptions, open_artifact
+from runtime.onnxruntime import CUDA_PROVIDER, OnnxRuntimeBackend
+from runtime.torchscript import TorchScriptBackend
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,7 @@ def test_predictions_match_the_eager_model(model_dir):
     response = handler.handle([{"body": body}], context)[0]
     with torch.inference_mode():
         eager = models.get("resnet18").build("random").module.eval()
-        probabilities = torch.softmax(eager(preprocess(decode_image(body))[None]), dim=1)[0]
+        probabilities = torch.softmax(eager(preprocess(decode_image(body), handler.contract)[None]), dim=1)[0]
     values, indices = probabilities.topk(5)
     assert [p["index"] for p in response["predictions"]] == indices.tolist()
     labels = json.loads((model_dir / "index_to_name.json").read_text())
@@ -90,23 +91,17 @@ def test_torchscript_backend_is_chosen_by_model_config(model_dir, resnet18_expor
     shutil.copytree(model_dir, folder)
     shutil.copy2(resnet18_export["out"] / "model.scripted.pt", folder)
     handler, context = _handler(folder, [{}], config_overrides={"artifact": "scripted"})
-    assert isinstance(handler.backend, TorchScriptBackend)
-    onnx_handler, _ = _handler(model_dir, [{}])
-    assert isinstance(onnx_handler.backend, OnnxBackend) or isinstance(onnx_handler.backend, TorchScriptBackend)
+    assert type(handler.backend) is TorchScriptBackend
+    onnx_handler, _ = _handler(model_dir, [{}])  # the archive's own choice: onnx-dynamo
+    assert type(onnx_handler.backend) is OnnxRuntimeBackend and onnx_handler.artifact == "onnx-dynamo"
     body = _jpeg()
     assert handler.handle([{"body": body}], context)[0]["predictions"][0]["index"] == \
         onnx_handler.handle([{"body": body}], _context(model_dir, [{}]))[0]["predictions"][0]["index"]
 
 
 def test_unknown_artifact_in_config_is_a_clear_error(model_dir):
-    with pytest.raises(ValueError, match="handler.artifact='nope' is not in the manifest"):
+    with pytest.raises(HandlerSetupError, match="handler.artifact='nope' is not in the manifest"):
         _handler(model_dir, [{}], config_overrides={"artifact": "nope"})
-
-
-def test_device_comes_from_gpu_id_when_cuda_is_available():
-    assert select_device({"gpu_id": 1}, cuda_available=lambda: True) == torch.device("cuda:1")
-    assert select_device({"gpu_id": None}, cuda_available=lambda: True) == torch.device("cpu")
-    assert select_device({"gpu_id": 0}, cuda_available=lambda: False) == torch.device("cpu")
 
 
 def test_device_selection_with_cuda_check_patched(monkeypatch, model_dir):
@@ -116,29 +111,16 @@ def test_device_selection_with_cuda_check_patched(monkeypatch, model_dir):
     assert select_device(context.system_properties) == torch.device("cuda:3")
 
 
-def test_onnxruntime_gets_the_cuda_provider_with_the_device_id():
-    providers = ort_providers("cuda:2", available=[CUDA_PROVIDER, CPU_PROVIDER])
-    assert providers == [(CUDA_PROVIDER, {"device_id": 2}), CPU_PROVIDER]
-    assert ort_providers("cuda:0", available=[CPU_PROVIDER]) == [CPU_PROVIDER]
-    assert ort_providers("cpu", available=[CUDA_PROVIDER, CPU_PROVIDER]) == [CPU_PROVIDER]
-
-
-def test_threads_never_oversubscribe_the_cores():
-    assert threads_per_worker(1, cores=2) == 2
-    assert threads_per_worker(2, cores=2) == 1
-    assert threads_per_worker(8, cores=2) == 1
-    assert threads_per_worker(2, cores=16) == 8
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: GPU path not exercised")
 def test_gpu_backends_match_cpu(resnet18_export):
     x = torch.rand(2, 3, 224, 224)
-    cpu = TorchScriptBackend(resnet18_export["out"] / "model.scripted.pt", torch.device("cpu")).predict(x)
-    gpu = TorchScriptBackend(resnet18_export["out"] / "model.scripted.pt", torch.device("cuda:0")).predict(x)
+    scripted = resnet18_export["out"] / "model.scripted.pt"
+    cpu = open_artifact("torchscript", scripted).predict(x)
+    gpu = open_artifact("torchscript", scripted, RunOptions(device="cuda:0")).predict(x)
     torch.testing.assert_close(gpu, cpu, atol=1e-3, rtol=1e-3)
-    half = TorchScriptBackend(resnet18_export["out"] / "model.scripted.pt", torch.device("cuda:0"), fp16=True)
+    half = open_artifact("torchscript", scripted, RunOptions(device="cuda:0", precision="fp16"))
     assert (half.predict(x).argmax(1) == cpu.argmax(1)).all()
-    ort_gpu = OnnxBackend(resnet18_export["out"] / "model.dynamo.onnx", torch.device("cuda:0"))
+    ort_gpu = open_artifact("onnx", resnet18_export["out"] / "model.dynamo.onnx", RunOptions(device="cuda:0"))
     assert CUDA_PROVIDER in ort_gpu.session.get_providers()
     torch.testing.assert_close(ort_gpu.predict(x), cpu, atol=1e-3, rtol=1e-3)

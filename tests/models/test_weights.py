@@ -56,10 +56,11 @@ def test_missing_path_lists_the_choices():
 def test_auto_falls_back_to_random_with_a_note_when_weights_cannot_be_had(tmp_path, monkeypatch):
     # An empty hub cache and an unreachable host: this machine has no route to the weights server.
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    monkeypatch.setattr(weights, "download_reachable", lambda url: False)
+    monkeypatch.setattr(weights, "download_unreachable_reason", lambda url: "URLError: no route to host")
     enum = torchvision.models.ResNet18_Weights.DEFAULT
     module, info = resolve_torchvision(torchvision.models.resnet18, enum, "auto")
     assert info.kind == "random" and "RANDOM" in info.note and enum.url in info.note
+    assert "URLError: no route to host" in info.note  # the reason is shown, not swallowed
 
 
 def test_imagenet_uses_the_hub_cache_when_the_file_is_there(tmp_path, monkeypatch):

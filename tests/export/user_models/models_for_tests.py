@@ -40,3 +40,23 @@ def plain():
 
 def not_a_module():
     return "oops"
+
+
+class ScriptedDiffers(nn.Module):
+    """Computes something else once scripted: torch.jit.is_scripting() is True only inside TorchScript, so
+    eager and the trace agree while the scripted artifact (and ONNX made from it) is off by 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        logits = self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+        if torch.jit.is_scripting():
+            return logits + 1.0
+        return logits
+
+
+def scripted_differs():
+    return ScriptedDiffers()

@@ -1,0 +1,74 @@
+"""The five rooms and the one error family, checked from the source (what a newcomer is told is true).
+
+models -> runtime -> export -> handlers -> serving: a room imports only rooms to its left. runtime/ and
+handlers/ travel inside the TorchServe archive, so they may use nothing of models/ but models/errors.py.
+"""
+
+import ast
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+from models.errors import VisionExportError
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOMS = ("models", "runtime", "export", "handlers", "serving")
+SHIPPED_FROM_MODELS = {"models.errors"}
+
+
+def our_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {n for n in names if n.split(".")[0] in ROOMS}
+
+
+def room_imports(room: str) -> dict[str, set[str]]:
+    return {str(p.relative_to(ROOT)): our_imports(p) for p in sorted((ROOT / room).glob("*.py"))}
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_imports_point_one_way(room):
+    allowed = set(ROOMS[: ROOMS.index(room) + 1])
+    backwards = {f: sorted(n for n in names if n.split(".")[0] not in allowed)
+                 for f, names in room_imports(room).items()}
+    assert not {f: n for f, n in backwards.items() if n}, f"{room} imports rooms to its right"
+
+
+@pytest.mark.parametrize("room", ["runtime", "handlers"])
+def test_what_the_archive_ships_imports_nothing_it_does_not_ship(room):
+    for file, names in room_imports(room).items():
+        outside = {n for n in names if n.split(".")[0] not in ("runtime", "handlers")
+                   and not any(n == m or n.startswith(m + ".") for m in SHIPPED_FROM_MODELS)}
+        assert not outside, f"{file} imports {sorted(outside)}, which the .mar does not carry"
+
+
+def test_archive_sources_match_what_the_handler_needs():
+    from export.archive import ARCHIVE_SOURCES
+    assert ARCHIVE_SOURCES == {"handlers": None, "runtime": None, "models": ("errors.py",)}
+
+
+def our_exception_classes():
+    for room in ROOMS:
+        package = importlib.import_module(room)
+        for info in pkgutil.iter_modules(package.__path__, prefix=f"{room}."):
+            if info.name.endswith("__main__"):
+                continue
+            module = importlib.import_module(info.name)
+            for _, cls in inspect.getmembers(module, inspect.isclass):
+                if issubclass(cls, BaseException) and cls.__module__ == module.__name__:
+                    yield cls
+
+
+def test_every_error_of_ours_is_in_the_one_family_with_an_exit_code():
+    classes = list(our_exception_classes())
+    assert len(classes) >= 10  # the walk really found the family
+    outside = [f"{c.__module__}.{c.__name__}" for c in classes if not issubclass(c, VisionExportError)]
+    assert not outside
+    assert all(isinstance(c.exit_code, int) and c.exit_code > 0 for c in classes)
