@@ -81,7 +81,9 @@ def staged_directory(final: Path):
     try:
         yield stage
     except Exception as error:
-        error.add_note(_keep_failed(stage, final, error))
+        note = _keep_failed(stage, final, error)
+        if note:
+            error.add_note(note)
         raise
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -98,9 +100,13 @@ def failed_dir(final: Path) -> Path:
     return final.parent / f"{final.name}{FAILED_SUFFIX}"
 
 
-def _keep_failed(stage: Path, final: Path, error: Exception) -> str:
-    """Move a failed attempt to NAME.failed/ (replacing an older one); returns the sentence for the user."""
+def _keep_failed(stage: Path, final: Path, error: Exception) -> str | None:
+    """Move a failed attempt to NAME.failed/ (replacing an older one); returns the sentence for the user.
+    A step that failed before writing anything leaves nothing to inspect: no folder, no note."""
     failed = failed_dir(final)
+    if not any(stage.iterdir()):
+        stage.rmdir()
+        return None
     try:
         (stage / FAILURE_NOTE).write_text(f"{type(error).__name__}: {error}\n")
         if failed.exists():

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode
-from torchvision.transforms.v2 import functional as TF
+from torchvision.transforms import functional as TF  # the functions weights.transforms() itself calls
 
 from models.errors import VisionExportError
 
@@ -180,9 +180,10 @@ class ImageContract:
 
 
 def preprocess(image: torch.Tensor, contract: ImageContract) -> torch.Tensor:
-    """uint8 (3, H, W) -> float32 (3, crop) in [0, 1], as the weights' transforms() do (same resize, same
-    interpolation, antialias, centre crop); normalisation happens inside the model."""
+    """uint8 (3, H, W) -> float32 (3, crop) in [0, 1]: the same calls, in the same order, as torchvision's
+    ImageClassification preset behind weights.transforms() (resize with its interpolation and antialias,
+    centre crop, to float), so the served tensor equals the evaluated one; normalisation is in the graph."""
     image = TF.resize(image, [contract.resize], interpolation=InterpolationMode(contract.interpolation),
                       antialias=contract.antialias)
     image = TF.center_crop(image, list(contract.crop))
-    return image.float().div_(255.0)
+    return TF.convert_image_dtype(image, torch.float)

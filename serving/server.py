@@ -36,6 +36,8 @@ PID_FILE = "torchserve.pgid"
 LOAD_FAILURE = re.compile(r"(Load model failed|Backend worker process died|Worker disconnected.*WORKER_STOPPED"
                           r"|Failed to load model|ModuleNotFoundError|Traceback)")
 FAILURES_BEFORE_GIVING_UP = 2
+ARCHIVE_UNREADABLE = re.compile(r"Failed to load model: (\S+)\s*\n([^\n]+)")
+REFUSAL = "REFUSING TO SERVE:"  # what handlers/image_classifier.py logs when the artifact's sha256 differs
 
 
 class ServingError(VisionExportError):
@@ -221,10 +223,22 @@ def load_failure(settings: ServerSettings) -> str | None:
     log = settings.log_dir / "model_log.log"
     frontend = settings.log_dir / "ts_log.log"
     text = (frontend.read_text(errors="replace") if frontend.exists() else "")
+    unreadable = ARCHIVE_UNREADABLE.search(text)
+    if unreadable:  # the frontend could not even open the archive (truncated, not a zip): no worker will start
+        return f"TorchServe could not open {unreadable.group(1)}: {unreadable.group(2).strip()}; rebuild it with `python -m export`"
     died = len(re.findall(r"Backend worker process died|Load model failed", text))
     if died < FAILURES_BEFORE_GIVING_UP:
         return None
-    return _last_exception(log) or _last_matching(frontend) or "see " + str(settings.log_dir)
+    return _refusal(log) or _last_exception(log) or _last_matching(frontend) or "see " + str(settings.log_dir)
+
+
+def _refusal(path: Path) -> str | None:
+    """The handler's one-line refusal (a tampered or truncated archive), when it logged one."""
+    if not path.exists():
+        return None
+    lines = [line.split(" - ", 1)[-1].strip() for line in path.read_text(errors="replace").splitlines()]
+    refusals = [line for line in lines if line.startswith(REFUSAL)]
+    return refusals[-1] if refusals else None
 
 
 def _last_exception(path: Path) -> str | None:

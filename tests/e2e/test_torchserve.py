@@ -151,7 +151,7 @@ def test_one_bad_image_in_a_batch_gets_its_own_error(batching_server):
     assert [r.status_code for r in responses] == [200, 415, 200, 200]
     assert responses[1].json() == {"code": 415, "error": responses[1].json()["error"]}
     log = (batching_server.log_dir / "model_log.log").read_text()
-    assert "batch of 4 handled" in log, "the four requests were not served as one batch"
+    assert "batch of 4:" in log, "the four requests were not served as one batch"
 
 
 def test_a_model_that_cannot_load_fails_fast_with_the_handlers_error(resnet18_export, tmp_path):

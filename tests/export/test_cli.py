@@ -59,15 +59,26 @@ def test_unwritable_output_folder(tmp_path):
 
 @pytest.mark.slow
 def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
-    out = tmp_path / "gated"
-    result = run_export("module", f"{USER_FILE}:gated", "--input-shape", "1,3,16,16", "--out", str(out))
+    out, store = tmp_path / "gated", tmp_path / "store"
+    result = run_export("module", f"{USER_FILE}:gated", "--input-shape", "1,3,16,16", "--out", str(out),
+                        "--model-store", str(store))
     assert result.returncode == 0, result.stderr
     assert "WARNING" in result.stdout and "large values (x10)" in result.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["family"] == "module"
-    assert {d["artifact"] for d in manifest["trace_vs_script"]["diverging"]} >= {"traced"}
+    diverging = {d["artifact"] for d in manifest["trace_vs_script"]["diverging"]}
+    assert diverging >= {"traced"}
     assert manifest["trace_vs_script"]["verdicts"]["scripted"] == "right on every probe"
     assert set(manifest["artifacts"]) >= {"traced", "scripted", "onnx-traced", "onnx-scripted"}
+    # a silently diverging artifact is never served, and asking for it is refused
+    assert manifest["serving"]["default_artifact"] not in diverging
+    assert not diverging & set(manifest["serving"]["servable"])
+    archive = (store / "gated.mar").read_bytes()
+    refused = run_export("module", f"{USER_FILE}:gated", "--input-shape", "1,3,16,16", "--out", str(out),
+                         "--model-store", str(store), "--serve", "traced")
+    assert refused.returncode == 1
+    assert "refusing to package 'traced': silently diverges from eager on:" in refused.stderr
+    assert (store / "gated.mar").read_bytes() == archive
 
 
 @pytest.mark.slow

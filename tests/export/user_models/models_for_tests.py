@@ -60,3 +60,18 @@ class ScriptedDiffers(nn.Module):
 
 def scripted_differs():
     return ScriptedDiffers()
+
+
+class NoisyInEval(nn.Module):
+    """Samples noise even in eval mode: the eval check must refuse it before anything is written."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(x.mean(dim=(2, 3)) + torch.rand(1))
+
+
+def noisy_in_eval():
+    return NoisyInEval()
