@@ -18,7 +18,3 @@ class VisionExportError(Exception):
     """Root of every user-facing error."""
 
     exit_code = EXIT_ERROR
-
-    @property
-    def message(self) -> str:
-        return str(self)
