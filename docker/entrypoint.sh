@@ -97,12 +97,16 @@ fi
 runtime_dir="$(mktemp -d "${TMPDIR:-/tmp}/torchserve.XXXXXX")"
 trap 'rm -rf "$runtime_dir"' EXIT
 
-log "serving $MODEL_STORE/resnet.mar with $TS_CONFIG"
+# Workers, batching and threads follow this machine (GPU or CPU), not the one that exported the archive.
+served_config="$runtime_dir/config.properties"
+(cd "$ROOT" && "$PYTHON" -m serving config --config "$TS_CONFIG" --out "$served_config") >&2
+
+log "serving $MODEL_STORE/resnet.mar with $served_config (from $TS_CONFIG)"
 serving=true
 status=0
 # `-m ts.model_server` is the `torchserve` command run by $PYTHON, which is then also the workers' Python.
 run env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
-  "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$TS_CONFIG" \
+  "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$served_config" \
   --model-store "$MODEL_STORE" --models resnet=resnet.mar || status=$?
 log "TorchServe exited with status $status"
 exit "$status"

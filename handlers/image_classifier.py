@@ -20,10 +20,11 @@ from typing import Callable
 
 import torch
 
-from handlers.decode import ImageContract, RequestError, decode_image, image_bytes, preprocess, requested_topk
+from handlers.decode import image_bytes, requested_topk
 from handlers.policy import THREADS_ENV, machine_policy, this_machine
 from models.errors import VisionExportError
 from runtime import IntegrityError, RunOptions, open_artifact, verify_file
+from runtime.images import ImageContract, RequestError, decode_image, preprocess
 
 logger = logging.getLogger(__name__)
 

@@ -17,19 +17,9 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from handlers.decode import MAX_TOPK, image_bytes, requested_topk
 from models.errors import VisionExportError
-from handlers.decode import (
-    MAX_PIXELS,
-    MAX_SIDE,
-    MAX_TOPK,
-    MIN_SIDE,
-    ImageContract,
-    RequestError,
-    decode_image,
-    image_bytes,
-    preprocess,
-    requested_topk,
-)
+from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, ImageContract, RequestError, decode_image, preprocess
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 

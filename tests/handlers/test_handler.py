@@ -12,7 +12,7 @@ from PIL import Image
 from ts.context import Context, RequestProcessor
 
 import models
-from handlers.decode import decode_image, preprocess
+from runtime.images import decode_image, preprocess
 from handlers.image_classifier import HandlerSetupError, ImageClassifier, select_device
 from runtime import RunOptions, open_artifact
 from runtime.onnxruntime import CUDA_PROVIDER, OnnxRuntimeBackend

@@ -10,7 +10,7 @@ import torchvision
 from PIL import Image
 
 import models
-from handlers.decode import ImageContract, decode_image, preprocess
+from runtime.images import ImageContract, decode_image, preprocess
 from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 
 PHOTOS = {"chelsea (cat)": skimage.data.chelsea, "astronaut": skimage.data.astronaut, "coffee": skimage.data.coffee}
