@@ -39,17 +39,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    target = Path(target)
-    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copyfile(source, temp)
-        os.replace(temp, target)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-
-
 def ensure_writable_dir(path: Path, flag: str = "--out") -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)

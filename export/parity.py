@@ -31,7 +31,6 @@ TORCHSCRIPT_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
 ONNX_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
 TOLERANCE_BY_FORMAT = {"torchscript": TORCHSCRIPT_TOLERANCE, "onnx": ONNX_TOLERANCE}
 
-PARITY_BATCHES = (1, 2, 8)
 OTHER_SPATIAL_SIZE = (320, 288)  # non-square, not the default: exercises the in-graph resize
 TOPK = (1, 5)
 

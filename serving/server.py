@@ -334,8 +334,3 @@ def curl_line(settings: ServerSettings, image: Path = EXAMPLE_IMAGE) -> str:
         shown = image
     return (f'curl -X POST {settings.predictions_url()} -H "Content-Type: image/jpeg" '
             f"--data-binary @{shown}")
-
-
-def summarise(prediction: dict) -> str:
-    top = prediction.get("predictions", [])[:5]
-    return json.dumps(top)
