@@ -118,9 +118,13 @@ def test_decompression_bomb_is_refused_with_413(serving):
     assert response.status_code == 413 and "pixels" in response.json()["error"]
 
 
-def test_metrics_endpoint_speaks_prometheus(serving):
+def test_metrics_endpoint_shows_the_handlers_stage_times(serving):
+    assert _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}).status_code == 200
     text = requests.get(f"{serving.metrics_url}/metrics", timeout=10).text
-    assert "ts_inference_requests_total" in text or "# TYPE" in text
+    assert "ts_inference_requests_total" in text and "# TYPE" in text
+    for metric in ("DecodeTime", "PreprocessTime", "InferenceTime", "EncodeTime"):
+        line = next(l for l in text.splitlines() if l.startswith(metric + "{") and 'ModelName="resnet"' in l)
+        assert float(line.rsplit(" ", 1)[1]) >= 0.0  # present on the Prometheus endpoint, in milliseconds
 
 
 def _worker_pids(settings) -> list:

@@ -61,7 +61,7 @@ def test_unwritable_output_folder(tmp_path):
 def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
     out, store = tmp_path / "gated", tmp_path / "store"
     result = run_export("module", f"{USER_FILE}:gated", "--input-shape", "1,3,16,16", "--out", str(out),
-                        "--model-store", str(store))
+                        "--model-store", str(store), "--model-name", "gated")
     assert result.returncode == 0, result.stderr
     assert "WARNING" in result.stdout and "large values (x10)" in result.stdout
     manifest = json.loads((out / "manifest.json").read_text())
@@ -75,7 +75,7 @@ def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
     assert not diverging & set(manifest["serving"]["servable"])
     archive = (store / "gated.mar").read_bytes()
     refused = run_export("module", f"{USER_FILE}:gated", "--input-shape", "1,3,16,16", "--out", str(out),
-                         "--model-store", str(store), "--serve", "traced")
+                         "--model-store", str(store), "--model-name", "gated", "--serve", "traced")
     assert refused.returncode == 1
     assert "refusing to package 'traced': silently diverges from eager on:" in refused.stderr
     assert (store / "gated.mar").read_bytes() == archive
