@@ -1,2 +1,2 @@
-"""How to export a model and prove each artifact is the same model (kept import-light: the TorchServe
-archive ships this package for export.runtime's ONNX Runtime session factory)."""
+"""How to export a model and prove each artifact is the same model: formats, eval check, ONNX checks,
+parity, trace vs script, the serving rule, the manifest and the archive."""
