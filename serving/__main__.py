@@ -4,6 +4,7 @@
   python -m serving --detach     start, wait until a prediction succeeds, print the curl line, return
   python -m serving stop         stop a server started with --detach
   python -m serving config --out F   write config.properties with this machine's serving policy
+  python -m serving kserve OUT   KServe material (TorchServe runtime); triton OUT: a Triton repository
 
 Workers, batching and threads are decided here, for the machine that serves (handlers/policy.py):
 one batching worker per GPU; on a CPU, a worker per core (at most 4), no batching, cores / workers threads.
@@ -60,7 +61,14 @@ def decide_policy(args) -> ServingPolicy:
                           args.threads, cores)
 
 
+DEPLOY_TARGETS = ("kserve", "triton")
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DEPLOY_TARGETS:  # deployment material: serving/deploy.py
+        from serving.deploy import deploy
+        return run_command(lambda: deploy(argv))
     return run_command(lambda: serve(parse(argv)), interrupted="interrupted; TorchServe stopped")
 
 

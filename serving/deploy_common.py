@@ -1,0 +1,79 @@
+"""What the KServe and Triton writers share: reading an export, per-replica numbers, atomic output folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from handlers.policy import GPU_BATCH_DELAY_MS, GPU_BATCH_SIZE
+from models.errors import VisionExportError
+
+# Measured on this project's 2-core machine (README, Benchmarks: resnet50, ONNX Runtime, CPU policy of 2
+# workers x 1 thread): about 16 requests/s per replica, reached from concurrency 2 on. Used when no
+# bench-results/results.json from `python -m serving.bench` is at hand.
+MEASURED_CPU_REPLICA_RPS = 16.0
+MEASURED_CPU_SATURATING_CONCURRENCY = 2
+# Not measured here (no GPU): keep a GPU replica's batches full, two batches in flight.
+GPU_TARGET_CONCURRENCY = 2 * GPU_BATCH_SIZE
+BENCH_RESULTS = Path("bench-results") / "results.json"
+SATURATION = 0.9  # a replica is busy from the concurrency that gets 90 % of its best throughput
+
+
+class DeployError(VisionExportError):
+    """Deployment material cannot be written as asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ReplicaNumbers:
+    requests_per_s: float
+    saturating_concurrency: int
+    source: str
+
+
+def replica_numbers(results: Path = BENCH_RESULTS) -> ReplicaNumbers:
+    """Per-replica throughput and the concurrency that saturates it, from the serving benchmark if run."""
+    if results.is_file():
+        data = json.loads(results.read_text())
+        rows = data.get("rows", []) if isinstance(data, dict) else data  # a list of rows, or {"rows": [...]}
+        rows = [r for r in rows if isinstance(r, dict) and r.get("configuration") == "default" and r.get("req_per_s")]
+        if rows:
+            best = max(r["req_per_s"] for r in rows)
+            busy = min(r["concurrency"] for r in rows if r["req_per_s"] >= SATURATION * best)
+            return ReplicaNumbers(best, busy, f"{results} (configuration 'default')")
+    return ReplicaNumbers(MEASURED_CPU_REPLICA_RPS, MEASURED_CPU_SATURATING_CONCURRENCY,
+                          "measured in this project (README, Benchmarks), resnet50 on 2 CPU cores")
+
+
+def load_export(export_dir: Path) -> dict:
+    path = Path(export_dir) / "manifest.json"
+    if not path.is_file():
+        raise DeployError(f"{path} not found: run `python -m export resnet` first, or pass --export-dir")
+    return json.loads(path.read_text())
+
+
+def fresh_output(out: Path, force: bool) -> Path:
+    """A temporary sibling folder to write into; `publish` renames it to `out` when complete."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise DeployError(f"{out} exists and is not empty; choose another folder or pass --force")
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish(staging: Path, out: Path) -> Path:
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return out
+
+
+def dump_yaml(documents: list[dict], header: str) -> str:
+    import yaml
+    return header + "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in documents)
+
+
+GPU_QUEUE_DELAY_US = GPU_BATCH_DELAY_MS * 1000

@@ -1,0 +1,141 @@
+"""KServe's TorchServe runtime (model format `pytorch`): the storage layout and the InferenceServices.
+
+Storage layout KServe expects at the storageUri: config/config.properties + model-store/NAME.mar. The
+config speaks KServe's v1 protocol through TorchServe's `kserve` request envelope, so a request
+{"instances": [{"data": "<base64 image>"}]} reaches our handler as {"data": ...} and the answer comes
+back as {"predictions": [...]}. Written, per device (gpu/, cpu/: the worker count differs, so each has
+its own config): storage/ and inferenceservice.yaml; and storage-pvc.yaml (a PersistentVolumeClaim plus
+a helper Pod to copy the storage folders onto it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+from handlers.policy import GPU_BATCH_DELAY_MS
+from serving.deploy_common import (GPU_TARGET_CONCURRENCY, DeployError, ReplicaNumbers, dump_yaml, fresh_output,
+                                   load_export, publish, replica_numbers)
+
+API_VERSION = "serving.kserve.io/v1beta1"
+STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/{model}-{device}"  # docs/scaling.md: or s3://BUCKET/...
+PVC_NAME = "vision-export-models"
+KSERVE_PORT = 8085  # TorchServe's port behind KServe's wrapper (KServe's documented layout)
+MAX_REPLICAS = 8
+READINESS_SCRIPT = (  # a real prediction of a generated image, through KServe's v1 endpoint in the pod
+    "import base64,io,json,urllib.request;from PIL import Image;b=io.BytesIO();"
+    "Image.new('RGB',(64,64),(120,90,60)).save(b,'JPEG');"
+    "d=json.dumps({'instances':[{'data':base64.b64encode(b.getvalue()).decode()}]}).encode();"
+    "r=urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8080/v1/models/MODEL_NAME:predict',d,"
+    "{'Content-Type':'application/json'}),timeout=20);assert json.load(r)['predictions'][0]['predictions']")
+RESOURCES = {
+    "gpu": {"requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"},
+            "limits": {"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "1"}},
+    "cpu": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
+}
+
+
+def kserve_config_properties(model_name: str, mar_name: str, device: str) -> str:
+    """TorchServe's config for KServe: env-var overrides, the v1 envelope, and the model's startup settings
+    (GPU: one batching worker; CPU: a worker per core of the 2-CPU request, no batching: KServe's
+    envelope takes one request per call)."""
+    workers, batch, delay = (1, 1, GPU_BATCH_DELAY_MS) if device == "gpu" else (2, 1, 5)
+    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {"1.0": {
+        "defaultVersion": True, "marName": mar_name, "minWorkers": workers, "maxWorkers": workers,
+        "batchSize": batch, "maxBatchDelay": delay, "responseTimeout": 120}}}}
+    return "\n".join([
+        "# TorchServe config for KServe's pytorch (TorchServe) runtime, written by `python -m serving kserve`.",
+        f"inference_address=http://0.0.0.0:{KSERVE_PORT}",
+        f"management_address=http://0.0.0.0:{KSERVE_PORT + 1}",
+        "metrics_address=http://0.0.0.0:8082",
+        "grpc_inference_port=7070",
+        "grpc_management_port=7071",
+        "enable_envvars_config=true",
+        "enable_metrics_api=true",
+        "metrics_mode=prometheus",
+        "model_metrics_auto_detect=true",
+        "service_envelope=kserve",
+        "enable_model_api=false",
+        "max_request_size=8388608",
+        "max_response_size=8388608",
+        "job_queue_size=100",
+        "model_store=/mnt/models/model-store",
+        f"model_snapshot={json.dumps(snapshot)}",
+        ""])
+
+
+def autoscaling(device: str, numbers: ReplicaNumbers) -> dict:
+    """Concurrency-based scaling: a new replica once each one holds the concurrency that saturates it."""
+    target = GPU_TARGET_CONCURRENCY if device == "gpu" else numbers.saturating_concurrency
+    return {"minReplicas": 1, "maxReplicas": MAX_REPLICAS, "scaleMetric": "concurrency", "scaleTarget": target}
+
+
+def inference_service(model_name: str, device: str, numbers: ReplicaNumbers, storage_uri: str) -> dict:
+    name = f"{model_name}-{device}"
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceService",
+        "metadata": {"name": name, "annotations": {
+            "vision-export/throughput-source": numbers.source,
+            "vision-export/replica-requests-per-second": f"{numbers.requests_per_s:.1f}"}},
+        "spec": {"predictor": {
+            **autoscaling(device, numbers),
+            "model": {
+                "modelFormat": {"name": "pytorch"},
+                "protocolVersion": "v1",
+                "storageUri": storage_uri,
+                "resources": RESOURCES[device],
+                "readinessProbe": {"exec": {"command": ["python3", "-c", READINESS_SCRIPT.replace("MODEL_NAME", model_name)]},
+                                   "initialDelaySeconds": 20, "periodSeconds": 30, "timeoutSeconds": 25},
+            }}},
+    }
+
+
+def storage_upload_objects(mar_bytes: int) -> list[dict]:
+    """A PVC for the storage layout and a Pod to `kubectl cp` it onto the claim (KServe's PVC recipe)."""
+    size = f"{max(1, math.ceil(mar_bytes * 3 / 2**30))}Gi"
+    return [
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": PVC_NAME},
+         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{PVC_NAME}-upload"},
+         "spec": {"containers": [{"name": "upload", "image": "busybox:1.36", "command": ["sleep", "3600"],
+                                  "volumeMounts": [{"name": "models", "mountPath": "/pv"}]}],
+                  "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": PVC_NAME}}]}},
+    ]
+
+
+def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str = "resnet",
+                 storage_uri: str = STORAGE_URI_PLACEHOLDER, force: bool = False) -> Path:
+    manifest = load_export(export_dir)
+    archive = Path(model_store) / f"{model_name}.mar"
+    if not archive.is_file():
+        raise DeployError(f"{archive} not found: run `python -m export resnet` (it writes the archive) first")
+    numbers = replica_numbers()
+    staging = fresh_output(Path(out), force)
+    header = (f"# KServe InferenceService for {manifest['model']['name']} served by TorchServe (written by "
+              f"`python -m serving kserve`).\n# storageUri is a placeholder: copy storage/ there (docs/scaling.md).\n"
+              f"# Autoscaling target from: {numbers.source}.\n")
+    for device in ("gpu", "cpu"):
+        storage = staging / device / "storage"
+        (storage / "config").mkdir(parents=True)
+        (storage / "model-store").mkdir()
+        _link_or_copy(archive, storage / "model-store" / archive.name)
+        (storage / "config" / "config.properties").write_text(kserve_config_properties(model_name, archive.name, device))
+        uri = storage_uri.format(model=model_name, device=device)
+        (staging / device / "inferenceservice.yaml").write_text(
+            dump_yaml([inference_service(model_name, device, numbers, uri)], header))
+    (staging / "storage-pvc.yaml").write_text(dump_yaml(
+        storage_upload_objects(archive.stat().st_size),
+        "# A claim to hold the storage folders, and a pod to copy them there:\n# kubectl apply -f storage-pvc.yaml; "
+        f"kubectl cp gpu/storage/. {PVC_NAME}-upload:/pv/{model_name}-gpu\n"))
+    return publish(staging, Path(out))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """Both device folders hold the same archive: a hard link where the file system allows it."""
+    try:
+        target.hardlink_to(source)
+    except OSError:
+        shutil.copy2(source, target)

@@ -1,0 +1,61 @@
+"""Deployment material, the pure parts: configs, autoscaling numbers, and the validators rejecting bad objects."""
+
+import json
+
+import pytest
+from google.protobuf.text_format import ParseError
+
+from serving.deploy_common import MEASURED_CPU_REPLICA_RPS, ReplicaNumbers, replica_numbers
+from serving.kserve import inference_service, kserve_config_properties, storage_upload_objects
+from tests.serving.schemas import parse_model_config, validate_inference_service, validate_kubernetes
+
+NUMBERS = ReplicaNumbers(16.0, 2, "test")
+
+
+def test_kserve_config_has_what_kserve_needs():
+    text = kserve_config_properties("resnet", "resnet.mar", "cpu")
+    settings = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings["enable_envvars_config"] == "true" and settings["service_envelope"] == "kserve"
+    assert settings["model_store"] == "/mnt/models/model-store"
+    model = json.loads(settings["model_snapshot"])["models"]["resnet"]["1.0"]
+    assert model["marName"] == "resnet.mar" and model["batchSize"] == 1 and model["minWorkers"] == 2
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_inference_services_pass_the_kserve_sdk_schema(device):
+    service = validate_inference_service(inference_service("resnet", device, NUMBERS, "pvc://claim/resnet"))
+    predictor = service.spec.predictor
+    assert predictor.model.model_format.name == "pytorch" and predictor.scale_metric == "concurrency"
+    assert ("nvidia.com/gpu" in predictor.model.resources.limits) == (device == "gpu")
+    assert predictor.model.readiness_probe._exec.command[0] == "python3"
+
+
+def test_the_sdk_schema_rejects_a_misspelled_field():
+    document = inference_service("resnet", "cpu", NUMBERS, "pvc://claim/resnet")
+    document["spec"]["predictor"]["model"]["storageURI"] = document["spec"]["predictor"]["model"].pop("storageUri")
+    with pytest.raises(AssertionError, match=r"V1beta1ModelSpec has no field\(s\) \['storageURI'\]"):
+        validate_inference_service(document)
+
+
+def test_storage_objects_are_valid_kubernetes_and_a_broken_one_is_not():
+    pvc, pod = storage_upload_objects(100 * 2**20)
+    validate_kubernetes(pvc)
+    validate_kubernetes(pod)
+    pod["spec"]["containers"][0]["volumeMount"] = pod["spec"]["containers"][0].pop("volumeMounts")
+    with pytest.raises(Exception, match="volumeMount"):
+        validate_kubernetes(pod)
+
+
+def test_triton_schema_rejects_an_unknown_field():
+    assert parse_model_config('name: "m"\nmax_batch_size: 8').max_batch_size == 8
+    with pytest.raises(ParseError):
+        parse_model_config('name: "m"\nmax_batch: 8')
+
+
+def test_replica_numbers_come_from_the_benchmark_when_it_ran(tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"configuration": "default", "concurrency": c, "req_per_s": r}
+                                   for c, r in ((1, 7.0), (2, 14.5), (4, 16.0), (8, 15.8))]))
+    numbers = replica_numbers(results)
+    assert numbers.requests_per_s == 16.0 and numbers.saturating_concurrency == 2 and str(results) in numbers.source
+    assert replica_numbers(tmp_path / "absent.json").requests_per_s == MEASURED_CPU_REPLICA_RPS
