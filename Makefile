@@ -8,7 +8,7 @@ ARCH ?= resnet50
 WEIGHTS ?= auto
 PORT ?= 8080
 
-.PHONY: setup run export serve test test-fast bench clean
+.PHONY: setup run export serve test test-fast bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -39,6 +39,12 @@ test-fast: setup
 
 bench: setup
 	$(PY) -m serving.bench
+
+# On a CUDA machine, from a plain checkout (no venv needed): export on the GPU, parity, backends,
+# in-process GPU benchmark, TorchServe on the GPU. Without CUDA: one line, exit 0.
+GPU_OUT ?= gpu-results
+gpu-check:
+	PYTHONPATH=. python3 -m serving.gpu_check $(GPU_OUT)
 
 clean:
 	rm -rf artifacts model-store .serving bench-results
