@@ -31,12 +31,20 @@ def image_bytes(row: dict) -> bytes:
                                 "(Content-Type: image/jpeg), as JSON {\"data\": base64}, or as a form file")
     if isinstance(value, (bytes, bytearray)) and value[:1] == b"{":
         value = _json_body(bytes(value))
+    if not isinstance(value, (bytes, bytearray, dict, str)):  # TorchServe parsed a JSON array, number, ...
+        raise RequestError(400, f"JSON body must be an object with a \"data\" field holding the base64-encoded "
+                                f"image, got a JSON {type(value).__name__}")
     if isinstance(value, dict):
         value = value.get("data") or value.get("image")
         if not isinstance(value, str):
             raise RequestError(400, "JSON body needs a \"data\" field holding the base64-encoded image")
-    if isinstance(value, str):
         value = _base64(value)
+    elif isinstance(value, str):  # a text body (TorchServe decodes text/* content types): base64, or not an image
+        try:
+            value = _base64(value)
+        except RequestError:
+            raise RequestError(415, "the body is text, neither an image nor base64: send the image bytes with "
+                                    "Content-Type image/jpeg, or JSON {\"data\": base64}") from None
     if not value:
         raise RequestError(400, "empty image body")
     return bytes(value)

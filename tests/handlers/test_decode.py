@@ -128,6 +128,21 @@ def test_image_bytes_non_object_bodies_pass_through_and_fail_as_images(body):
     assert caught.value.code == 415
 
 
+def test_image_bytes_text_body_that_is_not_base64():
+    with pytest.raises(RequestError) as caught:
+        image_bytes({"body": "<html><body>hello</body></html>"})
+    assert caught.value.code == 415 and "the body is text" in caught.value.message
+    assert image_bytes({"body": PNG_B64}) == PNG  # a base64 text body is still an image
+
+
+@pytest.mark.parametrize("parsed", [[1, 2, 3], 42, 4.5, True])
+def test_image_bytes_json_that_is_not_an_object(parsed):
+    # with Content-Type: application/json TorchServe hands over the parsed value itself
+    with pytest.raises(RequestError) as caught:
+        image_bytes({"body": parsed})
+    assert caught.value.code == 400 and "must be an object" in caught.value.message
+
+
 # ---------------------------------------------------------------- requested_topk()
 @pytest.mark.parametrize("row, header, expected", [
     ({"body": PNG}, None, 5),
