@@ -8,6 +8,7 @@ import base64
 import concurrent.futures
 import io
 import json
+import time
 
 import numpy as np
 import pytest
@@ -124,7 +125,14 @@ def worker_pids(settings) -> list[int]:
 
 @pytest.fixture(scope="module")
 def pids_before(serving):
-    return worker_pids(serving)
+    """Every worker READY first: readiness means one prediction succeeded, others may still be loading."""
+    deadline = time.monotonic() + 180
+    while True:
+        workers = requests.get(f"{serving.management_url}/models/resnet", timeout=10).json()[0]["workers"]
+        if workers and all(w["status"] == "READY" for w in workers):
+            return sorted(w["pid"] for w in workers)
+        assert time.monotonic() < deadline, f"workers never all READY: {workers}"
+        time.sleep(0.5)
 
 
 def post(settings, body: bytes, headers: dict | None, **kwargs) -> requests.Response:

@@ -55,7 +55,10 @@ def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(resnet18_e
             outcomes.append((time.monotonic(), predict(settings)))
 
     with server.running(settings, CAT):
-        before = worker_pids(settings)
+        deadline = time.monotonic() + 180
+        while len(before := worker_pids(settings)) < settings.effective_policy().workers:  # all loaded
+            assert time.monotonic() < deadline, "workers never all READY"
+            time.sleep(0.5)
         with concurrent.futures.ThreadPoolExecutor(LOAD_THREADS) as pool:
             for _ in range(LOAD_THREADS):
                 pool.submit(keep_sending)
