@@ -17,6 +17,7 @@ ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$ARCH}")"
 TS_CONFIG="$(absolute "${TS_CONFIG:-$ROOT/serving/config.properties}")"
 STOP_TIMEOUT="${STOP_TIMEOUT:-25}"  # below compose's stop_grace_period (30 s), after which Docker kills
 # Where the archive goes when MODEL_STORE is not writable (e.g. a bind mount Docker created as root).
+KEYS_DIR="$(absolute "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}")"
 FALLBACK_STORE="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vision-export/model-store"
 
 child=""          # process group of the running export or TorchServe (its leader's pid)
@@ -105,7 +106,10 @@ log "serving $MODEL_STORE/resnet.mar with $served_config (from $TS_CONFIG)"
 serving=true
 status=0
 # `-m ts.model_server` is the `torchserve` command run by $PYTHON, which is then also the workers' Python.
-run env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
+# TorchServe writes key_file.json (token authorisation, TS_DISABLE_TOKEN_AUTHORIZATION=false) in its working
+# folder: a known one, so the health check and clients can read the keys.
+mkdir -p "$KEYS_DIR"
+run bash -c 'cd "$1" && shift && exec "$@"' _ "$KEYS_DIR" env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
   "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$served_config" \
   --model-store "$MODEL_STORE" --models resnet=resnet.mar || status=$?
 log "TorchServe exited with status $status"

@@ -4,17 +4,24 @@
 # Reads the address the server binds (TS_MANAGEMENT_ADDRESS, 0.0.0.0 meaning this machine).
 set -euo pipefail
 
-exec "${PYTHON:-python}" - "${TS_MANAGEMENT_ADDRESS:-http://127.0.0.1:8081}" "${MODEL_NAME:-resnet}" <<'EOF'
+# With token authorisation on, the management key comes from the key_file.json the entrypoint's TorchServe
+# writes in TS_KEYS_DIR.
+exec "${PYTHON:-python}" - "${TS_MANAGEMENT_ADDRESS:-http://127.0.0.1:8081}" "${MODEL_NAME:-resnet}" \
+  "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}/key_file.json" <<'EOF'
 import json
 import sys
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
-address, model = urlsplit(sys.argv[1]), sys.argv[2]
+address, model, key_file = urlsplit(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 host = "127.0.0.1" if address.hostname in (None, "0.0.0.0") else address.hostname
 url = f"{address.scheme}://{host}:{address.port or 8081}/models/{model}"
+headers = {}
+if key_file.is_file():  # token authorisation is on
+    headers["Authorization"] = "Bearer " + json.loads(key_file.read_text())["management"]["key"]
 try:
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as response:
         workers = [w for entry in json.load(response) for w in entry.get("workers", [])]
 except Exception as error:  # connection refused, 404 (model not registered), bad JSON: all unhealthy
     sys.exit(f"unhealthy: {url}: {error}")

@@ -34,6 +34,7 @@ COMMON_CONFIG = {"responseTimeout": 120, "deviceType": "gpu"}
 PINNABLE_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
 HANDLER_CONFIG = {"topk": 5, "fp16": False}
 HANDLER_KEYS = ("topk", "fp16", "threads", "simulate_hang_s")  # overrides that belong to the handler's section
+SCRATCH_PREFIX = ".mar-build-"  # + the archiving process's pid: a killed run's folder is recognisable
 
 
 @dataclass
@@ -95,13 +96,32 @@ class PendingArchive:
 def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveRequest) -> PendingArchive:
     artifact = servable_artifact(manifest, request.artifact)
     ensure_writable_dir(request.model_store, "--model-store")
-    scratch = tempfile.TemporaryDirectory(dir=request.model_store, prefix=".mar-build-")
+    remove_stale_scratch(Path(request.model_store))
+    scratch = tempfile.TemporaryDirectory(dir=request.model_store, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
     try:
         built = _run_archiver(Path(export_dir), manifest, request, artifact, Path(scratch.name))
     except BaseException:
         scratch.cleanup()
         raise
     return PendingArchive(scratch, built, Path(request.model_store) / f"{request.name}.mar")
+
+
+def remove_stale_scratch(model_store: Path) -> None:
+    """Scratch folders of archivers that were killed (SIGKILL leaves them): their process is gone."""
+    for folder in model_store.glob(f"{SCRATCH_PREFIX}*"):
+        pid = folder.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
 
 
 def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name: str,

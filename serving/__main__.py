@@ -42,6 +42,9 @@ def parse(argv):
     parser.add_argument("--config", type=Path, default=server.DEFAULT_CONFIG)
     parser.add_argument("--timeout", type=float, default=server.READY_TIMEOUT_S)
     parser.add_argument("--detach", action="store_true", help="leave the server running and return")
+    parser.add_argument("--token-auth", action="store_true",
+                        help="switch on TorchServe's token authorisation: clients send 'Authorization: Bearer KEY' "
+                             "with the keys TorchServe writes to RUN_DIR/key_file.json")
     policy = parser.add_argument_group("serving policy (default: decided for this machine; pinned archive values win)")
     policy.add_argument("--workers", type=int, default=None, help="workers (default: 1 per GPU, else 1 per core up to 4)")
     policy.add_argument("--batch-size", type=int, default=None, help="TorchServe batchSize (default: 8 on GPU, 1 on CPU)")
@@ -77,7 +80,7 @@ def serve(args) -> int:
         model_store=args.model_store, model_name=args.model_name, inference_port=args.inference_port,
         management_port=args.management_port, metrics_port=args.metrics_port,
         grpc_inference_port=args.grpc_inference_port, grpc_management_port=args.grpc_management_port,
-        run_dir=args.run_dir, config=args.config)
+        run_dir=args.run_dir, config=args.config, token_auth=args.token_auth)
     if args.action == "stop":
         stopped = server.stop(settings)
         print("TorchServe stopped" if stopped else f"no server running from {args.run_dir.absolute()}")

@@ -42,9 +42,10 @@ class BenchError(VisionExportError):
     """The load generator failed; its own message is included."""
 
 
-def run_ab(url: str, image: Path, requests: int, concurrency: int) -> dict:
+def run_ab(url: str, image: Path, requests: int, concurrency: int, headers: dict | None = None) -> dict:
     # -k: keep-alive; TorchServe holds HTTP/1.0 connections open, so plain ab would wait out its timeout
-    command = ["ab", "-q", "-k", "-n", str(requests), "-c", str(concurrency), "-p", str(image), "-T", "image/jpeg", url]
+    command = ["ab", "-q", "-k", "-n", str(requests), "-c", str(concurrency), "-p", str(image), "-T", "image/jpeg"]
+    command += [part for name, value in (headers or {}).items() for part in ("-H", f"{name}: {value}")] + [url]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         raise BenchError(f"ab exited with {result.returncode}: {(result.stderr or result.stdout).strip()[-300:]}")
@@ -66,17 +67,19 @@ def run_ab(url: str, image: Path, requests: int, concurrency: int) -> dict:
 
 
 def bench_configuration(name: str, export_dir: Path, image: Path, requests: int, levels: list[int],
-                        scratch: Path) -> list[dict]:
+                        scratch: Path, token_auth: bool = False) -> list[dict]:
     artifact, overrides, _ = CONFIGURATIONS[name]
     store = scratch / name / "store"
     build_archive(export_dir, load_manifest(export_dir), store, "resnet", artifact, overrides)
     settings = server.on_free_ports(store, scratch / name / "run")
+    settings.token_auth = token_auth
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     with server.running(settings, image):
-        run_ab(settings.predictions_url(), image, max(10, requests // 10), max(levels))  # warm-up
+        headers = server.auth_headers(settings)
+        run_ab(settings.predictions_url(), image, max(10, requests // 10), max(levels), headers)  # warm-up
         for level in levels:
-            row = {"configuration": name, **run_ab(settings.predictions_url(), image, requests, level)}
+            row = {"configuration": name, **run_ab(settings.predictions_url(), image, requests, level, headers)}
             print(f"  {name:<15} c={level:<3} {row['req_per_s']:7.1f} req/s  p50 {row['p50_ms']:6.0f} ms  "
                   f"p99 {row['p99_ms']:6.0f} ms  failed {row['failed']}", flush=True)
             rows.append(row)
@@ -117,6 +120,7 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--configurations", default=",".join(CONFIGURATIONS))
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--token-auth", action="store_true", help="serve with token authorisation on")
     args = parser.parse_args(argv)
     if not shutil.which("ab"):
         print("error: ApacheBench (ab) is not installed: apt-get install apache2-utils", file=sys.stderr)
@@ -135,7 +139,8 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
         for name in names:
-            rows += bench_configuration(name, args.export_dir, args.image, args.requests, levels, Path(scratch))
+            rows += bench_configuration(name, args.export_dir, args.image, args.requests, levels, Path(scratch),
+                                        args.token_auth)
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(args.export_dir)
     header = (f"# Serving benchmark: {manifest.model['name']} ({manifest.weights['kind']} weights), {CORES} cores, "

@@ -58,6 +58,7 @@ class ServerSettings:
     config: Path = DEFAULT_CONFIG
     extra_env: dict = field(default_factory=dict)
     policy: ServingPolicy | None = None  # None: decided for this machine when the server starts
+    token_auth: bool = False  # TorchServe's token authorisation: keys in run_dir/key_file.json
     model_version: str = "1.0"  # what `python -m export` archives
     response_timeout_s: int = 120
 
@@ -107,9 +108,14 @@ def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
     model = {settings.model_name: {settings.model_version: {
         "defaultVersion": True, "marName": f"{settings.model_name}.mar",
         **policy.model_config(), "responseTimeout": settings.response_timeout_s}}}
+    store = Path(settings.model_store).absolute()
+    allowed = (f"\n# Registration (if ever switched on) only from this model store: no URL downloads.\n"
+               f"allowed_urls=file://{store}/[^/]*[.]mar\n")
+    token = ("\n# Token authorisation on (--token-auth): keys in key_file.json, in TorchServe's working folder.\n"
+             "disable_token_authorization=false\n") if settings.token_auth else ""
     return (Path(settings.config).read_text().rstrip("\n")
             + f"\n\n# Serving policy decided on this machine by `python -m serving`: {policy.reason};"
-            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(model)}\n")
+            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(model)}\n" + allowed + token)
 
 
 def write_run_config(settings: ServerSettings, policy: ServingPolicy) -> Path:
@@ -182,6 +188,20 @@ def start(settings: ServerSettings) -> subprocess.Popen:
     return process
 
 
+KEY_FILE = "key_file.json"  # TorchServe writes it in its working folder (our run dir) when tokens are on
+
+
+def auth_headers(settings: ServerSettings, api: str = "inference") -> dict:
+    """{"Authorization": "Bearer <key>"} for the inference or management API when token auth is on."""
+    if not settings.token_auth:
+        return {}
+    path = settings.run_dir.absolute() / KEY_FILE
+    try:
+        return {"Authorization": f"Bearer {json.loads(path.read_text())[api]['key']}"}
+    except (OSError, ValueError, KeyError):  # not written yet: TorchServe is still starting
+        return {}
+
+
 def wait_until_serving(settings: ServerSettings, process: subprocess.Popen | None, image: Path = EXAMPLE_IMAGE,
                        timeout: float = READY_TIMEOUT_S) -> dict:
     """Block until a real prediction succeeds; raise ServingError with the log's reason otherwise."""
@@ -196,8 +216,8 @@ def wait_until_serving(settings: ServerSettings, process: subprocess.Popen | Non
         if failure:
             raise ServingError(f"the model failed to load: {failure}")
         try:
-            response = requests.post(settings.predictions_url(), data=body,
-                                     headers={"Content-Type": "image/jpeg"}, timeout=30)
+            response = requests.post(settings.predictions_url(), data=body, timeout=30,
+                                     headers={"Content-Type": "image/jpeg", **auth_headers(settings)})
             if response.status_code == 200:
                 return response.json()
             last = f"HTTP {response.status_code}: {response.text[:200]}"
@@ -332,5 +352,7 @@ def curl_line(settings: ServerSettings, image: Path = EXAMPLE_IMAGE) -> str:
         shown = Path(image).resolve().relative_to(Path.cwd())
     except ValueError:
         shown = image
-    return (f'curl -X POST {settings.predictions_url()} -H "Content-Type: image/jpeg" '
+    token = (f' -H "Authorization: Bearer <inference key from {settings.run_dir / KEY_FILE}>"'
+             if settings.token_auth else "")
+    return (f'curl -X POST {settings.predictions_url()} -H "Content-Type: image/jpeg"{token} '
             f"--data-binary @{shown}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -84,6 +85,7 @@ class Entrypoint:
             "LOG_LOCATION": str(self.log_dir),
             "METRICS_LOCATION": str(self.log_dir),
             "TMPDIR": str(tmp_path / "tmp"),
+            "TS_KEYS_DIR": str(tmp_path / "keys"),  # where TorchServe writes key_file.json (token auth)
             **env,
         }
         self.console = tmp_path / "console.log"
@@ -102,6 +104,10 @@ class Entrypoint:
             text += "\n--- ts_log.log (end) ---\n" + ts_log.read_text(errors="replace")[-4000:]
         return text[-8000:]
 
+    def keys(self) -> dict:
+        path = Path(self.env["TS_KEYS_DIR"]) / "key_file.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
     def predict(self, timeout: float) -> dict:
         url = f"{self.env['TS_INFERENCE_ADDRESS']}/predictions/resnet"
         body, deadline, last = jpeg_bytes(), time.monotonic() + timeout, "no answer"
@@ -109,7 +115,9 @@ class Entrypoint:
             if self.process.poll() is not None:
                 pytest.fail(f"the entrypoint exited ({self.process.returncode}) before serving:\n{self.output()}")
             try:
-                response = requests.post(url, data=body, headers={"Content-Type": "image/jpeg"}, timeout=30)
+                token = self.keys().get("inference", {}).get("key")
+                headers = {"Content-Type": "image/jpeg", **({"Authorization": f"Bearer {token}"} if token else {})}
+                response = requests.post(url, data=body, headers=headers, timeout=30)
                 if response.status_code == 200:
                     return response.json()
                 last = f"HTTP {response.status_code}: {response.text[:300]}"
@@ -231,5 +239,19 @@ def test_unwritable_model_store_falls_back_to_the_cache_folder(entrypoint, tmp_p
     assert_five_predictions(server.predict(SERVE_TIMEOUT_S))
     assert "not writable" in server.console.read_text()
     assert processes_mentioning(str(server.model_store)), "not serving the fallback store"
+    assert server.stop() == 0, server.output()
+    server.assert_nothing_left()
+
+
+def test_with_token_authorisation_the_entrypoint_serves_and_the_health_check_passes(entrypoint):
+    server = entrypoint(TS_DISABLE_TOKEN_AUTHORIZATION="false")
+    stub_archive(server.model_store)
+    server.start()
+    assert_five_predictions(server.predict(SERVE_TIMEOUT_S))  # with the inference key
+    plain = requests.post(f"{server.env['TS_INFERENCE_ADDRESS']}/predictions/resnet", data=jpeg_bytes(),
+                          headers={"Content-Type": "image/jpeg"}, timeout=30)
+    assert plain.status_code == 400 and "Token Authorization failed" in plain.text
+    health = server.healthcheck()
+    assert health.returncode == 0, health.stdout + health.stderr
     assert server.stop() == 0, server.output()
     server.assert_nothing_left()

@@ -74,3 +74,23 @@ def test_imagenet_uses_the_hub_cache_when_the_file_is_there(tmp_path, monkeypatc
     module, info = resolve_torchvision(torchvision.models.resnet18, enum, "auto")
     assert info.kind == "imagenet"
     assert torch.equal(module.fc.weight, reference.fc.weight)
+
+
+class _RunsCodeWhenUnpickled:
+    """A checkpoint that would run a command on an unrestricted torch.load (pickle's __reduce__)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "code-ran"
+    torch.save({"conv1.weight": _RunsCodeWhenUnpickled(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(WeightsError, match="cannot read checkpoint .*evil.pt") as caught:
+        load_state_dict_file(_resnet18(), str(tmp_path / "evil.pt"))
+    assert "state_dict saved with torch.save" in str(caught.value)
+    assert not marker.exists()  # weights_only=True refused the pickle before anything ran
