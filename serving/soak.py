@@ -1,0 +1,199 @@
+"""Hold a served model under steady load and watch it: `python -m serving.soak`.
+
+  python -m serving.soak [--model-store model-store] [--duration 300] [--slice 15] [--concurrency 16]
+
+Starts TorchServe on free loopback ports with the archive, waits until every worker is READY, then drives
+it with `hey` (a real load generator) at a fixed concurrency in consecutive slices for the whole duration.
+After each slice it reads every worker's resident memory (VmRSS in /proc, pids from the management API).
+Prints a table over time, writes soak.md, soak.json and soak.png to --out, and exits non-zero (with the
+numbers) when any request failed or went unanswered, a worker was replaced, or a worker's RSS grew by
+MAX_RSS_GROWTH or more after the first (warm-up) slice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from export.atomic import atomic_write_text
+from models.errors import VisionExportError
+from serving import server
+
+MAX_RSS_GROWTH = 0.10  # the issue's bound: memory that keeps growing under steady load is a leak
+WARMUP_SLICES = 1  # allocator pools and ORT arenas settle during the first slice
+READY_TIMEOUT_S = 180
+
+
+class SoakError(VisionExportError):
+    """The server did not hold up under the soak; the message carries the numbers."""
+
+
+@dataclass
+class Slice:
+    elapsed_s: float
+    requests: int
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int  # non-200 answers plus requests that got no answer
+    rss_mb: dict = field(default_factory=dict)  # worker pid -> resident memory after the slice
+
+
+def parse_hey(output: str) -> dict:
+    """Requests/s, p50/p99 and the answered / failed counts from hey's summary."""
+    def number(pattern: str) -> float:
+        match = re.search(pattern, output)
+        return float(match.group(1)) if match else float("nan")
+
+    statuses = {int(code): int(count) for code, count in re.findall(r"\[(\d{3})\]\s+(\d+) responses", output)}
+    errors_section = output.split("Error distribution:", 1)[1] if "Error distribution:" in output else ""
+    unanswered = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", errors_section, re.MULTILINE))
+    return {"requests": sum(statuses.values()) + unanswered, "req_per_s": number(r"Requests/sec:\s+([\d.]+)"),
+            "p50_ms": number(r"50%\s+in\s+([\d.]+)\s+secs") * 1000, "p99_ms": number(r"99%\s+in\s+([\d.]+)\s+secs") * 1000,
+            "errors": sum(n for code, n in statuses.items() if code != 200) + unanswered}
+
+
+def rss_growth(slices: list[Slice]) -> dict[str, float]:
+    """Per worker: RSS after the last slice / RSS after warm-up - 1."""
+    if len(slices) <= WARMUP_SLICES:
+        return {}
+    base, last = slices[WARMUP_SLICES - 1].rss_mb, slices[-1].rss_mb
+    return {pid: last[pid] / base[pid] - 1 for pid in base if pid in last and base[pid] > 0}
+
+
+def problems(slices: list[Slice], growth: dict[str, float]) -> list[str]:
+    found = []
+    errors = sum(s.errors for s in slices)
+    if errors:
+        found.append(f"{errors} of {sum(s.requests for s in slices)} requests failed or went unanswered")
+    pids = [set(s.rss_mb) for s in slices]
+    if any(p != pids[0] for p in pids):
+        found.append(f"workers were replaced during the soak (pids {[sorted(p) for p in pids]})")
+    found += [f"worker {pid} RSS grew {g:.1%} after warm-up (limit {MAX_RSS_GROWTH:.0%})"
+              for pid, g in growth.items() if g >= MAX_RSS_GROWTH]
+    return found
+
+
+def table(slices: list[Slice]) -> str:
+    lines = ["| elapsed s | requests | req/s | p50 ms | p99 ms | errors | worker RSS MB |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {s.elapsed_s:.0f} | {s.requests} | {s.req_per_s:.1f} | {s.p50_ms:.0f} | {s.p99_ms:.0f} | {s.errors} | "
+              + ", ".join(f"{pid}: {mb:.0f}" for pid, mb in sorted(s.rss_mb.items())) + " |" for s in slices]
+    return "\n".join(lines)
+
+
+def worker_rss_mb(settings: server.ServerSettings) -> dict[str, float]:
+    import requests
+    workers = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=30,
+                           headers=server.auth_headers(settings, "management")).json()[0]["workers"]
+    rss = {}
+    for worker in workers:
+        status = Path(f"/proc/{worker['pid']}/status").read_text()
+        rss[str(worker["pid"])] = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+    return rss
+
+
+def wait_all_ready(settings: server.ServerSettings) -> None:
+    import requests
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        workers = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=30,
+                               headers=server.auth_headers(settings, "management")).json()[0]["workers"]
+        if workers and all(w["status"] == "READY" for w in workers):
+            return
+        time.sleep(1)
+    raise SoakError(f"not every worker was READY within {READY_TIMEOUT_S} s")
+
+
+def run_slice(settings: server.ServerSettings, image: Path, seconds: int, concurrency: int) -> dict:
+    command = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", "image/jpeg", "-D", str(image)]
+    command += [part for name, value in server.auth_headers(settings).items() for part in ("-H", f"{name}: {value}")]
+    done = subprocess.run(command + [settings.predictions_url()], capture_output=True, text=True,
+                          timeout=seconds + 120)
+    if done.returncode != 0:
+        raise SoakError(f"hey exited with {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
+    return parse_hey(done.stdout)
+
+
+def soak(settings: server.ServerSettings, image: Path, duration: int, slice_s: int, concurrency: int) -> list[Slice]:
+    slices = []
+    with server.running(settings, image):
+        wait_all_ready(settings)
+        started = time.monotonic()
+        while time.monotonic() - started < duration or not slices:
+            numbers = run_slice(settings, image, slice_s, concurrency)
+            slices.append(Slice(time.monotonic() - started, rss_mb=worker_rss_mb(settings), **numbers))
+            last = slices[-1]
+            print(f"  {last.elapsed_s:6.0f} s  {last.req_per_s:7.1f} req/s  p50 {last.p50_ms:5.0f} ms  "
+                  f"p99 {last.p99_ms:5.0f} ms  errors {last.errors}  RSS MB "
+                  + " ".join(f"{mb:.0f}" for mb in last.rss_mb.values()), flush=True)
+    return slices
+
+
+def chart(slices: list[Slice], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    times = [s.elapsed_s for s in slices]
+    top.plot(times, [s.req_per_s for s in slices], marker="o")
+    top.set_ylabel("requests / s")
+    for pid in slices[0].rss_mb:
+        bottom.plot(times, [s.rss_mb.get(pid, float("nan")) for s in slices], marker="o", label=f"worker {pid}")
+    bottom.set_ylabel("RSS MB")
+    top.set_ylim(bottom=0)  # from zero: a drift must look as large as it is, no larger
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("seconds")
+    bottom.legend()
+    top.set_title("Soak: throughput and worker memory over time (one run)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from export.cli import run_command
+    return run_command(lambda: _main(argv), interrupted="interrupted; TorchServe stopped")
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving.soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
+    parser.add_argument("--image", type=Path, default=server.EXAMPLE_IMAGE)
+    parser.add_argument("--duration", type=int, default=300, help="seconds of load (default 300)")
+    parser.add_argument("--slice", type=int, default=15, help="seconds per measured slice (default 15)")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--token-auth", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("soak-results"))
+    args = parser.parse_args(argv)
+    if not shutil.which("hey"):
+        raise SoakError("the load generator `hey` is not installed: apt-get install hey")
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = server.on_free_ports(args.model_store, args.out / "run")
+    settings.token_auth = args.token_auth
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"soak: {args.duration} s at concurrency {args.concurrency}, slices of {args.slice} s", flush=True)
+    slices = soak(settings, args.image, args.duration, args.slice, args.concurrency)
+    growth = rss_growth(slices)
+    found = problems(slices, growth)
+    summary = {"slices": [asdict(s) for s in slices], "rss_growth_after_warmup": growth, "problems": found,
+               "concurrency": args.concurrency, "duration_s": args.duration}
+    atomic_write_text(args.out / "soak.json", json.dumps(summary, indent=2))
+    growth_line = ", ".join(f"worker {pid}: {g:+.1%}" for pid, g in growth.items()) or "n/a (one slice)"
+    atomic_write_text(args.out / "soak.md", f"# Soak at concurrency {args.concurrency}\n\n{table(slices)}\n\n"
+                                             f"RSS growth after warm-up: {growth_line}\n")
+    chart(slices, args.out / "soak.png")
+    print(f"\n{table(slices)}\n\nRSS growth after warm-up: {growth_line}\nwrote {args.out}/soak.md, soak.json, soak.png")
+    if found:
+        raise SoakError("; ".join(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
