@@ -49,6 +49,24 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Verify every sha256 against manifest.json, then re-run parity.")
     parity.add_argument("folder", type=Path)
     _device_option(parity)
+
+    from export.bench import DEFAULT_BATCHES, DEFAULT_REPEATS, DEFAULT_THREADS, DEFAULT_WARMUP, GEMM_SIZE, MIN_TIMED_S
+    bench = commands.add_parser("bench", help="in-process benchmark of every artifact against this machine's peak",
+                                description="Time eager and every artifact of each export folder through runtime/ "
+                                            "at each batch and thread count; measure this machine's GEMM peak in "
+                                            "the same run; write bench.md, bench.json and bench.png.")
+    bench.add_argument("folders", nargs="*", type=Path, metavar="EXPORT_DIR",
+                       help="export folders (default: artifacts/resnet50)")
+    bench.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="batch sizes (default: %(default)s)")
+    bench.add_argument("--threads", default=DEFAULT_THREADS,
+                       help="CPU thread counts, 'all' = every core (default: %(default)s; 1 is one worker's share "
+                            "under the CPU serving policy on up to 4 cores)")
+    bench.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timed runs at least (default: %(default)s)")
+    bench.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed runs first (default: %(default)s)")
+    bench.add_argument("--min-seconds", type=float, default=MIN_TIMED_S,
+                       help="timed runs last at least this long in all (default: %(default)s)")
+    bench.add_argument("--gemm-size", type=int, default=GEMM_SIZE, help="N of the NxN peak GEMM (default: %(default)s)")
+    bench.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.md/json/png go")
     return parser
 
 

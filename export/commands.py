@@ -78,8 +78,8 @@ def parity_command(args) -> int:
     verify_hashes(folder, manifest)
     progress = Progress()
     progress.step(f"sha256 of {len(manifest.artifacts) + len(manifest.files)} files match manifest.json")
-    entry = _entry_from_manifest(manifest)
-    built = entry.build(_weights_from_manifest(manifest))
+    entry = entry_from_manifest(manifest)
+    built = entry.build(weights_from_manifest(manifest))
     module = built.module.eval().requires_grad_(False)
     candidates = {k: (open_artifact(r["format"], folder / r["path"], RunOptions(device=device), k), r["format"],
                       r["spatial_dynamic"]) for k, r in manifest.artifacts.items()}
@@ -92,6 +92,12 @@ def parity_command(args) -> int:
     report.raise_on_failure()
     progress.step(f"parity passed for {', '.join(report.summary())}; wrote parity.recheck.md")
     return 0
+
+
+def bench_command(args) -> int:
+    """In-process benchmark of every artifact against this machine's measured peak (export/bench.py)."""
+    from export.bench import bench_command as run_bench
+    return run_bench(args)
 
 
 def _config_overrides(args) -> dict:
@@ -118,7 +124,7 @@ def _device(name: str) -> str:
     return str(device)
 
 
-def _entry_from_manifest(manifest):
+def entry_from_manifest(manifest):
     import models
     from models.user_module import user_entry
     if "module" in manifest.model:
@@ -126,7 +132,7 @@ def _entry_from_manifest(manifest):
     return models.get(manifest.model["registry"])
 
 
-def _weights_from_manifest(manifest) -> str:
+def weights_from_manifest(manifest) -> str:
     weights = manifest.weights
     if weights["kind"] == "path":
         return weights["source"]
