@@ -8,7 +8,7 @@ ARCH ?= resnet50
 WEIGHTS ?= auto
 PORT ?= 8080
 
-.PHONY: setup run export serve test test-fast bench gpu-check clean
+.PHONY: setup run export serve test test-fast bench bench-inprocess gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,8 +37,13 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+# Both benchmarks in one run: in-process (every artifact, this machine's GEMM peak), then TorchServe under
+# hey for each configuration against the naive baseline; bench-results/{bench,results}.{md,json,png}.
 bench: setup
-	$(PY) -m serving.bench
+	$(PY) -m serving.bench --export-dir artifacts/$(ARCH)
+
+bench-inprocess: setup
+	$(PY) -m export bench artifacts/$(ARCH)
 
 # On a CUDA machine, from a plain checkout (no venv needed): export on the GPU, parity, backends,
 # in-process GPU benchmark, TorchServe on the GPU. Without CUDA: one line, exit 0.

@@ -1,0 +1,116 @@
+"""The serving benchmark's pure parts: hey's summary, the handler's stage lines, ratios, targets, tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving import bench
+
+HEY_OUTPUT = """
+Summary:
+  Total:\t20.0312 secs
+  Slowest:\t1.2040 secs
+  Fastest:\t0.0810 secs
+  Average:\t0.4310 secs
+  Requests/sec:\t18.4711
+
+Latency distribution:
+  10% in 0.2101 secs
+  25% in 0.3302 secs
+  50% in 0.4203 secs
+  75% in 0.5004 secs
+  90% in 0.6105 secs
+  95% in 0.7006 secs
+  99% in 0.9907 secs
+
+Status code distribution:
+  [200]\t368 responses
+  [503]\t2 responses
+
+Error distribution:
+  [1]\tPost "http://127.0.0.1:8080/predictions/resnet": context deadline exceeded
+"""
+
+MODEL_LOG = """
+2025-01-01T00:00:00,000 [INFO ] W-9000-resnet_1.0-stdout MODEL_LOG - serving onnx-dynamo (...)
+2025-01-01T00:00:01,000 [INFO ] W-9000-resnet_1.0-stdout MODEL_LOG - batch of 1: decode=2.00ms preprocess=4.00ms inference=90.00ms encode=0.20ms
+2025-01-01T00:00:02,000 [INFO ] W-9001-resnet_1.0-stdout MODEL_LOG - batch of 4: decode=8.00ms preprocess=16.00ms inference=400.00ms encode=0.80ms
+2025-01-01T00:00:03,000 [INFO ] W-9001-resnet_1.0-stdout MODEL_LOG - batch of 2: decode=6.00ms preprocess=10.00ms inference=190.00ms encode=0.60ms
+2025-01-01T00:00:03,000 [INFO ] W-9001-resnet_1.0-stdout MODEL_LOG - batch of 2: decode=garbled
+"""
+
+
+def test_hey_summary_gives_throughput_percentiles_and_every_failure():
+    load = bench.parse_hey(HEY_OUTPUT)
+    assert load.req_per_s == pytest.approx(18.4711)
+    assert (load.p50_ms, load.p90_ms, load.p99_ms) == pytest.approx((420.3, 610.5, 990.7))
+    assert load.requests == 371 and load.failed == 3  # two 503s and one request that got no answer
+
+
+def test_a_short_run_has_no_p99_rather_than_a_made_up_one():
+    short = HEY_OUTPUT.replace("  99% in 0.9907 secs\n", "")
+    assert bench.parse_hey(short).p99_ms is None
+
+
+def test_stage_lines_are_parsed_and_medians_are_per_request():
+    batches = bench.parse_stage_lines(MODEL_LOG)
+    assert [size for size, _ in batches] == [1, 4, 2]  # the garbled line is not counted
+    medians = bench.stage_medians(batches)
+    assert medians["decode"] == pytest.approx(2.0)  # 2/1, 8/4, 6/2 -> median 2... of (2, 2, 3)
+    assert medians["inference"] == pytest.approx(95.0)  # 90, 100, 95
+    assert medians["batch"] == 2 and medians["batches"] == 3
+    assert bench.stage_medians([]) == {}
+
+
+def test_ratios_to_naive_at_the_same_concurrency_and_to_in_process_at_the_largest_batch_that_fits():
+    rows = [{"configuration": "naive", "concurrency": c, "req_per_s": r} for c, r in ((1, 5.0), (8, 4.0))]
+    rows += [{"configuration": "default", "concurrency": c, "req_per_s": r} for c, r in ((1, 10.0), (4, 18.0), (8, 18.0))]
+    bench.add_ratios(rows, {1: 12.0, 8: 20.0, 32: 21.0})
+    default = {r["concurrency"]: r for r in rows if r["configuration"] == "default"}
+    assert default[1]["vs_naive"] == 2.0 and default[8]["vs_naive"] == 4.5 and default[4]["vs_naive"] is None
+    assert default[4]["inprocess_batch"] == 1 and default[4]["vs_inprocess"] == 1.5
+    assert default[8]["inprocess_batch"] == 8 and default[8]["vs_inprocess"] == 0.9
+    assert bench.inprocess_batch_for(16, [1, 8, 32]) == 8 and bench.inprocess_batch_for(1, [8]) is None
+    assert bench.add_ratios([{"configuration": "default", "concurrency": 1, "req_per_s": 3.0}], {})[0]["vs_inprocess"] is None
+
+
+def test_targets_are_ratios_met_or_not_and_unmeasured_ones_say_so():
+    rows = [{"configuration": "naive", "concurrency": 8, "req_per_s": 4.0},
+            {"configuration": "default", "concurrency": 8, "req_per_s": 18.5}]
+    targets = bench.evaluate_targets(rows, {8: 20.0}, 0.72)
+    assert [t.met for t in targets] == [True, True, True]
+    assert targets[0].value == pytest.approx(0.925) and targets[1].value == pytest.approx(4.625)
+    missed = bench.evaluate_targets(rows[1:], {8: 25.0}, None)
+    assert [t.met for t in missed] == [False, None, None]
+    assert "not measured" in missed[1].detail
+    table = bench.targets_table(missed)
+    assert "| 0.74 | ≥ 0.9 | no |" in table and "| — | ≥ 4 | — | not measured |" in table
+
+
+def test_results_table_shows_ratios_and_stage_medians_and_dashes_where_there_are_none():
+    rows = [{"configuration": "naive", "concurrency": 8, "req_per_s": 4.0, "p50_ms": 1900.0, "p90_ms": 2500.0,
+             "p99_ms": None, "failed": 0, "stages_ms": {}},
+            {"configuration": "default", "concurrency": 8, "req_per_s": 18.0, "p50_ms": 430.0, "p90_ms": 610.0,
+             "p99_ms": 990.0, "failed": 1, "stages_ms": {"decode": 2.0, "preprocess": 4.0, "inference": 95.0,
+                                                         "encode": 0.2, "batch": 1, "batches": 300}}]
+    bench.add_ratios(rows, {8: 20.0})
+    text = bench.table(rows)
+    assert "| naive | 8 | 4.0 | 1900 | 2500 | — | 0 | 1.00 | 0.20 (8) | — | — | — | — | — |" in text
+    assert "| default | 8 | 18.0 | 430 | 610 | 990 | 1 | 4.50 | 0.90 (8) | 2.0 | 4.0 | 95.0 | 0.2 | 1 |" in text
+
+
+def test_bad_options_are_errors_that_say_what_to_give(tmp_path):
+    with pytest.raises(bench.BenchError, match="no manifest.json"):
+        bench.check(bench.parse_args(["--export-dir", str(tmp_path)]))
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(bench.BenchError, match="unknown configuration"):
+        bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--configurations", "default,fastest"]))
+    with pytest.raises(bench.BenchError, match="e.g. 1,4,8,16"):
+        bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--concurrency", "1,many"]))
+
+
+def test_the_naive_baseline_is_torchserves_default_worker_count_without_batching():
+    policy = bench.naive_policy()
+    assert policy.workers == bench.CORES and policy.batch_size == 1
+    assert policy.max_batch_delay_ms == bench.TORCHSERVE_DEFAULT_BATCH_DELAY_MS
+    assert bench.CONFIGURATIONS[bench.NAIVE].artifact == "traced"
