@@ -134,9 +134,11 @@ def peak_fraction(gflops: float, peak: Peak | None) -> float | None:
     return gflops / peak.gflops if peak and peak.gflops > 0 else None
 
 
-def peak_dtype(precision: str) -> str:
-    """Which peak a precision is measured against: int8 artifacts against the int8 GEMM, the rest fp32
-    (this CPU has no native fp16/bf16 matrix units to compare with)."""
+def peak_dtype(precision: str, device: str = "cpu") -> str:
+    """Which peak a row is measured against. CPU: int8 artifacts against the int8 GEMM, the rest fp32 (no
+    native fp16/bf16 matrix units on the CPUs this targets). GPU: the cuBLAS GEMM of the same precision."""
+    if device.startswith("cuda"):
+        return "cuda-fp16" if precision in ("fp16", "bf16") else "cuda-fp32"
     return "int8" if precision == "int8" else "fp32"
 
 
@@ -161,7 +163,8 @@ def merge_peaks(first: list[Peak], second: list[Peak]) -> list[Peak]:
 
 def apply_peaks(rows: list[Row], peaks: list[Peak]) -> None:
     for row in rows:
-        row.peak_fraction = peak_fraction(row.gflops, find_peak(peaks, peak_dtype(row.precision), row.threads))
+        row.peak_fraction = peak_fraction(row.gflops, find_peak(peaks, peak_dtype(row.precision, row.device),
+                                                                 row.threads))
 
 
 def find_peak(peaks: list[Peak], dtype: str, threads: int) -> Peak | None:
@@ -382,13 +385,13 @@ def time_row(model: str, target: Target, backend, threads: int, batch: torch.Ten
     ms = statistics.median(runs)
     size = batch.shape[0]
     gflops = achieved_gflops(flops, size, ms / 1000)
-    peak = find_peak(peaks, peak_dtype(target.precision), threads)
+    peak = find_peak(peaks, peak_dtype(target.precision, device), threads)
     return Row(model, target.name, target.format, target.precision, device, threads, size, ms, size / (ms / 1000),
                gflops, peak_fraction(gflops, peak), backend.describe()["backend"], [round(r, 3) for r in runs])
 
 
 def progress_line(row: Row) -> str:
-    fraction = f" ({row.peak_fraction:.0%} of {peak_dtype(row.precision)} peak)" if row.peak_fraction else ""
+    fraction = f" ({row.peak_fraction:.0%} of {peak_dtype(row.precision, row.device)} peak)" if row.peak_fraction else ""
     return (f"{row.artifact:<14} {row.precision:<5} {row.device:<6} threads={row.threads:<2} batch={row.batch:<3} "
             f"{row.ms_per_batch:9.1f} ms/batch {row.images_per_s:8.1f} img/s {row.gflops:7.1f} GFLOP/s{fraction}")
 

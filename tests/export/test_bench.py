@@ -37,6 +37,7 @@ def test_flop_arithmetic():
     assert bench.peak_fraction(82.0, peak) == pytest.approx(0.82)
     assert bench.peak_fraction(82.0, None) is None
     assert bench.peak_dtype("int8") == "int8" and bench.peak_dtype("bf16") == "fp32"
+    assert bench.peak_dtype("fp16", "cuda:0") == "cuda-fp16" and bench.peak_dtype("fp32", "cuda:0") == "cuda-fp32"
 
 
 def test_flop_counter_counts_two_per_multiply_add():
