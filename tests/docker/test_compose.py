@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dockerfile_parse import DockerfileParser
 
-from tests.docker.test_dockerfile import DOCKERFILE, parse_stages
+from tests.docker.test_dockerfile import DOCKERFILE, exec_form, parse_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SERVICE, CPU_SERVICE, CPU_PROFILE = "torchserve", "torchserve-cpu", "cpu"
@@ -97,6 +98,13 @@ def test_build_uses_the_dockerfile_from_the_repository_root(services):
     assert (ROOT / build["context"] / build.get("dockerfile", "Dockerfile")).resolve() == DOCKERFILE
 
 
+def test_build_args_are_arguments_the_dockerfile_declares(services):
+    declared = {instruction["value"].split("=", 1)[0].strip()
+                for instruction in DockerfileParser(str(DOCKERFILE)).structure if instruction["instruction"] == "ARG"}
+    passed = set(services[GPU_SERVICE]["build"].get("args", {}))
+    assert passed <= declared, f"compose passes {passed - declared}, which docker/Dockerfile never reads"
+
+
 def test_ports_inference_and_metrics_published_management_on_loopback(services):
     bindings = port_bindings(services[GPU_SERVICE])
     by_target = {target: [(ip, published) for ip, published, t in bindings if t == target] for target in (8080, 8081, 8082)}
@@ -121,6 +129,13 @@ def test_healthcheck_restart_and_shm(services):
     assert seconds(service["healthcheck"]["start_period"]) >= 300, "the first start exports the model: allow minutes"
     assert service["restart"] in ("always", "unless-stopped", "on-failure")
     assert size_in_bytes(service["shm_size"]) >= 256 * 1024 ** 2, "Docker's default 64 MB /dev/shm is too small"
+
+
+def test_compose_health_check_runs_the_image_health_check(services):
+    test = services[GPU_SERVICE]["healthcheck"]["test"]
+    assert isinstance(test, list) and test[0] == "CMD", f"use the exec form [CMD, ...]: {test}"
+    image_check = parse_stages(DOCKERFILE)[-1].all("HEALTHCHECK")[-1]
+    assert test[1:] == exec_form(image_check, after="CMD"), "compose and the image check health differently"
 
 
 def test_stop_grace_period_outlasts_the_entrypoint_stop(services):

