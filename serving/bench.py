@@ -68,6 +68,7 @@ class Configuration:
     description: str
     artifact: str | None = None  # None: the export's served artifact
     overrides: dict = field(default_factory=dict)  # pinned model-config keys (win over the serve-time policy)
+    env: dict = field(default_factory=dict)  # extra environment for TorchServe and its workers
 
 
 CONFIGURATIONS = {
@@ -75,12 +76,17 @@ CONFIGURATIONS = {
                          "transforms), TorchServe's default workers (one per core), torch's default threads, "
                          "no batching", NAIVE_ARTIFACT),
     "default": Configuration("the policy `python -m serving` decides for this machine, the export's served artifact"),
+    "pinned-torch": Configuration("the default, plus torch's own thread pool (the handler's resize and crop run "
+                                  "in it) pinned to the worker's share with OMP_NUM_THREADS; ONNX Runtime's threads "
+                                  "are set by the handler either way", None, {},
+                                  {"OMP_NUM_THREADS": str(machine_policy(*this_machine()).threads_per_worker)}),
+    "workers-batched": Configuration("a worker per core with 1 thread each (torch's pool pinned too, as in "
+                                     "pinned-torch), batches of up to 4 within 20 ms", None,
+                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 4, "maxBatchDelay": 20,
+                                      "threads": 1}, {"OMP_NUM_THREADS": "1"}),
     "batched": Configuration("one worker using every core, batches of up to 8 within 50 ms (the GPU policy)", None,
                              {"minWorkers": 1, "maxWorkers": 1, "batchSize": 8, "maxBatchDelay": 50,
                               "threads": CORES}),
-    "workers-batched": Configuration("a worker per core with 1 thread each, batches of up to 4 within 20 ms", None,
-                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 4, "maxBatchDelay": 20,
-                                      "threads": 1}),
     "torchscript": Configuration("the default policy with the scripted TorchScript artifact", "scripted"),
     "oversubscribed": Configuration("our handler with TorchServe-like threading: a worker per core, each using "
                                     "every core, no batching", None,
@@ -285,6 +291,7 @@ def prepare_server(name: str, export_dir: Path, scratch: Path, token_auth: bool)
     store = scratch / name / "store"
     settings = server.on_free_ports(store, scratch / name / "run")
     settings.token_auth = token_auth
+    settings.extra_env = dict(configuration.env)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     if name == NAIVE:
         build_naive_archive(export_dir, store)
