@@ -51,4 +51,26 @@ def test_problems_name_failures_replaced_workers_and_leaks():
 
 
 def test_table_has_a_row_per_slice():
-    assert table(slices(500.0, 505.0)).count("\n") == 3
+    rows = [line for line in table(slices(500.0, 505.0)).splitlines() if line.startswith("| ")]
+    assert len(rows) == 3  # the header and two slices
+
+
+FEW_ANSWERS = """
+Summary:
+  Slowest:\t4.2500 secs
+  Requests/sec:\t5.1000
+
+Latency distribution:
+  10% in 2.0000 secs
+  50% in 2.9000 secs
+  95% in 4.0000 secs
+
+Status code distribution:
+  [200]\t76 responses
+"""
+
+
+def test_with_fewer_than_100_answers_the_slowest_request_stands_in_for_p99():
+    numbers = parse_hey(FEW_ANSWERS)  # hey prints no 99% line below 100 answers
+    assert numbers["p99_ms"] == 4250.0 and numbers["p50_ms"] == 2900.0
+    assert numbers["requests"] == 76 and numbers["errors"] == 0
