@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,16 +25,6 @@ SERVE_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 60
 
 pytestmark = pytest.mark.slow
-
-# A stand-in handler for the test that only exercises the entrypoint: answers like the real one.
-STUB_HANDLER = '''
-def handle(data, context):
-    if data is None:
-        return None
-    return [{"predictions": [{"label": f"class {i}", "index": i, "probability": 0.2} for i in range(5)]}
-            for _ in data]
-'''
-
 
 def jpeg_bytes() -> bytes:
     from PIL import Image, ImageDraw
@@ -178,17 +169,15 @@ def assert_five_predictions(answer: dict) -> None:
         assert isinstance(prediction["probability"], float) and 0.0 <= prediction["probability"] <= 1.0
 
 
-def stub_archive(model_store: Path) -> None:
+def copy_archive(resnet18_export: dict, model_store: Path) -> None:
+    """The real resnet.mar of the session's export, as a model store a previous start left behind."""
     model_store.mkdir(parents=True, exist_ok=True)
-    handler = model_store.parent / "stub_handler.py"
-    handler.write_text(STUB_HANDLER)
-    subprocess.run([sys.executable, "-m", "model_archiver.model_packaging", "--model-name", "resnet", "--version", "1",
-                    "--handler", str(handler), "--export-path", str(model_store)], check=True, timeout=120)
+    shutil.copy2(resnet18_export["model_store"] / "resnet.mar", model_store / "resnet.mar")
 
 
-def test_serves_an_existing_archive_without_exporting_and_stops_on_sigterm(entrypoint):
+def test_serves_an_existing_archive_without_exporting_and_stops_on_sigterm(entrypoint, resnet18_export):
     server = entrypoint()
-    stub_archive(server.model_store)
+    copy_archive(resnet18_export, server.model_store)
     assert server.healthcheck().returncode != 0, "healthy before the server started"
 
     server.start()
@@ -229,12 +218,12 @@ def test_sigterm_during_the_export_stops_it(entrypoint):
     assert not (server.model_store / "resnet.mar").exists()
 
 
-def test_unwritable_model_store_falls_back_to_the_cache_folder(entrypoint, tmp_path):
+def test_unwritable_model_store_falls_back_to_the_cache_folder(entrypoint, resnet18_export, tmp_path):
     # As when Docker creates a missing ./model-store as root. A path under a file is unwritable even for root.
     (tmp_path / "a-file").write_text("")
     server = entrypoint(MODEL_STORE=str(tmp_path / "a-file" / "model-store"), XDG_CACHE_HOME=str(tmp_path / "cache"))
     server.model_store = tmp_path / "cache" / "vision-export" / "model-store"
-    stub_archive(server.model_store)
+    copy_archive(resnet18_export, server.model_store)
     server.start()
     assert_five_predictions(server.predict(SERVE_TIMEOUT_S))
     assert "not writable" in server.console.read_text()
@@ -243,9 +232,9 @@ def test_unwritable_model_store_falls_back_to_the_cache_folder(entrypoint, tmp_p
     server.assert_nothing_left()
 
 
-def test_with_token_authorisation_the_entrypoint_serves_and_the_health_check_passes(entrypoint):
+def test_with_token_authorisation_the_entrypoint_serves_and_the_health_check_passes(entrypoint, resnet18_export):
     server = entrypoint(TS_DISABLE_TOKEN_AUTHORIZATION="false")
-    stub_archive(server.model_store)
+    copy_archive(resnet18_export, server.model_store)
     server.start()
     assert_five_predictions(server.predict(SERVE_TIMEOUT_S))  # with the inference key
     plain = requests.post(f"{server.env['TS_INFERENCE_ADDRESS']}/predictions/resnet", data=jpeg_bytes(),
