@@ -105,11 +105,11 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
         run_serving("stop", "--run-dir", str(run_dir), timeout=120)
 
 
-@pytest.mark.skipif(shutil.which("ab") is None, reason="ApacheBench (apache2-utils) is not installed")
+@pytest.mark.skipif(shutil.which("hey") is None, reason="the load generator hey is not installed")
 def test_the_benchmark_works_with_token_authorisation(resnet18_export, tmp_path):
     done = subprocess.run([sys.executable, "-m", "serving.bench", "--export-dir", str(resnet18_export["out"]),
                            "--configurations", "default", "--requests", "10", "--concurrency", "1",
-                           "--token-auth", "--out", str(tmp_path / "bench")], cwd=ROOT, capture_output=True,
+                           "--inprocess", "none", "--token-auth", "--out", str(tmp_path / "bench")], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
     row = __import__("json").loads((tmp_path / "bench" / "results.json").read_text())[0]
