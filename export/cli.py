@@ -76,6 +76,26 @@ def _common(sub, weights_help: str, default_out: str) -> None:
     sub.add_argument("--opset", type=int, default=formats.DEFAULT_OPSET,
                      help=f"ONNX opset (default: {formats.DEFAULT_OPSET})")
     _device_option(sub)
+    _precision_options(sub)
+
+
+def _precision_options(sub) -> None:
+    from export.calibration import DEFAULT_CALIBRATION_SAMPLES
+    sub.add_argument("--precision", default="fp32", metavar="LIST",
+                     help="comma-separated: fp32 plus any of int8 (ONNX Runtime static QDQ), bf16 (CPU autocast), "
+                          "fp16 (GPU: needs --device cuda); each variant is gated on accuracy (default: fp32)")
+    sub.add_argument("--calibration", type=Path, default=None, metavar="DIR",
+                     help="int8 calibration images in ImageFolder layout DIR/<class>/<image> (default: scikit-image "
+                          "sample photographs and generated photo-like images; see docs/precision.md)")
+    sub.add_argument("--calibration-samples", type=int, default=DEFAULT_CALIBRATION_SAMPLES, metavar="N",
+                     help="images taken from --calibration, classes in turn (default: %(default)s)")
+    sub.add_argument("--validation", type=Path, default=None, metavar="DIR",
+                     help="held-out images for the accuracy gate, ImageFolder layout; class folders named after the "
+                          "model's labels (or output indices) add top-1/top-5 accuracy (default: the held-out half "
+                          "of the default set)")
+    sub.add_argument("--gate", choices=("enforce", "report"), default="enforce",
+                     help="enforce: a variant failing the accuracy gate fails the export (exit 5); report: keep it "
+                          "marked not servable and exit 0 (default: enforce)")
 
 
 def _device_option(sub) -> None:
@@ -89,9 +109,10 @@ def _archive_options(sub) -> None:
                      help="where resnet.mar is written (default: model-store)")
     sub.add_argument("--no-archive", action="store_true", help="skip the TorchServe archive")
     sub.add_argument("--serve", default=None, metavar="ARTIFACT",
-                     help=f"artifact to package: {', '.join(formats.FILE_NAMES)} (default: the first of "
-                          "onnx-dynamo, onnx-scripted, onnx-traced, scripted, traced that passed parity and "
-                          "does not diverge from eager; see manifest.json 'serving')")
+                     help=f"artifact to package: {', '.join(formats.FILE_NAMES)}, or a variant that passed the "
+                          "accuracy gate (onnx-int8, scripted-bf16, onnx-fp16, scripted-fp16) (default: the first of "
+                          "onnx-int8, onnx-dynamo, onnx-scripted, onnx-traced, scripted, traced that passed parity "
+                          "(and the gate) and does not diverge from eager; see manifest.json 'serving')")
     sub.add_argument("--workers", type=int, default=None,
                      help="pin TorchServe workers in the archive (default: not pinned; decided where it is "
                           "served: a worker per GPU, or per CPU core up to 4; threads = cores / workers)")
@@ -115,7 +136,7 @@ def run_command(command, interrupted: str = INTERRUPTED) -> int:
     try:
         return command()
     except VisionExportError as error:
-        if isinstance(error, ParityError):
+        if isinstance(error, ParityError) or getattr(error, "table", None):  # AccuracyGateError carries one too
             print(f"\n{error.table}\n", file=sys.stderr)
         print(f"error: {error}", file=sys.stderr)
         for note in getattr(error, "__notes__", []):

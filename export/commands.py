@@ -27,8 +27,8 @@ def resnet_command(args) -> int:
     out = args.out or Path("artifacts") / args.arch
     progress = Progress()
     archive = None if args.no_archive else ArchiveRequest(args.model_store, "resnet", args.serve, overrides)
-    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device, archive=archive),
-                          progress)
+    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device, archive=archive,
+                                                               precision=precision_request(args)), progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
     _print_files(out, progress)
@@ -42,7 +42,8 @@ def module_command(args) -> int:
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
     archive = ArchiveRequest(args.model_store, args.model_name or entry.name, args.serve) if args.model_store else None
-    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive), progress)
+    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
+                                               precision=precision_request(args)), progress)
     _print_serving(result, progress)
     _print_files(out, progress)
     return 0
@@ -82,7 +83,8 @@ def parity_command(args) -> int:
     built = entry.build(weights_from_manifest(manifest))
     module = built.module.eval().requires_grad_(False)
     candidates = {k: (open_artifact(r["format"], folder / r["path"], RunOptions(device=device), k), r["format"],
-                      r["spatial_dynamic"]) for k, r in manifest.artifacts.items()}
+                      r["spatial_dynamic"]) for k, r in manifest.artifacts.items()
+                  if r.get("precision", "fp32") == "fp32"}  # reduced-precision variants are gated, not parity-held
     report = run_parity(EagerBackend(module), candidates,
                         parity_inputs(tuple(manifest.input["example_shape"]), tuple(manifest.input["value_range"]),
                                       spatial_dynamic=manifest.input["resizes_in_graph"]))
@@ -98,6 +100,21 @@ def bench_command(args) -> int:
     """In-process benchmark of every artifact against this machine's measured peak (export/bench.py)."""
     from export.bench import bench_command as run_bench
     return run_bench(args)
+
+
+def precision_request(args):
+    """--precision/--calibration/--validation/--gate -> export.precision.PrecisionRequest (checked here)."""
+    from export.precision import PrecisionRequest, parse_precisions
+    for name in ("calibration", "validation"):
+        folder = getattr(args, name)
+        if folder is not None and not folder.is_dir():
+            raise ExportError(f"--{name} {folder}: not a folder; give an ImageFolder layout DIR/<class>/<image>")
+    if args.calibration_samples < 1:
+        raise ExportError("--calibration-samples must be at least 1")
+    precisions = parse_precisions(args.precision)
+    if "int8" not in precisions and args.calibration is not None:
+        raise ExportError("--calibration is for int8: add int8 to --precision (e.g. --precision fp32,int8)")
+    return PrecisionRequest(precisions, args.calibration, args.validation, args.calibration_samples, args.gate)
 
 
 def _config_overrides(args) -> dict:

@@ -42,6 +42,7 @@ class Manifest:
     parity: dict = field(default_factory=dict)
     trace_vs_script: dict = field(default_factory=dict)
     serving: dict = field(default_factory=dict)
+    precision: dict = field(default_factory=dict)  # reduced-precision variants: calibration, gate, int8 choice
     versions: dict = field(default_factory=library_versions)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     schema: int = SCHEMA_VERSION

@@ -18,6 +18,7 @@ from export.atomic import atomic_write_text, ensure_free_space, staged_directory
 from export.eval_check import prepare_for_export
 from export.manifest import Manifest
 from export.onnx_check import check_onnx, onnx_control_flow, torchscript_control_flow
+from export.precision import PrecisionReport, PrecisionRequest, build_variants
 from export.parity import (ParityReport, compare_outputs, parity_inputs, report_json, report_markdown,
                            run_parity, ONNX_TOLERANCE)
 from export.selection import Candidate, decide
@@ -60,6 +61,7 @@ class ExportOptions:
     device: str = "cpu"
     fail_on_parity: bool = True
     archive: ArchiveRequest | None = None  # also build NAME.mar, committed only with the export
+    precision: PrecisionRequest = field(default_factory=PrecisionRequest)  # int8/bf16/fp16 variants, gated
 
 
 @dataclass
@@ -153,7 +155,14 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
 
     with timed("latency"):
         latency = measure_latency({k: backends[k] for k in artifacts if parity.passed(k)}, example)
-    serving = serving_decision(entry, artifacts, parity, paths)
+    variants = None
+    if options.precision.wanted:
+        with timed("precision"):
+            variants = build_variants(stage, options.precision, module, entry.input_spec.preprocessing, artifacts,
+                                      eligible_sources(artifacts, parity, paths), built.labels, options.device,
+                                      progress)
+        _print_gate(variants, options.precision.gate, progress)
+    serving = serving_decision(entry, artifacts, parity, paths, variants)
     serving["latency_ms_batch1"] = latency
 
     manifest = Manifest(
@@ -166,7 +175,13 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     files = _write_reports(stage, entry, built.labels, parity, paths, second_opinion)
     if options.fail_on_parity:
         parity.raise_on_failure()  # inside the stage: the failed attempt is kept, the last good export stays
+    if variants and options.precision.gate == "enforce":
+        variants.raise_on_failure()  # the same: accuracy.md stays in NAME.failed with every number
     manifest.artifacts = {k: _artifact_record(manifest, stage, a, entry) for k, a in artifacts.items()}
+    if variants:
+        manifest.artifacts.update(_variant_records(manifest, stage, variants, artifacts, entry))
+        manifest.precision = variants.manifest_record()
+        files += variants.files
     manifest.refused = refused
     manifest.files = {name: manifest.record_file(stage, name) for name in files}
     manifest.parity = {"passed": not parity.failures, "summary": parity.summary(),
@@ -182,16 +197,56 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     return ExportResult(Path(options.out), manifest, parity, paths, log, timings)
 
 
-def serving_decision(entry: ModelEntry, artifacts: dict, parity: ParityReport, paths: dict) -> dict:
-    """Apply export.selection's declared rule to this export's results."""
-    diverging: dict[str, list[str]] = {}
-    for item in paths["diverging"]:
-        diverging.setdefault(item["artifact"], []).append(item["probe"])
+def serving_decision(entry: ModelEntry, artifacts: dict, parity: ParityReport, paths: dict,
+                     variants: PrecisionReport | None = None) -> dict:
+    """Apply export.selection's declared rule to this export's results. A reduced-precision variant inherits
+    its fp32 source's parity and divergence, and carries its own accuracy-gate verdict."""
+    diverging = _diverging(paths)
     contract = entry.input_spec.preprocessing
     handler_input = (entry.input_spec.shape[1], *contract.crop) if contract else None
     candidates = [Candidate(kind, parity.passed(kind), tuple(diverging.get(kind, ())), a.spatial_dynamic,
                             tuple(entry.input_spec.shape[1:])) for kind, a in artifacts.items()]
+    for kind, variant in (variants.variants.items() if variants else ()):
+        source = variant.source
+        candidates.append(Candidate(kind, parity.passed(source), tuple(diverging.get(source, ())),
+                                    artifacts[source].spatial_dynamic, tuple(entry.input_spec.shape[1:]),
+                                    gate=variant.gate.verdict))
     return decide(candidates, handler_input)
+
+
+def _diverging(paths: dict) -> dict[str, list[str]]:
+    diverging: dict[str, list[str]] = {}
+    for item in paths["diverging"]:
+        diverging.setdefault(item["artifact"], []).append(item["probe"])
+    return diverging
+
+
+def eligible_sources(artifacts: dict, parity: ParityReport, paths: dict) -> list[str]:
+    """fp32 artifacts a reduced-precision variant may be made from: passed parity, never diverge from eager."""
+    diverging = _diverging(paths)
+    return [kind for kind in artifacts if parity.passed(kind) and kind not in diverging]
+
+
+def _variant_records(manifest: Manifest, stage: Path, variants: PrecisionReport, artifacts: dict,
+                     entry: ModelEntry) -> dict:
+    records = {}
+    for kind, variant in variants.variants.items():
+        source = artifacts[variant.source]
+        records[kind] = {**manifest.record_file(stage, variant.path.name), "format": variant.format,
+                         "exporter": variant.made_by["tool"], "accepts": source.accepts(entry.input_spec.shape),
+                         "spatial_dynamic": source.spatial_dynamic, **variant.record_extra()}
+    return records
+
+
+def _print_gate(variants: PrecisionReport, mode: str, progress: Progress) -> None:
+    from export.accuracy import render_table
+    results = [v.gate for v in variants.variants.values() if v.gate]
+    progress.step("accuracy gate (vs fp32 eager, held-out images):\n" + render_table(results))
+    for note in variants.notes:
+        progress.warn(note)
+    if variants.failures and mode == "report":
+        progress.warn("ACCURACY GATE FAILED for " + ", ".join(r.kind for r in variants.failures) + " (--gate "
+                      "report): kept in the export but NOT servable:\n" + render_table(variants.failures))
 
 
 class _Timer:
@@ -240,7 +295,7 @@ def _first_lines(text: str, count: int = 3) -> str:
 def _artifact_record(manifest: Manifest, folder: Path, artifact: formats.Artifact, entry: ModelEntry) -> dict:
     return {**manifest.record_file(folder, artifact.path.name), "format": artifact.format,
             "exporter": artifact.exporter, "accepts": artifact.accepts(entry.input_spec.shape),
-            "spatial_dynamic": artifact.spatial_dynamic, "control_flow": artifact.control_flow,
+            "spatial_dynamic": artifact.spatial_dynamic, "control_flow": artifact.control_flow, "precision": "fp32",
             **({"checks": artifact.checks} if artifact.checks else {})}
 
 

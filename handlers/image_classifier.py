@@ -104,7 +104,9 @@ class ImageClassifier:
         self.simulate_hang_s = float(settings.get("simulate_hang_s", 0))  # tests of TorchServe's timeout only
         self.device = select_device(properties)
         self.threads = worker_threads(settings)
-        precision = "fp16" if settings.get("fp16") and self.device.type == "cuda" else "fp32"
+        # a bf16/fp16 variant records how it must run; an int8 ONNX runs as-is (its run_precision is fp32)
+        precision = record.get("run_precision") or ("fp16" if settings.get("fp16") and self.device.type == "cuda"
+                                                    else "fp32")
         self.backend = open_artifact(record["format"], model_dir / record["path"],
                                      RunOptions(device=str(self.device), threads=self.threads, precision=precision),
                                      name=self.artifact)

@@ -1,0 +1,339 @@
+"""Reduced-precision variants of an export, each gated on accuracy before it may be served.
+
+  onnx-int8      ONNX Runtime static quantization of an fp32 ONNX artifact: quant_pre_process first, then
+                 quantize_static with QDQ nodes, per-channel QInt8 weights, MinMax ranges calibrated once on
+                 the calibration images (cached in int8.ranges.json and reused). Activations are QUInt8 or
+                 QInt8, chosen on this machine by measurement: both are built, timed and gated, and the
+                 fastest that passes the gate is kept (ORT documents S8S8 as its default; U8S8 is the one
+                 whose kernels use u8 x s8 dot products on x86). Both numbers and the choice are recorded.
+  scripted-bf16  the scripted TorchScript artifact run under torch.autocast(bfloat16) (PyTorch's CPU autocast;
+                 fast only on CPUs with native bf16: AVX512-BF16 or AMX).
+  onnx-fp16      the fp32 ONNX converted to float16 (inputs and outputs stay float32) for ONNX Runtime's CUDA
+                 provider, and
+  scripted-fp16  the scripted TorchScript artifact under CUDA fp16 autocast: both need --device cuda.
+
+Every variant's logits are compared with fp32 eager on held-out images by export.accuracy.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from export.accuracy import (GATE_BATCH, GateResult, judge, label_targets, report_markdown, render_table,
+                             AccuracyGateError)
+from export.atomic import atomic_write_text
+from export.calibration import DEFAULT_CALIBRATION_SAMPLES, ImageSet, calibration_set, holdout_set
+from export.errors import ExportError
+from runtime import RunOptions, open_artifact
+from runtime.base import Backend
+from runtime.images import ImageContract
+
+PRECISIONS = ("fp32", "int8", "bf16", "fp16")
+DEFAULT_PRECISIONS = ("fp32",)
+INT8_FILE = "model.int8.onnx"
+FP16_FILE = "model.fp16.onnx"
+RANGES_FILE = "int8.ranges.json"  # calibrated tensor ranges: the int8 model can be rebuilt from them
+ACCURACY_FILES = ("accuracy.md", "accuracy.json")
+# The int8 source: an fp32 ONNX without control flow first (the quantizer and its shape inference handle a
+# plain graph best); it must have passed parity and not diverge from eager.
+INT8_SOURCE_PREFERENCE = ("onnx-traced", "onnx-dynamo", "onnx-scripted")
+ACTIVATION_TYPES = ("QUInt8", "QInt8")  # weights are QInt8 either way (symmetric, per channel)
+CALIBRATION_BATCH = 8
+SPEED_WARMUP = 2
+SPEED_RUNS = 10  # batch-1 images/s, median of single calls: enough to tell 2x apart, ~1 s per model
+BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")
+
+
+class PrecisionError(ExportError):
+    """A precision cannot be built as asked (unknown name, no GPU for fp16, no image contract)."""
+
+
+def parse_precisions(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
+    unknown = [n for n in names if n not in PRECISIONS]
+    if unknown or not names:
+        raise PrecisionError(f"--precision {text!r}: choose from {', '.join(PRECISIONS)}, comma-separated "
+                             "(e.g. fp32,int8)")
+    if "fp32" not in names:
+        raise PrecisionError(f"--precision {text!r} must include fp32: it is the reference every variant is "
+                             "gated against and the fallback that is always servable (e.g. fp32,int8)")
+    return names
+
+
+@dataclass
+class PrecisionRequest:
+    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
+    calibration: Path | None = None
+    validation: Path | None = None
+    calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
+    gate: str = "enforce"  # export.accuracy.GATE_MODES
+    loader_workers: int | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return any(p != "fp32" for p in self.precisions)
+
+
+@dataclass
+class Variant:
+    kind: str
+    path: Path
+    format: str
+    precision: str  # what the artifact computes in: int8 | bf16 | fp16
+    run_precision: str  # RunOptions.precision the backend needs (fp32 for a quantized ONNX run as-is)
+    source: str  # the fp32 artifact it was made from
+    made_by: dict
+    gate: GateResult | None = None
+    images_per_s: float | None = None
+
+    def record_extra(self) -> dict:
+        return {"precision": self.precision, "run_precision": self.run_precision, "source": self.source,
+                "made_by": self.made_by, "accuracy": self.gate.as_dict() if self.gate else None,
+                "images_per_s_batch1": self.images_per_s}
+
+
+@dataclass
+class PrecisionReport:
+    variants: dict[str, Variant] = field(default_factory=dict)
+    calibration: dict | None = None
+    holdout: dict = field(default_factory=dict)
+    ladder: dict = field(default_factory=dict)  # kind -> batch-1 images/s measured during this export
+    int8_choice: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[GateResult]:
+        return [v.gate for v in self.variants.values() if v.gate and not v.gate.passed]
+
+    def gate_verdicts(self) -> dict[str, str]:
+        return {k: v.gate.verdict for k, v in self.variants.items() if v.gate}
+
+    def raise_on_failure(self) -> None:
+        if self.failures:
+            raise AccuracyGateError(self.failures, render_table(self.failures))
+
+    def manifest_record(self) -> dict:
+        return {"precisions": ["fp32", *sorted({v.precision for v in self.variants.values()})],
+                "calibration": self.calibration, "holdout": self.holdout, "ladder_images_per_s_batch1": self.ladder,
+                "int8_choice": self.int8_choice, "gate": self.gate_verdicts(), "notes": self.notes}
+
+
+# ---------------------------------------------------------------- the step the pipeline calls
+
+def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Module, contract_record,
+                   fp32_artifacts: dict, eligible_sources: list[str], model_labels: list[str] | None,
+                   device: str, progress) -> PrecisionReport:
+    """fp32_artifacts: kind -> export.formats.Artifact; eligible_sources: kinds that passed parity and do not
+    diverge from eager. Builds every requested variant in the stage, gates it, writes accuracy.md/json."""
+    from runtime.eager import EagerBackend
+    if contract_record is None:
+        raise PrecisionError("reduced precision needs images to calibrate and check on, and this model has no "
+                             "image input contract (input.preprocessing); export it with --precision fp32")
+    contract = ImageContract(contract_record.resize, tuple(contract_record.crop), contract_record.interpolation,
+                             contract_record.antialias)
+    report = PrecisionReport()
+    eager = EagerBackend(module)
+    if "bf16" in request.precisions and not device.startswith("cuda") and not cpu_has_native_bf16():
+        raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
+                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 ran resnet18 about 15x slower "
+                             "than fp32 here; use int8 on this machine, or export bf16 where the CPU has it")
+    calibration = None
+    if "int8" in request.precisions:
+        calibration = calibration_set(contract, request.calibration, request.calibration_samples,
+                                      request.loader_workers)
+        report.calibration = calibration.describe()
+        progress.step(f"calibration images: {calibration.origin} ({len(calibration)})")
+    holdout = holdout_set(contract, request.validation, calibration, workers=request.loader_workers)
+    reference = run_batches(eager, holdout.images)
+    outputs = reference.shape[1]
+    targets, labelled = label_targets(holdout.classes, holdout.labels, model_labels, outputs)
+    report.holdout = {**holdout.describe(), "labels": labelled}
+    progress.step(f"held-out images for the accuracy gate: {holdout.origin} ({len(holdout)}); {labelled}")
+
+    fp32_source = _int8_source(fp32_artifacts, eligible_sources) if any(
+        p in request.precisions for p in ("int8", "fp16")) else None
+    if fp32_source:
+        source_backend = open_artifact("onnx", fp32_artifacts[fp32_source].path, RunOptions(device=device))
+        report.ladder[fp32_source] = images_per_s(source_backend, holdout.images[:1])
+    if "int8" in request.precisions:
+        variant, choice = build_int8(stage, fp32_artifacts[fp32_source], calibration, holdout, reference, targets,
+                                     progress)
+        report.variants[variant.kind], report.int8_choice = variant, choice
+        report.files.append(RANGES_FILE)
+    if "bf16" in request.precisions:
+        report.variants["scripted-bf16"] = autocast_variant(fp32_artifacts["scripted"], "bf16", device, holdout,
+                                                            reference, targets)
+    if "fp16" in request.precisions:
+        if not device.startswith("cuda"):
+            raise PrecisionError("fp16 variants are for GPUs and are gated on one: add --device cuda (none is "
+                                 "used here), or leave fp16 out of --precision on a CPU-only machine")
+        report.variants["onnx-fp16"] = build_onnx_fp16(stage, fp32_artifacts[fp32_source], device, holdout,
+                                                       reference, targets)
+        report.variants["scripted-fp16"] = autocast_variant(fp32_artifacts["scripted"], "fp16", device, holdout,
+                                                            reference, targets)
+    for kind, variant in report.variants.items():
+        report.ladder[kind] = variant.images_per_s
+    _write_reports(stage, report, targets is not None)
+    return report
+
+
+def _int8_source(artifacts: dict, eligible: list[str]) -> str:
+    for kind in INT8_SOURCE_PREFERENCE:
+        if kind in artifacts and kind in eligible:
+            return kind
+    raise PrecisionError("no fp32 ONNX artifact passed parity without diverging from eager, so there is nothing "
+                         "to quantize; fix parity first (see parity.md)")
+
+
+# ---------------------------------------------------------------- int8
+
+class TensorReader:
+    """ONNX Runtime's CalibrationDataReader over preprocessed images, in batches."""
+
+    def __init__(self, images: torch.Tensor, input_name: str, batch: int = CALIBRATION_BATCH):
+        self.arrays = [images[i:i + batch].numpy() for i in range(0, len(images), batch)]
+        self.input_name = input_name
+        self.position = 0
+
+    def get_next(self):
+        if self.position >= len(self.arrays):
+            return None
+        self.position += 1
+        return {self.input_name: self.arrays[self.position - 1]}
+
+    def rewind(self):
+        self.position = 0
+
+
+def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, reference: torch.Tensor,
+               targets, progress) -> tuple[Variant, dict]:
+    """Quantize `source` with both activation types; keep the fastest that passes the gate."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from export.formats import INPUT_NAME
+    work = stage / ".int8-work"
+    work.mkdir(exist_ok=True)
+    try:
+        prepared = work / "prepared.onnx"
+        started = time.perf_counter()
+        quant_pre_process(str(source.path), str(prepared))
+        ranges = stage / RANGES_FILE
+        candidates, timings = {}, {"preprocess_s": round(time.perf_counter() - started, 2)}
+        for activation in ACTIVATION_TYPES:
+            started = time.perf_counter()
+            path = work / f"int8-{activation}.onnx"
+            quantize_static(str(prepared), str(path), TensorReader(calibration.images, INPUT_NAME),
+                            quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=getattr(QuantType, activation), weight_type=QuantType.QInt8,
+                            calibrate_method=CalibrationMethod.MinMax, calibration_cache_path=ranges)
+            timings[f"quantize_{activation}_s"] = round(time.perf_counter() - started, 2)
+            backend = open_artifact("onnx", path, RunOptions(), name=f"int8 {activation}")
+            speed = images_per_s(backend, holdout.images[:1])
+            gate = judge("onnx-int8", "int8", reference, run_batches(backend, holdout.images), targets)
+            candidates[activation] = (path, speed, gate)
+            progress.step(f"int8 activations {activation}, weights QInt8: {speed:.1f} images/s at batch 1, gate "
+                          f"{gate.verdict} (top-1 agreement {100 * gate.metrics['top1_agreement']:.1f}%)")
+        chosen, why = choose_activation_type({a: (s, g.passed) for a, (_, s, g) in candidates.items()})
+        path, speed, gate = candidates[chosen]
+        shutil.move(str(path), str(stage / INT8_FILE))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    made_by = {"tool": "onnxruntime.quantization.quantize_static", "preprocessing": "quant_pre_process",
+               "format": "QDQ", "per_channel": True, "weight_type": "QInt8", "activation_type": chosen,
+               "calibrate_method": "MinMax", "calibration_images": len(calibration), "ranges": RANGES_FILE,
+               "timings": timings}
+    choice = {"chosen": chosen, "why": why,
+              "measured": {a: {"images_per_s_batch1": round(s, 1), "gate": g.verdict,
+                               "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()}}
+    variant = Variant("onnx-int8", stage / INT8_FILE, "onnx", "int8", "fp32", source.kind, made_by, gate, speed)
+    return variant, choice
+
+
+def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str, str]:
+    """measured: activation type -> (batch-1 images/s, passed the gate). The fastest that passed; when none
+    passed, the fastest (the gate then fails the export with its numbers)."""
+    passing = {a: speed for a, (speed, passed) in measured.items() if passed}
+    pool = passing or {a: speed for a, (speed, _) in measured.items()}
+    chosen = max(pool, key=pool.get)
+    others = ", ".join(f"{a} {s:.1f}" for a, (s, _) in measured.items() if a != chosen)
+    if passing:
+        why = f"fastest that passed the accuracy gate here: {chosen} {pool[chosen]:.1f} images/s vs {others}"
+    else:
+        why = f"none passed the accuracy gate; {chosen} is the fastest ({pool[chosen]:.1f} images/s vs {others})"
+    return chosen, why
+
+
+# ---------------------------------------------------------------- bf16 / fp16
+
+def autocast_variant(scripted, precision: str, device: str, holdout: ImageSet, reference, targets) -> Variant:
+    """The scripted TorchScript file run under torch.autocast: no new file, a new way to run it."""
+    backend = open_artifact("torchscript", scripted.path, RunOptions(device=device, precision=precision))
+    kind = f"scripted-{precision}"
+    gate = judge(kind, precision, reference, run_batches(backend, holdout.images), targets)
+    made_by = {"tool": f"torch.autocast(dtype={precision}) around {scripted.path.name}", "device": device}
+    return Variant(kind, scripted.path, "torchscript", precision, precision, scripted.kind, made_by, gate,
+                   images_per_s(backend, holdout.images[:1]))
+
+
+def build_onnx_fp16(stage: Path, source, device: str, holdout: ImageSet, reference, targets) -> Variant:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    model = convert_float_to_float16(onnx.load(str(source.path)), keep_io_types=True)
+    onnx.save(model, str(stage / FP16_FILE))
+    backend = open_artifact("onnx", stage / FP16_FILE, RunOptions(device=device))
+    gate = judge("onnx-fp16", "fp16", reference, run_batches(backend, holdout.images), targets)
+    made_by = {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
+               "runs_on": "ONNX Runtime CUDAExecutionProvider"}
+    return Variant("onnx-fp16", stage / FP16_FILE, "onnx", "fp16", "fp32", source.kind, made_by, gate,
+                   images_per_s(backend, holdout.images[:1]))
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(feature in flags for feature in BF16_CPU_FEATURES)
+
+
+# ---------------------------------------------------------------- running and timing
+
+def run_batches(backend: Backend, images: torch.Tensor, batch: int = GATE_BATCH) -> torch.Tensor:
+    return torch.cat([backend(images[i:i + batch]) for i in range(0, len(images), batch)])
+
+
+def images_per_s(backend: Backend, example: torch.Tensor) -> float:
+    """Batch-1 images/s, median of single calls after a warm-up: recorded in the ladder, and chooses int8's
+    activation type (the served artifact itself is chosen by the declared rule, never by timing)."""
+    for _ in range(SPEED_WARMUP):
+        backend(example)
+    samples = []
+    for _ in range(SPEED_RUNS):
+        started = time.perf_counter()
+        backend(example)
+        samples.append(time.perf_counter() - started)
+    return round(example.shape[0] / statistics.median(samples), 1)
+
+
+def _write_reports(stage: Path, report: PrecisionReport, labelled: bool) -> None:
+    import json
+    results = [v.gate for v in report.variants.values() if v.gate]
+    context = {"held-out images": f"{report.holdout['origin']} ({report.holdout['count']})",
+               "labels": report.holdout["labels"],
+               "calibration images": (f"{report.calibration['origin']} ({report.calibration['count']})"
+                                      if report.calibration else "none (no int8)"),
+               "int8 activation type": report.int8_choice or "-", "batch-1 images/s (this export)": report.ladder}
+    context.update({f"note {i + 1}": note for i, note in enumerate(report.notes)})
+    atomic_write_text(stage / "accuracy.md", report_markdown("reduced-precision variants", results, context))
+    atomic_write_text(stage / "accuracy.json", json.dumps({**report.manifest_record(),
+                                                           "results": [r.as_dict() for r in results]},
+                                                          indent=2, default=str))
+    report.files.extend(ACCURACY_FILES)

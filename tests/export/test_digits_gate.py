@@ -1,0 +1,182 @@
+"""The accuracy gate on a model with real trained weights, offline.
+
+A small CNN is trained for a few seconds on scikit-learn's handwritten digits (8x8, upsampled to 32x32 RGB
+by the handler's own preprocessing), saved as a state_dict, and exported through `python -m export module`
+with `--precision fp32,int8`, calibration and validation folders in ImageFolder layout (PNG files, class
+folders named by output index). The int8 artifact must stay within the gate's tolerance of fp32 on the
+held-out split and be served; a calibration of all-black images must be caught by the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from export.accuracy import EXIT_ACCURACY_GATE, INT8_TOLERANCE
+from runtime.images import ImageContract, preprocess
+from tests.conftest import run_export
+
+pytestmark = pytest.mark.slow
+
+SIDE = 32
+CONTRACT = ImageContract(resize=SIDE, crop=(SIDE, SIDE))  # what `--input-shape 1,3,32,32` derives
+TRAIN_FRACTION = 0.6
+EPOCHS = 10
+CALIBRATION_PER_CLASS = 10
+SEED = 0
+
+MODEL_SOURCE = '''
+import torch
+from torch import nn
+
+
+class DigitsNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4))
+        self.classifier = nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def build():
+    return DigitsNet()
+'''
+
+
+def digits_as_uint8() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    return (digits.images * (255.0 / 16.0) + 0.5).clip(0, 255).astype(np.uint8), digits.target
+
+
+def split(targets: np.ndarray) -> tuple[list[int], list[int]]:
+    """Stratified, seeded: TRAIN_FRACTION of each class for training, the rest held out."""
+    generator = random.Random(SEED)
+    train, held_out = [], []
+    for digit in range(10):
+        indices = [int(i) for i in np.flatnonzero(targets == digit)]
+        generator.shuffle(indices)
+        cut = int(len(indices) * TRAIN_FRACTION)
+        train += indices[:cut]
+        held_out += indices[cut:]
+    return sorted(train), sorted(held_out)
+
+
+def handler_rows(images: np.ndarray) -> torch.Tensor:
+    """8x8 grayscale -> the handler's 3x32x32 input (decoding a grayscale PNG gives the same RGB copy)."""
+    return torch.stack([preprocess(torch.from_numpy(image).expand(3, 8, 8).contiguous(), CONTRACT)
+                        for image in images])
+
+
+def train(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> nn.Module:
+    torch.manual_seed(SEED)
+    optimiser = torch.optim.Adam(module.parameters(), lr=3e-3)
+    module.train()
+    for _ in range(EPOCHS):
+        order = torch.randperm(len(inputs))
+        for start in range(0, len(inputs), 64):
+            batch = order[start:start + 64]
+            optimiser.zero_grad()
+            nn.functional.cross_entropy(module(inputs[batch]), targets[batch]).backward()
+            optimiser.step()
+    return module.eval()
+
+
+def write_image_folder(root: Path, images: np.ndarray, targets: np.ndarray, indices: list[int]) -> Path:
+    for index in indices:
+        folder = root / str(int(targets[index]))
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(images[index], mode="L").save(folder / f"digit-{index:04d}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("digits")
+    source = base / "digits_model.py"
+    source.write_text(MODEL_SOURCE)
+    namespace: dict = {}
+    exec(compile(MODEL_SOURCE, str(source), "exec"), namespace)
+    images, targets = digits_as_uint8()
+    train_indices, held_out = split(targets)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small images and convolutions: one thread beats handing work between two
+    try:
+        module = train(namespace["build"](), handler_rows(images[train_indices]),
+                       torch.from_numpy(targets[train_indices]))
+        with torch.inference_mode():
+            eager_accuracy = (module(handler_rows(images[held_out])).argmax(1).numpy() == targets[held_out]).mean()
+    finally:
+        torch.set_num_threads(threads)
+    weights = base / "digits.pt"
+    torch.save(module.state_dict(), weights)
+    per_class = {d: [i for i in train_indices if targets[i] == d][:CALIBRATION_PER_CLASS] for d in range(10)}
+    calibration = write_image_folder(base / "calibration", images, targets, sum(per_class.values(), []))
+    validation = write_image_folder(base / "validation", images, targets, held_out)
+    black = base / "black"
+    (black / "0").mkdir(parents=True)
+    for index in range(20):
+        Image.new("L", (8, 8), 0).save(black / "0" / f"black-{index:02d}.png")
+    return {"base": base, "reference": f"{source}:build", "weights": weights, "calibration": calibration,
+            "validation": validation, "black": black, "eager_accuracy": eager_accuracy,
+            "held_out": len(held_out)}
+
+
+def export_digits(model: dict, out: Path, calibration: Path, *extra: str):
+    return run_export("module", model["reference"], "--input-shape", f"1,3,{SIDE},{SIDE}", "--weights",
+                      str(model["weights"]), "--out", str(out), "--precision", "fp32,int8",
+                      "--calibration", str(calibration), "--validation", str(model["validation"]), *extra)
+
+
+def test_int8_of_a_trained_model_is_within_tolerance_of_fp32_on_the_held_out_split(digits_model):
+    assert digits_model["eager_accuracy"] > 0.9, "the digits model did not train: the test would prove nothing"
+    out = digits_model["base"] / "export"
+    result = export_digits(digits_model, out, digits_model["calibration"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    record = manifest["artifacts"]["onnx-int8"]
+    metrics = record["accuracy"]["metrics"]
+    assert record["precision"] == "int8" and record["accuracy"]["passed"], record["accuracy"]
+    assert record["accuracy"]["images"] == digits_model["held_out"]
+    assert metrics["fp32_accuracy"]["top1"] > 90.0
+    assert metrics["accuracy_drop_points"]["top1"] <= INT8_TOLERANCE.max_accuracy_drop_points
+    assert metrics["top1_agreement"] >= INT8_TOLERANCE.min_top1_agreement
+    assert record["made_by"]["activation_type"] in ("QUInt8", "QInt8")
+    assert set(manifest["precision"]["int8_choice"]["measured"]) == {"QUInt8", "QInt8"}
+    assert manifest["precision"]["holdout"]["labels"] == "class folders named by output index"
+    calibrated = manifest["precision"]["calibration"]["images"]
+    assert len(calibrated) == 10 * CALIBRATION_PER_CLASS
+    assert not set(calibrated) & set(manifest["precision"]["holdout"]["images"])
+    assert manifest["serving"]["default_artifact"] == "onnx-int8"
+    assert "accuracy.md" in manifest["files"] and (out / "model.int8.onnx").is_file()
+
+
+def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_model):
+    out = digits_model["base"] / "sabotaged"
+    enforced = export_digits(digits_model, out, digits_model["black"])
+    assert enforced.returncode == EXIT_ACCURACY_GATE, enforced.stdout + enforced.stderr
+    assert "accuracy gate FAILED" in enforced.stderr and "top-1" in enforced.stderr
+    assert "| onnx-int8 |" in enforced.stderr  # the numbers, not just a verdict
+    assert not out.exists(), "a failed gate must not leave an export in place"
+    failed = out.with_name(out.name + ".failed")
+    assert (failed / "accuracy.md").is_file() and "FAIL" in (failed / "accuracy.md").read_text()
+
+    reported = export_digits(digits_model, out, digits_model["black"], "--gate", "report")
+    assert reported.returncode == 0, reported.stdout + reported.stderr
+    assert "ACCURACY GATE FAILED" in reported.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not manifest["artifacts"]["onnx-int8"]["accuracy"]["passed"]
+    assert "onnx-int8" not in manifest["serving"]["servable"]
+    assert manifest["serving"]["candidates"]["onnx-int8"].startswith("accuracy gate failed")
+    assert manifest["serving"]["default_artifact"] != "onnx-int8"
