@@ -69,9 +69,9 @@ DEPLOY_TARGETS = ("kserve", "triton")
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in DEPLOY_TARGETS:  # deployment material: serving/kserve.py, serving/triton.py
-        import importlib
-        return importlib.import_module(f"serving.{argv[0]}").main(argv[1:])
+    if argv and argv[0] in DEPLOY_TARGETS:  # deployment material: serving/deploy.py
+        from serving.deploy import deploy
+        return run_command(lambda: deploy(argv))
     return run_command(lambda: serve(parse(argv)), interrupted="interrupted; TorchServe stopped")
 
 
