@@ -315,8 +315,9 @@ class Target:
     """Something to time: eager or one artifact record, opened per thread count."""
     name: str
     format: str
-    precision: str
+    precision: str  # what it computes in (the manifest's `precision`)
     open: Callable[[RunOptions], object]
+    run_precision: str = "fp32"  # RunOptions.precision it needs (bf16: autocast; int8 ONNX runs as-is: fp32)
 
 
 def targets_for(folder: Path, manifest, module: torch.nn.Module) -> list[Target]:
@@ -324,7 +325,8 @@ def targets_for(folder: Path, manifest, module: torch.nn.Module) -> list[Target]
     for kind, record in manifest.artifacts.items():
         path = folder / record["path"]
         targets.append(Target(kind, record["format"], record.get("precision", "fp32"),
-                              lambda options, r=record, p=path, k=kind: open_artifact(r["format"], p, options, k)))
+                              lambda options, r=record, p=path, k=kind: open_artifact(r["format"], p, options, k),
+                              record.get("run_precision", "fp32")))
     return targets
 
 
@@ -363,7 +365,7 @@ def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, sa
             try:
                 with warnings.catch_warnings():  # torch.jit.load's deprecation notice, once per artifact: noise here
                     warnings.simplefilter("ignore", FutureWarning)
-                    backend = target.open(RunOptions(device="cpu", threads=threads))
+                    backend = target.open(RunOptions(device="cpu", threads=threads, precision=target.run_precision))
             except (VisionExportError, ImportError) as error:  # recorded, shown, and the run goes on
                 if threads == plan.threads[0]:
                     report.skipped.append(Skip(model, target.name, f"{type(error).__name__}: {error}"))
