@@ -104,7 +104,7 @@ def bench_command(args) -> int:
 
 def precision_request(args):
     """--precision/--calibration/--validation/--gate -> export.precision.PrecisionRequest (checked here)."""
-    from export.precision import PrecisionRequest, parse_precisions
+    from export.precision import PrecisionRequest, check_hardware, parse_precisions
     for name in ("calibration", "validation"):
         folder = getattr(args, name)
         if folder is not None and not folder.is_dir():
@@ -114,6 +114,7 @@ def precision_request(args):
     precisions = parse_precisions(args.precision)
     if "int8" not in precisions and args.calibration is not None:
         raise ExportError("--calibration is for int8: add int8 to --precision (e.g. --precision fp32,int8)")
+    check_hardware(precisions, _device(args.device))  # now, not after a minute of exporting
     return PrecisionRequest(precisions, args.calibration, args.validation, args.calibration_samples, args.gate)
 
 

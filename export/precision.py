@@ -140,10 +140,7 @@ def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Modu
                              contract_record.antialias)
     report = PrecisionReport()
     eager = EagerBackend(module)
-    if "bf16" in request.precisions and not device.startswith("cuda") and not cpu_has_native_bf16():
-        raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
-                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 ran resnet18 about 15x slower "
-                             "than fp32 here; use int8 on this machine, or export bf16 where the CPU has it")
+    check_hardware(request.precisions, device)
     calibration = None
     if "int8" in request.precisions:
         calibration = calibration_set(contract, request.calibration, request.calibration_samples,
@@ -171,9 +168,6 @@ def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Modu
         report.variants["scripted-bf16"] = autocast_variant(fp32_artifacts["scripted"], "bf16", device, holdout,
                                                             reference, targets)
     if "fp16" in request.precisions:
-        if not device.startswith("cuda"):
-            raise PrecisionError("fp16 variants are for GPUs and are gated on one: add --device cuda (none is "
-                                 "used here), or leave fp16 out of --precision on a CPU-only machine")
         report.variants["onnx-fp16"] = build_onnx_fp16(stage, fp32_artifacts[fp32_source], device, holdout,
                                                        reference, targets)
         report.variants["scripted-fp16"] = autocast_variant(fp32_artifacts["scripted"], "fp16", device, holdout,
@@ -182,6 +176,19 @@ def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Modu
         report.ladder[kind] = variant.images_per_s
     _write_reports(stage, report, targets is not None)
     return report
+
+
+def check_hardware(precisions: tuple[str, ...], device: str) -> None:
+    """Refuse, before any work, a variant this machine cannot build and gate at a useful speed."""
+    on_gpu = device.startswith("cuda")
+    if "fp16" in precisions and not on_gpu:
+        raise PrecisionError("fp16 variants are for GPUs and are gated on one: add --device cuda, or leave fp16 "
+                             "out of --precision on a CPU-only machine")
+    if "bf16" in precisions and not on_gpu and not cpu_has_native_bf16():
+        raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
+                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 ran resnet18 about 15x slower "
+                             "than fp32 here; use int8 on this machine, or export bf16 where the CPU has it "
+                             "(or on a GPU with --device cuda)")
 
 
 def _int8_source(artifacts: dict, eligible: list[str]) -> str:

@@ -1,0 +1,117 @@
+"""`python -m export resnet --precision fp32,int8`: the int8 artifact, how it was made, its gate, the
+archive serving it, and the refusals of variants this machine cannot build (fp16 without a GPU, bf16
+without native bf16). The fp16 path runs where there is a GPU."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+import yaml
+
+from export.errors import ExportError
+from export.precision import (BF16_CPU_FEATURES, INT8_FILE, RANGES_FILE, PrecisionError, PrecisionRequest,
+                              build_variants, check_hardware, cpu_has_native_bf16)
+from tests.conftest import run_export
+
+
+@pytest.fixture(scope="module")
+def int8_export(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("resnet18-int8")
+    out, store = base / "artifacts", base / "model-store"
+    result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
+                        "--model-store", str(store), "--precision", "fp32,int8")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {"out": out, "store": store, "stdout": result.stdout,
+            "manifest": json.loads((out / "manifest.json").read_text())}
+
+
+@pytest.mark.slow
+def test_int8_is_recorded_with_how_it_was_made_and_its_gate(int8_export):
+    manifest = int8_export["manifest"]
+    record = manifest["artifacts"]["onnx-int8"]
+    assert record["path"] == INT8_FILE and record["format"] == "onnx" and record["precision"] == "int8"
+    assert record["source"] == "onnx-traced"
+    made = record["made_by"]
+    assert made["tool"] == "onnxruntime.quantization.quantize_static" and made["preprocessing"] == "quant_pre_process"
+    assert (made["format"], made["per_channel"], made["weight_type"]) == ("QDQ", True, "QInt8")
+    assert record["accuracy"]["passed"] and record["accuracy"]["images"] >= 100
+    assert all(r["precision"] == "fp32" for k, r in manifest["artifacts"].items() if k != "onnx-int8")
+    choice = manifest["precision"]["int8_choice"]
+    assert set(choice["measured"]) == {"QUInt8", "QInt8"} and choice["chosen"] == made["activation_type"]
+    assert all(m["images_per_s_batch1"] > 0 for m in choice["measured"].values())
+    calibration, holdout = manifest["precision"]["calibration"], manifest["precision"]["holdout"]
+    assert calibration["count"] == 100 and "skimage.data" in calibration["images"][0]
+    assert not set(calibration["images"]) & set(holdout["images"])
+    assert {RANGES_FILE, "accuracy.md", "accuracy.json"} <= set(manifest["files"])
+    assert "accuracy gate" in int8_export["stdout"] and "| onnx-int8 | int8 |" in int8_export["stdout"]
+
+
+@pytest.mark.slow
+def test_the_int8_file_is_qdq_with_per_channel_weights(int8_export):
+    graph = onnx.load(str(int8_export["out"] / INT8_FILE)).graph
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("QuantizeLinear") > 20 and ops.count("DequantizeLinear") > 40
+    scales = {init.name: len(init.dims) for init in graph.initializer}
+    per_channel = [node for node in graph.node if node.op_type == "DequantizeLinear"
+                   and scales.get(node.input[1]) == 1 and any(a.name == "axis" for a in node.attribute)]
+    assert per_channel, "no per-channel (vector-scale) weight DequantizeLinear found"
+
+
+@pytest.mark.slow
+def test_the_gated_int8_is_served_and_packaged(int8_export):
+    serving = int8_export["manifest"]["serving"]
+    assert serving["default_artifact"] == "onnx-int8" and serving["preference"][0] == "onnx-int8"
+    with zipfile.ZipFile(int8_export["store"] / "resnet.mar") as archive:
+        config = yaml.safe_load(archive.read("model-config.yaml"))
+        assert config["handler"]["artifact"] == "onnx-int8"
+        assert INT8_FILE in archive.namelist()
+
+
+@pytest.mark.slow
+def test_parity_recheck_verifies_every_hash_and_holds_only_fp32_artifacts_to_fp32_tolerances(int8_export):
+    result = run_export("parity", str(int8_export["out"]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "onnx-int8" not in result.stdout.split("parity passed for")[-1]
+
+
+def test_fp16_without_a_gpu_and_bf16_without_native_bf16_are_refused_before_any_work():
+    with pytest.raises(PrecisionError, match="--device cuda"):
+        check_hardware(("fp32", "fp16"), "cpu")
+    if not cpu_has_native_bf16():
+        with pytest.raises(PrecisionError, match="emulated"):
+            check_hardware(("fp32", "bf16"), "cpu")
+    check_hardware(("fp32", "int8"), "cpu")  # int8 runs anywhere
+
+
+def test_a_model_without_an_image_contract_cannot_be_calibrated(tmp_path):
+    with pytest.raises(ExportError, match="input.preprocessing"):
+        build_variants(tmp_path, PrecisionRequest(("fp32", "int8")), torch.nn.Identity(), None, {}, [], None, "cpu",
+                       None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason=f"this CPU has no native bf16 ({', '.join(BF16_CPU_FEATURES)})")
+def test_bf16_on_a_cpu_that_has_it(tmp_path):
+    result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(tmp_path / "out"),
+                        "--no-archive", "--precision", "fp32,bf16")
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads((tmp_path / "out" / "manifest.json").read_text())["artifacts"]["scripted-bf16"]
+    assert record["run_precision"] == "bf16" and record["accuracy"]["passed"]
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_fp16_variants_on_a_gpu(tmp_path):
+    result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(tmp_path / "out"),
+                        "--no-archive", "--device", "cuda", "--precision", "fp32,fp16")
+    assert result.returncode == 0, result.stdout + result.stderr
+    artifacts = json.loads((tmp_path / "out" / "manifest.json").read_text())["artifacts"]
+    assert artifacts["onnx-fp16"]["precision"] == "fp16" and artifacts["onnx-fp16"]["accuracy"]["passed"]
+    assert artifacts["scripted-fp16"]["run_precision"] == "fp16" and artifacts["scripted-fp16"]["accuracy"]["passed"]
+    assert Path(tmp_path / "out" / "model.fp16.onnx").is_file()
