@@ -91,6 +91,8 @@ CONFIGURATIONS = {
     "oversubscribed": Configuration("our handler with TorchServe-like threading: a worker per core, each using "
                                     "every core, no batching", None,
                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES}),
+    "fp32-onnx": Configuration("the default policy with the fp32 ONNX: what a gated onnx-int8 (export --precision "
+                               "fp32,int8) replaces as the served artifact", "onnx-dynamo"),
 }
 
 
@@ -401,8 +403,6 @@ def parse_args(argv):
 
 
 def check(args) -> tuple[list[int], list[str]]:
-    if not shutil.which("hey"):
-        raise BenchError("the load generator `hey` is not installed: apt-get install hey")
     if not (args.export_dir / "manifest.json").is_file():
         raise BenchError(f"{args.export_dir} has no manifest.json: run `python -m export resnet` first")
     try:
@@ -415,6 +415,8 @@ def check(args) -> tuple[list[int], list[str]]:
         raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGURATIONS)}")
     if not levels or min(levels) < 1 or args.duration < 1 or (args.requests is not None and args.requests < 1):
         raise BenchError("--concurrency, --duration and --requests must be at least 1")
+    if not shutil.which("hey"):  # after the options, so a typo is reported on machines without hey too
+        raise BenchError("the load generator `hey` is not installed: apt-get install hey")
     return levels, names
 
 

@@ -1,0 +1,184 @@
+"""Kill a worker under load and measure what it costs: `python -m serving.faults`.
+
+  python -m serving.faults [--model-store model-store] [--clients 4] [--out fault-results]
+
+Starts TorchServe on free loopback ports with the archive, waits until every worker is READY, keeps CLIENTS
+threads sending predictions back to back, SIGKILLs one worker, and measures how many requests failed, how
+long until TorchServe had every worker READY again (a new pid in the killed one's place), and whether every
+request after that succeeded. Prints the figures, writes faults.json and faults.md to --out, and exits
+non-zero when more requests failed than were in flight, recovery took longer than RECOVERY_LIMIT_S, or a
+request after recovery failed. tests/e2e/test_faults.py runs the same measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import requests
+
+from export.atomic import atomic_write_text
+from models.errors import VisionExportError
+from serving import server
+
+RECOVERY_LIMIT_S = 15  # the issue's bound: every worker READY again within 15 s of the kill
+RESPAWN_LIMIT_S = 5  # TorchServe's own part: notice the death, wait its 1 s retry delay, start a new process
+LOAD_BEFORE_KILL_S = 3  # steady load before the kill
+LOAD_AFTER_RECOVERY_S = 3  # and after recovery: every one of these requests must succeed
+GIVE_UP_S = 60  # a worker that is not back by then is reported as not recovered
+READY_TIMEOUT_S = 180
+REQUEST_TIMEOUT_S = 60
+
+
+class FaultError(VisionExportError):
+    """The server did not recover from the fault as required; the message carries the numbers."""
+
+
+@dataclass
+class KillResult:
+    clients: int
+    requests: int  # answered or failed, over the whole run
+    failed: int  # non-200 answers and requests that got no answer
+    recovery_s: float  # from the kill until every worker was READY again
+    respawn_s: float  # from the kill until the replacement process started (TorchServe's reaction)
+    recovered: bool
+    requests_after_recovery: int
+    failed_after_recovery: int
+    killed_pid: int
+    pids_before: list
+    pids_after: list
+
+
+def problems(result: KillResult) -> list[str]:
+    found = []
+    if not result.recovered:
+        found.append(f"worker {result.killed_pid} was not replaced within {GIVE_UP_S} s")
+    elif result.recovery_s > RECOVERY_LIMIT_S:
+        found.append(f"recovery took {result.recovery_s:.1f} s (limit {RECOVERY_LIMIT_S} s)")
+    if result.failed > result.clients:
+        found.append(f"{result.failed} requests failed, more than the {result.clients} that could be in flight")
+    if result.recovered and not result.requests_after_recovery:
+        found.append("no request was answered after recovery")
+    elif result.failed_after_recovery:
+        found.append(f"{result.failed_after_recovery} of {result.requests_after_recovery} requests after "
+                     f"recovery failed")
+    return found
+
+
+def summary(result: KillResult) -> str:
+    return (f"worker kill: {result.failed} of {result.requests} requests failed ({result.clients} clients); "
+            f"every worker READY again {result.recovery_s:.1f} s after the kill (limit {RECOVERY_LIMIT_S} s): "
+            f"replacement started after {result.respawn_s:.1f} s, then {result.recovery_s - result.respawn_s:.1f} s "
+            f"to start Python and load the model; "
+            f"{result.failed_after_recovery} of {result.requests_after_recovery} later requests failed")
+
+
+def process_start_s(pid: int) -> float:
+    """When a process started, in CLOCK_BOOTTIME seconds (field 22 of /proc/PID/stat, in clock ticks)."""
+    after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # fields 3 onwards
+    return int(after_name[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def ready_pids(settings: server.ServerSettings) -> list[int]:
+    response = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=10,
+                            headers=server.auth_headers(settings, "management"))
+    return sorted(w["pid"] for w in response.json()[0]["workers"] if w["status"] == "READY")
+
+
+def wait_all_ready(settings: server.ServerSettings) -> list[int]:
+    """Readiness means one prediction succeeded; the other workers may still be loading."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while len(pids := ready_pids(settings)) < settings.effective_policy().workers:
+        if time.monotonic() > deadline:
+            raise FaultError(f"not every worker was READY within {READY_TIMEOUT_S} s")
+        time.sleep(0.5)
+    return pids
+
+
+def predict(settings: server.ServerSettings, body: bytes) -> int:
+    try:
+        return requests.post(settings.predictions_url(), data=body, timeout=REQUEST_TIMEOUT_S,
+                             headers={"Content-Type": "image/jpeg", **server.auth_headers(settings)}).status_code
+    except requests.RequestException:
+        return -1
+
+
+def kill_worker_under_load(settings: server.ServerSettings, image: Path, clients: int) -> KillResult:
+    """On a running server: load, SIGKILL one worker, wait for its replacement, load on; the figures."""
+    before = wait_all_ready(settings)
+    body = image.read_bytes()
+    outcomes: list[tuple[float, int]] = []  # (time the answer came, status); list.append is thread-safe
+    stop = threading.Event()
+
+    def keep_sending():
+        while not stop.is_set():
+            status = predict(settings, body)
+            outcomes.append((time.monotonic(), status))
+
+    with ThreadPoolExecutor(clients) as pool:
+        for _ in range(clients):
+            pool.submit(keep_sending)
+        time.sleep(LOAD_BEFORE_KILL_S)
+        killed_at, killed_boot_s = time.monotonic(), time.clock_gettime(time.CLOCK_BOOTTIME)
+        os.kill(before[0], signal.SIGKILL)
+        back_at, recovered = killed_at + GIVE_UP_S, False
+        while time.monotonic() < killed_at + GIVE_UP_S:
+            pids = ready_pids(settings)
+            if before[0] not in pids and len(pids) == len(before):
+                back_at, recovered = time.monotonic(), True
+                break
+            time.sleep(0.2)
+        time.sleep(LOAD_AFTER_RECOVERY_S)
+        stop.set()
+    after = ready_pids(settings)
+    later = [status for t, status in outcomes if t > back_at]
+    replacements = [pid for pid in after if pid not in before]
+    respawn_s = process_start_s(replacements[0]) - killed_boot_s if recovered and replacements else float("nan")
+    return KillResult(clients, len(outcomes), sum(status != 200 for _, status in outcomes),
+                      round(back_at - killed_at, 2), round(respawn_s, 2), recovered, len(later),
+                      sum(s != 200 for s in later), before[0], before, after)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from export.cli import run_command
+    from serving.soak import interrupt_on_sigterm
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    return run_command(lambda: _main(argv), interrupted="interrupted; TorchServe stopped")
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving.faults", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
+    parser.add_argument("--image", type=Path, default=server.EXAMPLE_IMAGE)
+    parser.add_argument("--clients", type=int, default=4, help="threads sending back to back (default 4)")
+    parser.add_argument("--token-auth", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("fault-results"))
+    args = parser.parse_args(argv)
+    if args.clients < 1:
+        raise FaultError("--clients must be at least 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = server.on_free_ports(args.model_store, args.out / "run")
+    settings.token_auth = args.token_auth
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    with server.running(settings, args.image):
+        result = kill_worker_under_load(settings, args.image, args.clients)
+    found = problems(result)
+    atomic_write_text(args.out / "faults.json", json.dumps({**asdict(result), "problems": found}, indent=2))
+    atomic_write_text(args.out / "faults.md", f"# Worker kill under load\n\n{summary(result)}\n")
+    print(f"{summary(result)}\nwrote {args.out}/faults.json, faults.md")
+    if found:
+        raise FaultError("; ".join(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
