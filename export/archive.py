@@ -43,6 +43,9 @@ class ArchiveRequest:
     name: str = "resnet"
     artifact: str | None = None  # None: the manifest's served artifact (export.selection's rule)
     overrides: dict = field(default_factory=dict)  # pinned TorchServe keys and handler settings
+    # Only the benchmark sets this: a variant that failed its accuracy gate may be packaged to measure its
+    # speed (on random weights the gate measures near-ties, not the pipeline); never for deployment.
+    speed_only_ungated: bool = False
 
 
 def model_config_yaml(artifact: str, overrides: dict | None = None) -> str:
@@ -61,8 +64,9 @@ def model_config_yaml(artifact: str, overrides: dict | None = None) -> str:
             + yaml.safe_dump(config, sort_keys=False))
 
 
-def servable_artifact(manifest: Manifest, requested: str | None) -> str:
-    """The artifact to package: the manifest's choice, or the user's if the serving rule allows it."""
+def servable_artifact(manifest: Manifest, requested: str | None, speed_only_ungated: bool = False) -> str:
+    """The artifact to package: the manifest's choice, or the user's if the serving rule allows it.
+    speed_only_ungated (the benchmark only) lets a variant whose one fault is a failed accuracy gate through."""
     decision = manifest.serving
     artifact = requested or decision.get("default_artifact")
     if manifest.input.get("preprocessing") is None:
@@ -73,6 +77,9 @@ def servable_artifact(manifest: Manifest, requested: str | None) -> str:
             f"{k}: {why}" for k, why in decision.get("candidates", {}).items()))
     if artifact not in manifest.artifacts:
         raise ExportError(f"cannot serve {artifact!r}: this export has {', '.join(manifest.artifacts)}")
+    why_not = decision.get("candidates", {}).get(artifact, "")
+    if speed_only_ungated and requested and str(why_not).startswith("accuracy gate"):
+        return artifact
     if artifact not in decision.get("servable", []):
         raise ExportError(f"refusing to package {artifact!r}: {decision['candidates'].get(artifact)}; "
                           f"servable here: {', '.join(decision.get('servable', [])) or 'none'}")
@@ -94,7 +101,7 @@ class PendingArchive:
 
 
 def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveRequest) -> PendingArchive:
-    artifact = servable_artifact(manifest, request.artifact)
+    artifact = servable_artifact(manifest, request.artifact, request.speed_only_ungated)
     ensure_writable_dir(request.model_store, "--model-store")
     remove_stale_scratch(Path(request.model_store))
     scratch = tempfile.TemporaryDirectory(dir=request.model_store, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
@@ -125,10 +132,12 @@ def _alive(pid: int) -> bool:
 
 
 def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name: str,
-                  artifact: str | None = None, config_overrides: dict | None = None) -> Path:
+                  artifact: str | None = None, config_overrides: dict | None = None,
+                  speed_only_ungated: bool = False) -> Path:
     """Build NAME.mar from a complete export folder and rename it into the model store."""
     pending = prepare_archive(export_dir, manifest, ArchiveRequest(Path(model_store), name, artifact,
-                                                                   dict(config_overrides or {})))
+                                                                   dict(config_overrides or {}),
+                                                                   speed_only_ungated))
     try:
         return pending.commit()
     finally:

@@ -59,6 +59,9 @@ TARGET_VS_INPROCESS = 0.9  # issue 10: served at concurrency 8 >= 0.9 x the best
 TARGET_VS_NAIVE = 4.0  # ... and >= 4 x the naive baseline at concurrency 8
 TARGET_PEAK_FRACTION = 0.7  # the best fp32 backend at >= 70 % of the measured fp32 GEMM peak
 TARGET_CONCURRENCY = 8
+TARGET_INT8_REQ_PER_S = 100  # issue 11: the int8 artifact served at concurrency 8, zero errors
+TARGET_TAIL_RATIO = 2.0  # ... with p99 <= 2 x p50
+INT8 = "int8"
 STAGE_LINE = re.compile(r"batch of (\d+): (.*)$")
 STAGE_VALUE = re.compile(r"(\w+)=([\d.]+)ms")
 
@@ -69,6 +72,7 @@ class Configuration:
     artifact: str | None = None  # None: the export's served artifact
     overrides: dict = field(default_factory=dict)  # pinned model-config keys (win over the serve-time policy)
     env: dict = field(default_factory=dict)  # extra environment for TorchServe and its workers
+    speed_only_ungated: bool = False  # may serve a variant that failed its accuracy gate, labelled as such
 
 
 CONFIGURATIONS = {
@@ -91,6 +95,9 @@ CONFIGURATIONS = {
     "oversubscribed": Configuration("our handler with TorchServe-like threading: a worker per core, each using "
                                     "every core, no batching", None,
                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES}),
+    "int8": Configuration("the default policy with the int8 ONNX (export --precision fp32,int8); when its "
+                          "accuracy gate failed (random weights) it is served here for its speed only and the "
+                          "row says so", "onnx-int8", speed_only_ungated=True),
     "fp32-onnx": Configuration("the default policy with the fp32 ONNX: what a gated onnx-int8 (export --precision "
                                "fp32,int8) replaces as the served artifact", "onnx-dynamo"),
 }
@@ -175,6 +182,7 @@ class Target:
     threshold: float
     met: bool | None  # None: not measured in this run
     detail: str
+    at_most: bool = False  # the value must be <= threshold (else >=)
 
 
 def evaluate_targets(rows: list[dict], best_inprocess: dict[int, float], fp32_peak_fraction: float | None,
@@ -189,7 +197,7 @@ def evaluate_targets(rows: list[dict], best_inprocess: dict[int, float], fp32_pe
     def target(name, value, threshold, detail):
         return Target(name, value, threshold, None if value is None else value >= threshold, detail)
 
-    return [
+    return precision_targets(rows) + [
         target(f"served ({configuration}) at c={TARGET_CONCURRENCY} / best in-process batch {TARGET_CONCURRENCY}",
                vs_inprocess, TARGET_VS_INPROCESS,
                f"{served['req_per_s']:.1f} req/s vs {best_inprocess[TARGET_CONCURRENCY]:.1f} img/s"
@@ -200,6 +208,20 @@ def evaluate_targets(rows: list[dict], best_inprocess: dict[int, float], fp32_pe
         target("best fp32 in-process backend / measured fp32 GEMM peak", fp32_peak_fraction, TARGET_PEAK_FRACTION,
                "from the in-process benchmark" if fp32_peak_fraction is not None else "not measured"),
     ]
+
+
+def precision_targets(rows: list[dict]) -> list[Target]:
+    """Issue 11's: the int8 row at concurrency 8 (only when the run has one)."""
+    int8 = next((r for r in rows if r["configuration"] == INT8 and r["concurrency"] == TARGET_CONCURRENCY), None)
+    if int8 is None:
+        return []
+    label = f"int8 served at c={TARGET_CONCURRENCY}" + (f" ({int8['gate']})" if int8.get("gate") else "")
+    tail = int8["p99_ms"] / int8["p50_ms"] if int8.get("p99_ms") and int8.get("p50_ms") else None
+    return [Target(f"{label}: req/s, 0 errors", int8["req_per_s"], TARGET_INT8_REQ_PER_S,
+                   int8["req_per_s"] >= TARGET_INT8_REQ_PER_S and int8["failed"] == 0,
+                   f"{int8['req_per_s']:.1f} req/s, {int8['failed']} errors"),
+            Target(f"{label}: p99 / p50", tail, TARGET_TAIL_RATIO, None if tail is None else tail <= TARGET_TAIL_RATIO,
+                   f"p50 {int8['p50_ms']:.0f} ms, p99 {_cell(int8.get('p99_ms'), '{:.0f}')} ms", at_most=True)]
 
 
 def _cell(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -214,7 +236,8 @@ def table(rows: list[dict]) -> str:
         stages = r.get("stages_ms") or {}
         inprocess_cell = (f"{r['vs_inprocess']:.2f} ({r['inprocess_batch']})" if r.get("vs_inprocess") is not None
                           else "—")
-        lines.append(f"| {r['configuration']} | {r['concurrency']} | {r['req_per_s']:.1f} | {_cell(r['p50_ms'], '{:.0f}')} | "
+        name = r["configuration"] + (" (speed only, gate failed)" if r.get("gate") else "")
+        lines.append(f"| {name} | {r['concurrency']} | {r['req_per_s']:.1f} | {_cell(r['p50_ms'], '{:.0f}')} | "
                      f"{_cell(r['p90_ms'], '{:.0f}')} | {_cell(r['p99_ms'], '{:.0f}')} | {r['failed']} | "
                      f"{_cell(r.get('vs_naive'))} | "
                      f"{inprocess_cell} | " + " | ".join(_cell(stages.get(s), "{:.1f}") for s in STAGES)
@@ -224,7 +247,7 @@ def table(rows: list[dict]) -> str:
 
 def targets_table(targets: list[Target]) -> str:
     lines = ["| target | measured | needed | met | numbers |", "|---|---|---|---|---|"]
-    lines += [f"| {t.name} | {_cell(t.value)} | ≥ {t.threshold:g} | "
+    lines += [f"| {t.name} | {_cell(t.value)} | {'≤' if t.at_most else '≥'} {t.threshold:g} | "
               f"{'yes' if t.met else 'no' if t.met is not None else '—'} | {t.detail} |" for t in targets]
     return "\n".join(lines)
 
@@ -302,13 +325,14 @@ def prepare_server(name: str, export_dir: Path, scratch: Path, token_auth: bool)
         settings.config, settings.policy = config, naive_policy()
     else:
         build_archive(export_dir, load_manifest(export_dir), store, "resnet", configuration.artifact,
-                      configuration.overrides)
+                      configuration.overrides, configuration.speed_only_ungated)
     return settings
 
 
 def bench_configuration(name: str, export_dir: Path, image: Path, levels: list[int], scratch: Path,
                         duration_s: int | None, requests: int | None, token_auth: bool = False) -> list[dict]:
     settings = prepare_server(name, export_dir, scratch, token_auth)
+    gate = ungated_verdict(name, export_dir)
     model_log = settings.log_dir / "model_log.log"
     rows = []
     with server.running(settings, image):
@@ -322,13 +346,33 @@ def bench_configuration(name: str, export_dir: Path, image: Path, levels: list[i
             time.sleep(LOG_FLUSH_S)
             stages = stage_medians(parse_stage_lines(read_from(model_log, offset)))
             row = {"configuration": name, "concurrency": level, "duration_s": duration_s, **asdict(load),
-                   "stages_ms": stages}
+                   "stages_ms": stages, **({"gate": gate} if gate else {})}
             print(f"  {name:<15} c={level:<3} {load.req_per_s:7.1f} req/s  p50 {_cell(load.p50_ms, '{:.0f}'):>5}  "
                   f"p90 {_cell(load.p90_ms, '{:.0f}'):>5}  p99 {_cell(load.p99_ms, '{:.0f}'):>5} ms  errors {load.failed}"
                   + ("  per request: " + " ".join(f"{s} {stages[s]:.1f}" for s in STAGES)
                      + f" ms (median batch {stages['batch']:.0f})" if stages else ""), flush=True)
             rows.append(row)
     return rows
+
+
+def ungated_verdict(name: str, export_dir: Path) -> str | None:
+    """'speed only: accuracy gate failed: ...' when this configuration serves a variant that failed its gate."""
+    artifact = CONFIGURATIONS[name].artifact
+    why_not = str(load_manifest(export_dir).serving.get("candidates", {}).get(artifact, ""))
+    if CONFIGURATIONS[name].speed_only_ungated and why_not.startswith("accuracy gate"):
+        print(f"  {name}: SPEED ONLY, NOT SERVABLE: {artifact} {why_not}", flush=True)
+        return f"speed only, {why_not}"
+    return None
+
+
+def runnable(names: list[str], export_dir: Path) -> list[str]:
+    """The configurations whose artifact this export has; the others are named and skipped."""
+    artifacts = load_manifest(export_dir).artifacts
+    kept = [n for n in names if CONFIGURATIONS[n].artifact in (None, *artifacts)]
+    for name in sorted(set(names) - set(kept)):
+        print(f"skipping {name}: this export has no {CONFIGURATIONS[name].artifact} "
+              f"(python -m export resnet --precision fp32,int8 adds onnx-int8)", flush=True)
+    return kept
 
 
 # ------------------------------------------------------------------ in-process reference
@@ -378,11 +422,17 @@ def chart(rows: list[dict], best_inprocess: dict[int, float], path: Path) -> Non
     plt.close(figure)
 
 
+def ungated_note(rows: list[dict]) -> str:
+    gates = sorted({f"`{r['configuration']}`: {r['gate']}" for r in rows if r.get("gate")})
+    return ("Rows marked *speed only* served a variant that failed its accuracy gate, to measure its speed; "
+            "`python -m serving` and the export's archive never serve it. " + "; ".join(gates) + "\n\n") if gates else ""
+
+
 def render_markdown(rows: list[dict], targets: list[Target], names: list[str], header: str) -> str:
     described = "\n".join(f"- `{n}`: {CONFIGURATIONS[n].description}" for n in names)
     return (f"{header}\n\n{described}\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
             f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler logs "
-            f"no stages.\n\n## Targets (issue 10)\n\n{targets_table(targets)}\n")
+            f"no stages.\n\n{ungated_note(rows)}## Targets (issue 10)\n\n{targets_table(targets)}\n")
 
 
 # ------------------------------------------------------------------ entry point
@@ -424,6 +474,7 @@ def _main(argv) -> int:
     args = parse_args(argv)
     levels, names = check(args)
     args.out.mkdir(parents=True, exist_ok=True)
+    names = runnable(names, args.export_dir)
     report = inprocess_report(args.inprocess, args.export_dir, args.out)
     best = {b: r.images_per_s for b, r in inprocess.best_rows(report.rows).items()} if report else {}
     for name in names:

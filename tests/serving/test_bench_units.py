@@ -114,3 +114,19 @@ def test_the_naive_baseline_is_torchserves_default_worker_count_without_batching
     assert policy.workers == bench.CORES and policy.batch_size == 1
     assert policy.max_batch_delay_ms == bench.TORCHSERVE_DEFAULT_BATCH_DELAY_MS
     assert bench.CONFIGURATIONS[bench.NAIVE].artifact == "traced"
+
+
+def _row(name, rps, p50, p99, failed=0, **extra):
+    return {"configuration": name, "concurrency": 8, "req_per_s": rps, "p50_ms": p50, "p90_ms": p50,
+            "p99_ms": p99, "failed": failed, **extra}
+
+
+def test_int8_targets_need_100_per_s_without_errors_and_a_tail_within_twice_the_median():
+    met = bench.precision_targets([_row("int8", 104.0, 70.0, 130.0)])
+    assert [t.met for t in met] == [True, True]
+    slow_tail = bench.precision_targets([_row("int8", 120.0, 60.0, 150.0, failed=1)])
+    assert [t.met for t in slow_tail] == [False, False]  # an error fails the throughput target too
+    assert bench.precision_targets([_row("default", 40.0, 190.0, 300.0)]) == []
+    table = bench.targets_table(bench.precision_targets([_row("int8", 31.0, 250.0, 400.0, gate="speed only, x")]))
+    assert "int8 served at c=8 (speed only, x): req/s, 0 errors | 31.00 | ≥ 100 | no |" in table
+    assert "| 1.60 | ≤ 2 | yes |" in table
