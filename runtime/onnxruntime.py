@@ -27,6 +27,16 @@ def providers_for(device: torch.device, available: list[str]) -> list:
     return [CPU_PROVIDER]
 
 
+def check_session_providers(device: torch.device, actual: list[str]) -> None:
+    """ONNX Runtime drops the CUDA provider with only a log line when CUDA or cuDNN libraries fail to load, and
+    then runs everything on the CPU: a GPU asked for must be a GPU got."""
+    if device.type == "cuda" and CUDA_PROVIDER not in actual:
+        raise ArtifactError(f"ONNX Runtime could not start {CUDA_PROVIDER} (the session has only "
+                            f"{', '.join(actual)}): CUDA or cuDNN libraries matching onnxruntime-gpu are missing "
+                            "or do not load; check `python -c \"import onnxruntime as o; o.preload_dlls()\"`, "
+                            "or run on cpu")
+
+
 def session_options(threads: int):
     import onnxruntime as ort
     options = ort.SessionOptions()
@@ -46,6 +56,7 @@ class OnnxRuntimeBackend(Backend):
         providers = providers_for(options.torch_device, ort.get_available_providers())
         self.session = ort.InferenceSession(str(path), sess_options=session_options(options.threads),
                                             providers=providers)
+        check_session_providers(options.torch_device, self.session.get_providers())
         self.input_name = self.session.get_inputs()[0].name
 
     def predict(self, batch: torch.Tensor) -> torch.Tensor:

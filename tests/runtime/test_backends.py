@@ -11,7 +11,8 @@ from models.errors import VisionExportError
 from runtime import ArtifactError, IntegrityError, RunOptions, UnknownFormatError, open_artifact, verify_file
 from runtime.base import BACKENDS, backend_class
 from runtime.eager import EagerBackend
-from runtime.onnxruntime import CPU_PROVIDER, CUDA_PROVIDER, OnnxRuntimeBackend, providers_for
+from runtime.onnxruntime import (CPU_PROVIDER, CUDA_PROVIDER, OnnxRuntimeBackend, check_session_providers,
+                                 providers_for)
 from runtime.torchscript import TorchScriptBackend, autocast_settings
 
 
@@ -104,3 +105,10 @@ def test_verify_file_names_the_file_and_both_hashes(tmp_path):
     assert str(path) in str(caught.value) and isinstance(caught.value, VisionExportError)
     with pytest.raises(IntegrityError, match="missing"):
         verify_file(tmp_path / "gone", recorded, "rebuild it")
+
+
+def test_a_session_that_silently_fell_back_to_the_cpu_is_refused_for_a_gpu():
+    check_session_providers(torch.device("cuda:0"), [CUDA_PROVIDER, CPU_PROVIDER])
+    check_session_providers(torch.device("cpu"), [CPU_PROVIDER])
+    with pytest.raises(ArtifactError, match="could not start CUDAExecutionProvider .*only CPUExecutionProvider"):
+        check_session_providers(torch.device("cuda:0"), [CPU_PROVIDER])
