@@ -181,10 +181,13 @@ def has_vnni(cpuinfo: str) -> bool:
     return any(flag in flags for flag in VNNI_FLAGS)
 
 
-def best_rows(rows: list[Row], device: str = "cpu") -> dict[int, Row]:
-    """Per batch size: the fastest row (any artifact, any thread count) on that device."""
+def best_rows(rows: list[Row], device: str = "cpu", precision: str | None = None) -> dict[int, Row]:
+    """Per batch size: the fastest row (any artifact, any thread count) on that device, of one precision
+    when given."""
     best: dict[int, Row] = {}
     for row in rows:
+        if precision is not None and row.precision != precision:
+            continue
         if row.device.startswith(device) and (row.batch not in best or row.images_per_s > best[row.batch].images_per_s):
             best[row.batch] = row
     return dict(sorted(best.items()))

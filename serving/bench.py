@@ -80,12 +80,12 @@ CONFIGURATIONS = {
                          "transforms), TorchServe's default workers (one per core), torch's default threads, "
                          "no batching", NAIVE_ARTIFACT),
     "default": Configuration("the policy `python -m serving` decides for this machine, the export's served artifact"),
-    "pinned-torch": Configuration("the default, plus torch's own thread pool (the handler's resize and crop run "
-                                  "in it) pinned to the worker's share with OMP_NUM_THREADS; ONNX Runtime's threads "
-                                  "are set by the handler either way", None, {},
-                                  {"OMP_NUM_THREADS": str(machine_policy(*this_machine()).threads_per_worker)}),
-    "workers-batched": Configuration("a worker per core with 1 thread each (torch's pool pinned too, as in "
-                                     "pinned-torch), batches of up to 4 within 20 ms", None,
+    "int8": Configuration("the default policy with the int8 ONNX (export --precision fp32,int8); when its "
+                          "accuracy gate failed (random weights) it is served here for its speed only and the "
+                          "row says so", "onnx-int8", speed_only_ungated=True),
+    "fp32-onnx": Configuration("the default policy with the fp32 ONNX: what a gated onnx-int8 (export --precision "
+                               "fp32,int8) replaces as the served artifact", "onnx-dynamo"),
+    "workers-batched": Configuration("a worker per core with 1 thread each, batches of up to 4 within 20 ms", None,
                                      {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 4, "maxBatchDelay": 20,
                                       "threads": 1}, {"OMP_NUM_THREADS": "1"}),
     "batched": Configuration("one worker using every core, batches of up to 8 within 50 ms (the GPU policy)", None,
@@ -95,11 +95,6 @@ CONFIGURATIONS = {
     "oversubscribed": Configuration("our handler with TorchServe-like threading: a worker per core, each using "
                                     "every core, no batching", None,
                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES}),
-    "int8": Configuration("the default policy with the int8 ONNX (export --precision fp32,int8); when its "
-                          "accuracy gate failed (random weights) it is served here for its speed only and the "
-                          "row says so", "onnx-int8", speed_only_ungated=True),
-    "fp32-onnx": Configuration("the default policy with the fp32 ONNX: what a gated onnx-int8 (export --precision "
-                               "fp32,int8) replaces as the served artifact", "onnx-dynamo"),
 }
 
 
@@ -164,10 +159,12 @@ def ratio(value: float, reference: float | None) -> float | None:
     return value / reference if reference else None
 
 
-def add_ratios(rows: list[dict], best_inprocess: dict[int, float]) -> list[dict]:
-    """Each row gains vs_naive (same concurrency) and vs_inprocess (best in-process at batch b <= concurrency)."""
+def add_ratios(rows: list[dict], best_by_precision: dict[str, dict[int, float]]) -> list[dict]:
+    """Each row gains vs_naive (same concurrency) and vs_inprocess (the best in-process row of the served
+    artifact's precision at the largest batch <= the concurrency: an int8 row is held to int8's ceiling)."""
     naive = {r["concurrency"]: r["req_per_s"] for r in rows if r["configuration"] == NAIVE}
     for row in rows:
+        best_inprocess = best_by_precision.get(row.get("precision", "fp32"), {})
         batch = inprocess_batch_for(row["concurrency"], sorted(best_inprocess))
         row["vs_naive"] = ratio(row["req_per_s"], naive.get(row["concurrency"]))
         row["inprocess_batch"] = batch
@@ -333,6 +330,7 @@ def bench_configuration(name: str, export_dir: Path, image: Path, levels: list[i
                         duration_s: int | None, requests: int | None, token_auth: bool = False) -> list[dict]:
     settings = prepare_server(name, export_dir, scratch, token_auth)
     gate = ungated_verdict(name, export_dir)
+    precision = served_precision(name, export_dir)
     model_log = settings.log_dir / "model_log.log"
     rows = []
     with server.running(settings, image):
@@ -345,7 +343,8 @@ def bench_configuration(name: str, export_dir: Path, image: Path, levels: list[i
             load = run_hey(settings.predictions_url(), image, level, duration_s, requests, headers)
             time.sleep(LOG_FLUSH_S)
             stages = stage_medians(parse_stage_lines(read_from(model_log, offset)))
-            row = {"configuration": name, "concurrency": level, "duration_s": duration_s, **asdict(load),
+            row = {"configuration": name, "precision": precision, "concurrency": level, "duration_s": duration_s,
+                   **asdict(load),
                    "stages_ms": stages, **({"gate": gate} if gate else {})}
             print(f"  {name:<15} c={level:<3} {load.req_per_s:7.1f} req/s  p50 {_cell(load.p50_ms, '{:.0f}'):>5}  "
                   f"p90 {_cell(load.p90_ms, '{:.0f}'):>5}  p99 {_cell(load.p99_ms, '{:.0f}'):>5} ms  errors {load.failed}"
@@ -365,13 +364,26 @@ def ungated_verdict(name: str, export_dir: Path) -> str | None:
     return None
 
 
-def runnable(names: list[str], export_dir: Path) -> list[str]:
-    """The configurations whose artifact this export has; the others are named and skipped."""
-    artifacts = load_manifest(export_dir).artifacts
-    kept = [n for n in names if CONFIGURATIONS[n].artifact in (None, *artifacts)]
-    for name in sorted(set(names) - set(kept)):
-        print(f"skipping {name}: this export has no {CONFIGURATIONS[name].artifact} "
-              f"(python -m export resnet --precision fp32,int8 adds onnx-int8)", flush=True)
+def served_precision(name: str, export_dir: Path) -> str:
+    manifest = load_manifest(export_dir)
+    artifact = CONFIGURATIONS[name].artifact or manifest.serving.get("default_artifact")
+    return manifest.artifacts.get(artifact, {}).get("precision", "fp32")
+
+
+def runnable(names: list[str], manifest) -> list[str]:
+    """The configurations whose artifact this export has and that are not the default row again; the others
+    are named and skipped."""
+    served = manifest.serving.get("default_artifact")
+    kept = []
+    for name in names:
+        artifact = CONFIGURATIONS[name].artifact
+        if artifact is not None and artifact not in manifest.artifacts:
+            print(f"skipping {name}: this export has no {artifact} "
+                  f"(python -m export resnet --precision fp32,int8 adds onnx-int8)", flush=True)
+        elif artifact == served and name != NAIVE and not CONFIGURATIONS[name].overrides and "default" in names:
+            print(f"skipping {name}: the export serves {artifact} already, so it is the default row", flush=True)
+        else:
+            kept.append(name)
     return kept
 
 
@@ -408,7 +420,7 @@ def chart(rows: list[dict], best_inprocess: dict[int, float], path: Path) -> Non
                   linestyle="--" if name == NAIVE else "-")
     for batch, value in best_inprocess.items():
         axis.axhline(value, color="grey", linewidth=0.8, linestyle=":")
-        axis.annotate(f"in-process best, batch {batch}", (axis.get_xlim()[0], value), fontsize=7, color="grey",
+        axis.annotate(f"in-process best fp32, batch {batch}", (axis.get_xlim()[0], value), fontsize=7, color="grey",
                       va="bottom")
     axis.set_xlabel("concurrent clients")
     axis.set_ylabel("requests / second")
@@ -474,9 +486,10 @@ def _main(argv) -> int:
     args = parse_args(argv)
     levels, names = check(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    names = runnable(names, args.export_dir)
+    names = runnable(names, load_manifest(args.export_dir))
     report = inprocess_report(args.inprocess, args.export_dir, args.out)
-    best = {b: r.images_per_s for b, r in inprocess.best_rows(report.rows).items()} if report else {}
+    best = {precision: {b: r.images_per_s for b, r in inprocess.best_rows(report.rows, precision=precision).items()}
+            for precision in ("fp32", "int8")} if report else {}
     for name in names:
         print(f"{name}: {CONFIGURATIONS[name].description}", flush=True)
     rows = []
@@ -485,7 +498,7 @@ def _main(argv) -> int:
             rows += bench_configuration(name, args.export_dir, args.image, levels, Path(scratch),
                                         None if args.requests else args.duration, args.requests, args.token_auth)
     add_ratios(rows, best)
-    targets = evaluate_targets(rows, best, best_fp32_peak_fraction(report))
+    targets = evaluate_targets(rows, best.get("fp32", {}), best_fp32_peak_fraction(report))
     manifest = load_manifest(args.export_dir)
     per_row = f"{args.requests} requests" if args.requests else f"{args.duration} s"
     header = (f"# Serving benchmark: {manifest.model['name']} ({manifest.weights['kind']} weights), {CORES} cores, "
@@ -493,7 +506,7 @@ def _main(argv) -> int:
     atomic_write_text(args.out / "results.md", render_markdown(rows, targets, names, header))
     atomic_write_text(args.out / "results.json", json.dumps(rows, indent=2))
     atomic_write_text(args.out / "targets.json", json.dumps([asdict(t) for t in targets], indent=2))
-    chart(rows, best, args.out / "throughput.png")
+    chart(rows, best.get("fp32", {}), args.out / "throughput.png")
     print("\n" + table(rows) + "\n\n" + targets_table(targets)
           + f"\n\nwrote {args.out}/results.md, results.json, targets.json, throughput.png")
     return 0

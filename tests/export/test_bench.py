@@ -70,6 +70,9 @@ def test_best_rows_pick_the_fastest_per_batch_on_the_device():
     best = bench.best_rows(rows)
     assert list(best) == [1, 8] and best[8].artifact == "onnx-dynamo" and best[8].threads == 2
     assert bench.best_rows(rows, "cuda")[8].images_per_s == 500.0
+    rows.append(row("onnx-int8", 2, 8, 19.0, precision="int8"))
+    assert bench.best_rows(rows)[8].artifact == "onnx-int8"
+    assert bench.best_rows(rows, precision="fp32")[8].artifact == "onnx-dynamo"
 
 
 def test_timed_runs_honour_warmup_repeats_and_the_time_floor():

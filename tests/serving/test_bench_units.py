@@ -65,13 +65,16 @@ def test_stage_lines_are_parsed_and_medians_are_per_request():
 def test_ratios_to_naive_at_the_same_concurrency_and_to_in_process_at_the_largest_batch_that_fits():
     rows = [{"configuration": "naive", "concurrency": c, "req_per_s": r} for c, r in ((1, 5.0), (8, 4.0))]
     rows += [{"configuration": "default", "concurrency": c, "req_per_s": r} for c, r in ((1, 10.0), (4, 18.0), (8, 18.0))]
-    bench.add_ratios(rows, {1: 12.0, 8: 20.0, 32: 21.0})
+    bench.add_ratios(rows, {"fp32": {1: 12.0, 8: 20.0, 32: 21.0}, "int8": {8: 40.0}})
     default = {r["concurrency"]: r for r in rows if r["configuration"] == "default"}
     assert default[1]["vs_naive"] == 2.0 and default[8]["vs_naive"] == 4.5 and default[4]["vs_naive"] is None
     assert default[4]["inprocess_batch"] == 1 and default[4]["vs_inprocess"] == 1.5
     assert default[8]["inprocess_batch"] == 8 and default[8]["vs_inprocess"] == 0.9
     assert bench.inprocess_batch_for(16, [1, 8, 32]) == 8 and bench.inprocess_batch_for(1, [8]) is None
     assert bench.add_ratios([{"configuration": "default", "concurrency": 1, "req_per_s": 3.0}], {})[0]["vs_inprocess"] is None
+    int8 = bench.add_ratios([{"configuration": "int8", "precision": "int8", "concurrency": 8, "req_per_s": 20.0}],
+                            {"fp32": {8: 20.0}, "int8": {8: 40.0}})[0]
+    assert int8["vs_inprocess"] == 0.5  # held to int8's own ceiling, not fp32's
 
 
 def test_targets_are_ratios_met_or_not_and_unmeasured_ones_say_so():
@@ -93,7 +96,7 @@ def test_results_table_shows_ratios_and_stage_medians_and_dashes_where_there_are
             {"configuration": "default", "concurrency": 8, "req_per_s": 18.0, "p50_ms": 430.0, "p90_ms": 610.0,
              "p99_ms": 990.0, "failed": 1, "stages_ms": {"decode": 2.0, "preprocess": 4.0, "inference": 95.0,
                                                          "encode": 0.2, "batch": 1, "batches": 300}}]
-    bench.add_ratios(rows, {8: 20.0})
+    bench.add_ratios(rows, {"fp32": {8: 20.0}})
     text = bench.table(rows)
     assert "| naive | 8 | 4.0 | 1900 | 2500 | — | 0 | 1.00 | 0.20 (8) | — | — | — | — | — |" in text
     assert "| default | 8 | 18.0 | 430 | 610 | 990 | 1 | 4.50 | 0.90 (8) | 2.0 | 4.0 | 95.0 | 0.2 | 1 |" in text
@@ -130,3 +133,14 @@ def test_int8_targets_need_100_per_s_without_errors_and_a_tail_within_twice_the_
     table = bench.targets_table(bench.precision_targets([_row("int8", 31.0, 250.0, 400.0, gate="speed only, x")]))
     assert "int8 served at c=8 (speed only, x): req/s, 0 errors | 31.00 | ≥ 100 | no |" in table
     assert "| 1.60 | ≤ 2 | yes |" in table
+
+
+def test_configurations_without_their_artifact_or_repeating_the_default_row_are_skipped(capsys):
+    from export.manifest import Manifest
+    manifest = Manifest({"name": "m"}, {}, {}, {}, 18, artifacts={"traced": {}, "scripted": {}, "onnx-dynamo": {}},
+                        serving={"default_artifact": "onnx-dynamo"})
+    names = ["naive", "default", "int8", "fp32-onnx", "torchscript", "batched"]
+    assert bench.runnable(names, manifest) == ["naive", "default", "torchscript", "batched"]
+    said = capsys.readouterr().out
+    assert "skipping int8: this export has no onnx-int8" in said and "skipping fp32-onnx: the export serves" in said
+    assert bench.runnable(["fp32-onnx"], manifest) == ["fp32-onnx"]  # asked for alone, it runs
