@@ -302,7 +302,11 @@ def build_naive_archive(export_dir: Path, store: Path) -> Path:
                "--serialized-file", str(export_dir / manifest.artifacts[NAIVE_ARTIFACT]["path"]),
                "--handler", str(NAIVE_HANDLER), "--export-path", str(store), "--force"]
     command += ["--extra-files", ",".join(map(str, labels))] if labels else []
-    done = subprocess.run(command, capture_output=True, text=True)
+    # torch-model-archiver stages files in $TMPDIR/<model name>: a private TMPDIR keeps concurrent archivers apart
+    private_tmp = store / ".archiver-tmp"
+    private_tmp.mkdir(exist_ok=True)
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(private_tmp)})
+    shutil.rmtree(private_tmp, ignore_errors=True)
     if done.returncode != 0:
         raise BenchError(f"torch-model-archiver failed for the naive baseline: {(done.stderr or done.stdout)[-400:]}")
     return store / "resnet.mar"

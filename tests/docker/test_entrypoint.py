@@ -97,7 +97,12 @@ class Entrypoint:
 
     def keys(self) -> dict:
         path = Path(self.env["TS_KEYS_DIR"]) / "key_file.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        if not path.is_file():
+            return {}
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:  # TorchServe is still writing it: no keys yet, the caller polls again
+            return {}
 
     def predict(self, timeout: float) -> dict:
         url = f"{self.env['TS_INFERENCE_ADDRESS']}/predictions/resnet"
