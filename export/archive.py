@@ -144,6 +144,13 @@ def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name:
         pending.discard()
 
 
+def run_model_archiver(command: list[str], export_path: Path) -> subprocess.CompletedProcess:
+    """torch-model-archiver stages the files in $TMPDIR/<model name> and deletes that folder afterwards, so two
+    archivers of the same model name at once break each other; each gets a private TMPDIR in its export path."""
+    with tempfile.TemporaryDirectory(dir=export_path, prefix=".archiver-tmp-") as private_tmp:
+        return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": private_tmp})
+
+
 def _run_archiver(export_dir: Path, manifest: Manifest, request: ArchiveRequest, artifact: str,
                   scratch: Path) -> Path:
     extra = scratch / "extra"
@@ -163,7 +170,7 @@ def _run_archiver(export_dir: Path, manifest: Manifest, request: ArchiveRequest,
                "--extra-files", str(extra),
                "--config-file", str(config),
                "--export-path", str(scratch), "--force"]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = run_model_archiver(command, scratch)
     built = scratch / f"{request.name}.mar"
     if result.returncode != 0 or not built.is_file():
         raise ExportError(f"torch-model-archiver failed: {(result.stderr or result.stdout).strip()[-500:]}")

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from export import bench as inprocess
-from export.archive import build_archive
+from export.archive import build_archive, run_model_archiver
 from export.atomic import atomic_write_text
 from export.manifest import load_manifest
 from handlers.image_classifier import STAGES
@@ -302,11 +302,7 @@ def build_naive_archive(export_dir: Path, store: Path) -> Path:
                "--serialized-file", str(export_dir / manifest.artifacts[NAIVE_ARTIFACT]["path"]),
                "--handler", str(NAIVE_HANDLER), "--export-path", str(store), "--force"]
     command += ["--extra-files", ",".join(map(str, labels))] if labels else []
-    # torch-model-archiver stages files in $TMPDIR/<model name>: a private TMPDIR keeps concurrent archivers apart
-    private_tmp = store / ".archiver-tmp"
-    private_tmp.mkdir(exist_ok=True)
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(private_tmp)})
-    shutil.rmtree(private_tmp, ignore_errors=True)
+    done = run_model_archiver(command, store)
     if done.returncode != 0:
         raise BenchError(f"torch-model-archiver failed for the naive baseline: {(done.stderr or done.stdout)[-400:]}")
     return store / "resnet.mar"
@@ -333,8 +329,9 @@ def prepare_server(name: str, export_dir: Path, scratch: Path, token_auth: bool)
 def bench_configuration(name: str, export_dir: Path, image: Path, levels: list[int], scratch: Path,
                         duration_s: int | None, requests: int | None, token_auth: bool = False) -> list[dict]:
     settings = prepare_server(name, export_dir, scratch, token_auth)
-    gate = ungated_verdict(name, export_dir)
-    precision = served_precision(name, export_dir)
+    manifest = load_manifest(export_dir)
+    gate = ungated_verdict(name, manifest)
+    precision = served_precision(name, manifest)
     model_log = settings.log_dir / "model_log.log"
     rows = []
     with server.running(settings, image):
@@ -358,18 +355,17 @@ def bench_configuration(name: str, export_dir: Path, image: Path, levels: list[i
     return rows
 
 
-def ungated_verdict(name: str, export_dir: Path) -> str | None:
+def ungated_verdict(name: str, manifest) -> str | None:
     """'speed only: accuracy gate failed: ...' when this configuration serves a variant that failed its gate."""
     artifact = CONFIGURATIONS[name].artifact
-    why_not = str(load_manifest(export_dir).serving.get("candidates", {}).get(artifact, ""))
+    why_not = str(manifest.serving.get("candidates", {}).get(artifact, ""))
     if CONFIGURATIONS[name].speed_only_ungated and why_not.startswith("accuracy gate"):
         print(f"  {name}: SPEED ONLY, NOT SERVABLE: {artifact} {why_not}", flush=True)
         return f"speed only, {why_not}"
     return None
 
 
-def served_precision(name: str, export_dir: Path) -> str:
-    manifest = load_manifest(export_dir)
+def served_precision(name: str, manifest) -> str:
     artifact = CONFIGURATIONS[name].artifact or manifest.serving.get("default_artifact")
     return manifest.artifacts.get(artifact, {}).get("precision", "fp32")
 

@@ -148,27 +148,18 @@ def kill_worker_under_load(settings: server.ServerSettings, image: Path, clients
 
 
 def main(argv: list[str] | None = None) -> int:
-    from export.cli import run_command
-    from serving.soak import interrupt_on_sigterm
-    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
-    return run_command(lambda: _main(argv), interrupted="interrupted; TorchServe stopped")
+    return server.run_load_command(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.faults", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
-    parser.add_argument("--image", type=Path, default=server.EXAMPLE_IMAGE)
+    server.load_command_options(parser, out="fault-results")
     parser.add_argument("--clients", type=int, default=4, help="threads sending back to back (default 4)")
-    parser.add_argument("--token-auth", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("fault-results"))
     args = parser.parse_args(argv)
     if args.clients < 1:
         raise FaultError("--clients must be at least 1")
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = server.on_free_ports(args.model_store, args.out / "run")
-    settings.token_auth = args.token_auth
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    settings = server.load_command_settings(args)
     with server.running(settings, args.image):
         result = kill_worker_under_load(settings, args.image, args.clients)
     found = problems(result)

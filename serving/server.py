@@ -92,6 +92,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def load_command_options(parser, out: str) -> None:
+    """The options every load command against a local TorchServe shares (soak, faults)."""
+    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
+    parser.add_argument("--image", type=Path, default=EXAMPLE_IMAGE)
+    parser.add_argument("--token-auth", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(out))
+
+
+def load_command_settings(args) -> ServerSettings:
+    """A server on free loopback ports whose run folder is inside the command's --out."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = on_free_ports(args.model_store, args.out / "run")
+    settings.token_auth = args.token_auth
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def interrupt_on_sigterm(signum, frame):
+    raise KeyboardInterrupt  # so `timeout`, CI cancellation or kill stop TorchServe on the way out
+
+
+def run_load_command(body) -> int:
+    """run_command with SIGTERM treated as Ctrl-C, so a stopped command stops its TorchServe too."""
+    from export.cli import run_command
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    return run_command(body, interrupted="interrupted; TorchServe stopped")
+
+
 def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:
     """Settings whose five ports (HTTP and gRPC) are all free: for tests and benchmarks beside other servers."""
     return ServerSettings(model_store=model_store, run_dir=run_dir, inference_port=free_port(),

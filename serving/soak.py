@@ -17,7 +17,6 @@ import json
 import math
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -167,33 +166,21 @@ def chart(slices: list[Slice], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def interrupt_on_sigterm(signum, frame):
-    raise KeyboardInterrupt  # so `timeout`, CI cancellation or kill stop TorchServe on the way out
-
-
 def main(argv: list[str] | None = None) -> int:
-    from export.cli import run_command
-    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
-    return run_command(lambda: _main(argv), interrupted="interrupted; TorchServe stopped")
+    return server.run_load_command(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
-    parser.add_argument("--image", type=Path, default=server.EXAMPLE_IMAGE)
+    server.load_command_options(parser, out="soak-results")
     parser.add_argument("--duration", type=int, default=300, help="seconds of load (default 300)")
     parser.add_argument("--slice", type=int, default=15, help="seconds per measured slice (default 15)")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--token-auth", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("soak-results"))
     args = parser.parse_args(argv)
     if not shutil.which("hey"):
         raise SoakError("the load generator `hey` is not installed: apt-get install hey")
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = server.on_free_ports(args.model_store, args.out / "run")
-    settings.token_auth = args.token_auth
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    settings = server.load_command_settings(args)
     print(f"soak: {args.duration} s at concurrency {args.concurrency}, slices of {args.slice} s", flush=True)
     slices = soak(settings, args.image, args.duration, args.slice, args.concurrency)
     growth = rss_growth(slices)
