@@ -86,7 +86,7 @@ def _demo(name: str, description: str, make, probes) -> ModelEntry:
         return BuiltModel(seeded(make), WeightsInfo("random", weights, seed=RANDOM_SEED))
     return register(ModelEntry(name=name, family="controlflow", description=description,
                                input_spec=InputSpec(shape=DEMO_SHAPE), build=build, probe_inputs=probes,
-                               source={"registry": name}))
+                               source={"registry": name}, reference_check=True))
 
 
 def _rand(scale: float = 1.0, shift: float = 0.0, batch: int = 1, seed: int = 0) -> torch.Tensor:

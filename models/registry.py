@@ -13,27 +13,12 @@ from typing import Callable
 import torch
 from torch import nn
 
+from models.contract import ImageContract, InputRecord
 from models.errors import VisionExportError
 
 
 class UnknownModelError(VisionExportError, LookupError):
     """A model name that is not in the registry; the message lists the choices."""
-
-
-@dataclass(frozen=True)
-class Preprocessing:
-    """How a decoded RGB image becomes one input row: the serving contract the handler reads from the
-    manifest. Normalisation is not here: it is inside the exported graph."""
-
-    resize: int  # the shorter side is resized to this many pixels
-    crop: tuple[int, int]  # then a centre crop of (height, width)
-    interpolation: str = "bilinear"
-    antialias: bool = True
-    source: str = ""  # where these numbers come from (e.g. the weights' own transforms())
-
-    def describe(self) -> dict:
-        return {"resize": self.resize, "crop": list(self.crop), "interpolation": self.interpolation,
-                "antialias": self.antialias, "scale": "uint8 / 255 -> [0, 1]", "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -48,20 +33,13 @@ class InputSpec:
     # Any spatial size at or above min_size is resized in the graph (scripted/ONNX-from-script/cond forms).
     resizes_in_graph: bool = False
     min_size: int = 0
-    preprocessing: Preprocessing | None = None  # None: not an image model the handler can serve
+    preprocessing: ImageContract | None = None  # None: not an image model the handler can serve
 
-    def describe(self) -> dict:
-        return {
-            "preprocessing": self.preprocessing.describe() if self.preprocessing else None,
-            "example_shape": list(self.shape),
-            "dtype": self.dtype,
-            "layout": self.layout,
-            "color": self.color,
-            "value_range": list(self.value_range),
-            "dynamic_batch": True,
-            "resizes_in_graph": self.resizes_in_graph,
-            "min_size": self.min_size,
-        }
+    def record(self) -> InputRecord:
+        """The manifest's `input`: what every artifact of this model takes."""
+        return InputRecord(example_shape=self.shape, dtype=self.dtype, layout=self.layout, color=self.color,
+                           value_range=self.value_range, resizes_in_graph=self.resizes_in_graph,
+                           min_size=self.min_size, preprocessing=self.preprocessing)
 
 
 @dataclass
@@ -89,13 +67,17 @@ class BuiltModel:
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
-    family: str  # resnet | controlflow | module
+    family: str  # for people and the manifest; the pipeline never branches on it (differences are fields)
     description: str
     input_spec: InputSpec
     build: Callable[[str], BuiltModel]  # weights choice -> module, provenance, labels
     # Named inputs for the trace-vs-script comparison: the first looks like the tracing example.
     probe_inputs: Callable[[], dict[str, torch.Tensor]] | None = None
     source: dict = field(default_factory=dict)  # how to rebuild (recorded in the manifest)
+    # Small models: ONNX Runtime is also held to onnx.reference.ReferenceEvaluator on every probe input.
+    reference_check: bool = False
+    # A user's own model: a traced artifact silently diverging from eager is a prominent warning, not a note.
+    warn_on_divergence: bool = False
 
     def example_input(self) -> torch.Tensor:
         generator = torch.Generator().manual_seed(0)

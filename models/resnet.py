@@ -5,7 +5,8 @@ from __future__ import annotations
 import torchvision
 
 from models.preprocess import ImagePreprocess
-from models.registry import BuiltModel, InputSpec, ModelEntry, Preprocessing, register
+from models.contract import ImageContract
+from models.registry import BuiltModel, InputSpec, ModelEntry, register
 from models.weights import resolve_torchvision
 
 RESNET_ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
@@ -19,13 +20,13 @@ def imagenet_labels(arch: str) -> list[str]:
     return list(torchvision.models.get_model_weights(arch).DEFAULT.meta["categories"])
 
 
-def weights_preprocessing(arch: str) -> Preprocessing:
+def weights_preprocessing(arch: str) -> ImageContract:
     """The evaluation transform of the arch's DEFAULT weights, read from torchvision (resnet50/101/152:
     shorter side 232, resnet18/34: 256; then a 224 centre crop). Normalisation is inside the graph."""
     weights = torchvision.models.get_model_weights(arch).DEFAULT
     transform = weights.transforms()
     crop = transform.crop_size[0]
-    return Preprocessing(resize=transform.resize_size[0], crop=(crop, crop),
+    return ImageContract(resize=transform.resize_size[0], crop=(crop, crop),
                          interpolation=transform.interpolation.value, antialias=bool(transform.antialias),
                          source=f"torchvision {weights}.transforms()")
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from models.errors import VisionExportError
-from models.registry import BuiltModel, InputSpec, ModelEntry, Preprocessing, WeightsInfo
+from models.contract import ImageContract
+from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo
 from models.weights import RANDOM_SEED, load_state_dict_file, seeded
 
 
@@ -75,16 +76,17 @@ def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1
         probe_inputs=lambda: probe_inputs(input_shape),
         source={"module": os.path.abspath(reference.rpartition(":")[0]) + ":" + reference.rpartition(":")[2],
                 "input_shape": list(input_shape)},
+        warn_on_divergence=True,
     )
 
 
-def image_preprocessing(shape: tuple[int, ...], value_range) -> Preprocessing | None:
+def image_preprocessing(shape: tuple[int, ...], value_range) -> ImageContract | None:
     """An RGB image model (N x 3 x H x W in [0, 1]) is served by resizing the shorter side to fit the
     larger of H and W, then a centre crop of H x W; any other input is not an image the handler can serve."""
     if len(shape) != 4 or shape[1] != 3 or tuple(value_range) != (0.0, 1.0):
         return None
     height, width = shape[2], shape[3]
-    return Preprocessing(resize=max(height, width), crop=(height, width),
+    return ImageContract(resize=max(height, width), crop=(height, width),
                          source="derived from --input-shape (no weights transform known)")
 
 

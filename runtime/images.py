@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +17,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF  # the functions weights.transforms() itself calls
 
+from models.contract import ImageContract
 from models.errors import VisionExportError
 
 # Limits checked from the header before decoding, so a small file cannot expand into gigabytes.
@@ -87,23 +87,6 @@ def to_rgb(image: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return image.convert("RGB")
-
-
-@dataclass(frozen=True)
-class ImageContract:
-    """The manifest's `input.preprocessing`: what the weights were evaluated with."""
-
-    resize: int
-    crop: tuple[int, int]
-    interpolation: str = "bilinear"
-    antialias: bool = True
-
-    @classmethod
-    def from_manifest(cls, record: dict | None) -> "ImageContract":
-        if not record:
-            raise ValueError("the manifest has no input.preprocessing: this model takes no RGB image input")
-        return cls(int(record["resize"]), tuple(int(v) for v in record["crop"]), record.get("interpolation", "bilinear"),
-                   bool(record.get("antialias", True)))
 
 
 def preprocess(image: torch.Tensor, contract: ImageContract) -> torch.Tensor:
