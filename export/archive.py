@@ -1,8 +1,9 @@
 """Package an export folder as a TorchServe archive (.mar) with torch-model-archiver.
 
-The archive holds the handler's code (handlers/, runtime/ and the error root models/errors.py), the served
-artifact, manifest.json (with its sha256, which the handler checks before opening it), the labels and
-model-config.yaml. It is built in a temporary folder inside the model store and renamed into place only
+The archive holds the handler's code (handlers/, runtime/, and from models/ the error root and the contract),
+the served artifact, manifest.json (whose serving decision names it, with the sha256 the handler checks
+before opening it), the labels and model-config.yaml. It is named after the model (resnet50.mar, served at
+/predictions/resnet50) unless the user names it. It is built in a temporary folder inside the model store and renamed into place only
 when the export it belongs to has been swapped in, so a model store never holds half an archive or an
 archive of a failed export.
 
@@ -17,73 +18,61 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from export.atomic import ensure_writable_dir
 from export.errors import ExportError
-from export.manifest import MANIFEST_NAME, Manifest
+from export.selection import redecide
+from models.contract import MANIFEST_NAME, TORCHSERVE_KEYS, HandlerConfig, Manifest
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HANDLER_ENTRY = PROJECT_ROOT / "handlers" / "torchserve_entry.py"
-# What the handler imports: all of handlers/ and runtime/, and from models/ only the error root.
-ARCHIVE_SOURCES = {"handlers": None, "runtime": None, "models": ("errors.py",)}
+# What the handler imports: all of handlers/ and runtime/, and from models/ the error root and the contract.
+ARCHIVE_SOURCES = {"handlers": None, "runtime": None, "models": ("errors.py", "contract.py")}
 
 # deviceType gpu: TorchServe gives each worker a gpu_id when the host has GPUs, and runs on CPU otherwise.
 COMMON_CONFIG = {"responseTimeout": 120, "deviceType": "gpu"}
-PINNABLE_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
-HANDLER_CONFIG = {"topk": 5, "fp16": False}
-HANDLER_KEYS = ("topk", "fp16", "threads", "simulate_hang_s")  # overrides that belong to the handler's section
 SCRATCH_PREFIX = ".mar-build-"  # + the archiving process's pid: a killed run's folder is recognisable
 
 
 @dataclass
 class ArchiveRequest:
     model_store: Path
-    name: str = "resnet"
-    artifact: str | None = None  # None: the manifest's served artifact (export.selection's rule)
+    name: str | None = None  # None: the model's name (manifest.model.name)
     overrides: dict = field(default_factory=dict)  # pinned TorchServe keys and handler settings
+    # Only the benchmark and the GPU check set this: another kind of the same export, re-decided by the same
+    # rule (export.selection.redecide); the export itself decides with --serve.
+    artifact: str | None = None
     # Only the benchmark sets this: a variant that failed its accuracy gate may be packaged to measure its
     # speed (on random weights the gate measures near-ties, not the pipeline); never for deployment.
     speed_only_ungated: bool = False
 
 
-def model_config_yaml(artifact: str, overrides: dict | None = None) -> str:
+def model_config_yaml(overrides: dict | None = None) -> str:
     import yaml
     overrides = dict(overrides or {})
-    handler = {**HANDLER_CONFIG, "artifact": artifact,
-               **{k: overrides.pop(k) for k in list(overrides) if k in HANDLER_KEYS}}
-    unknown = sorted(set(overrides) - set(PINNABLE_KEYS))
+    handler_keys = HandlerConfig.keys()
+    handler = HandlerConfig.from_dict({k: overrides.pop(k) for k in list(overrides) if k in handler_keys})
+    unknown = sorted(set(overrides) - set(TORCHSERVE_KEYS))
     if unknown:
         raise ExportError(f"unknown model-config keys {', '.join(unknown)}; known: "
-                          f"{', '.join(PINNABLE_KEYS + HANDLER_KEYS)}")
-    config = {**COMMON_CONFIG, **overrides, "handler": handler}
+                          f"{', '.join(TORCHSERVE_KEYS + handler_keys)}")
+    config = {**COMMON_CONFIG, **overrides, "handler": handler.to_dict()}
     return ("# TorchServe model configuration (written by `python -m export`).\n"
-            "# handler.artifact: the exported artifact this archive serves (its sha256 is in manifest.json).\n"
+            "# The served artifact is manifest.json's serving decision (its sha256 is there too).\n"
             "# Workers and batching are decided where the model is served (python -m serving), unless pinned here.\n"
             + yaml.safe_dump(config, sort_keys=False))
 
 
-def servable_artifact(manifest: Manifest, requested: str | None, speed_only_ungated: bool = False) -> str:
-    """The artifact to package: the manifest's choice, or the user's if the serving rule allows it.
-    speed_only_ungated (the benchmark only) lets a variant whose one fault is a failed accuracy gate through."""
-    decision = manifest.serving
-    artifact = requested or decision.get("default_artifact")
-    if manifest.input.get("preprocessing") is None:
-        raise ExportError("this model takes no RGB image input (N x 3 x H x W in [0, 1]), so the image "
-                          "handler cannot serve it; export without --model-store")
-    if artifact is None:
-        raise ExportError("no artifact may be served: " + "; ".join(
-            f"{k}: {why}" for k, why in decision.get("candidates", {}).items()))
-    if artifact not in manifest.artifacts:
-        raise ExportError(f"cannot serve {artifact!r}: this export has {', '.join(manifest.artifacts)}")
-    why_not = decision.get("candidates", {}).get(artifact, "")
-    if speed_only_ungated and requested and str(why_not).startswith("accuracy gate"):
-        return artifact
-    if artifact not in decision.get("servable", []):
-        raise ExportError(f"refusing to package {artifact!r}: {decision['candidates'].get(artifact)}; "
-                          f"servable here: {', '.join(decision.get('servable', [])) or 'none'}")
-    return artifact
+def archived_manifest(manifest: Manifest, request: ArchiveRequest) -> Manifest:
+    """The manifest the archive ships: the export's, or the same with request.artifact re-decided."""
+    manifest.input.image_contract()  # the image handler needs one; says so when the model has none
+    if request.artifact is None:
+        manifest.served_record()  # the export's decision must name a recorded artifact
+        return manifest
+    decision = redecide(manifest.decision(), request.artifact, request.speed_only_ungated)
+    return replace(manifest, serving=decision)
 
 
 class PendingArchive:
@@ -101,16 +90,17 @@ class PendingArchive:
 
 
 def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveRequest) -> PendingArchive:
-    artifact = servable_artifact(manifest, request.artifact, request.speed_only_ungated)
+    archived = archived_manifest(manifest, request)
+    name = request.name or manifest.model.name
     ensure_writable_dir(request.model_store, "--model-store")
     remove_stale_scratch(Path(request.model_store))
     scratch = tempfile.TemporaryDirectory(dir=request.model_store, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
     try:
-        built = _run_archiver(Path(export_dir), manifest, request, artifact, Path(scratch.name))
+        built = _run_archiver(Path(export_dir), archived, name, request.overrides, Path(scratch.name))
     except BaseException:
         scratch.cleanup()
         raise
-    return PendingArchive(scratch, built, Path(request.model_store) / f"{request.name}.mar")
+    return PendingArchive(scratch, built, Path(request.model_store) / f"{name}.mar")
 
 
 def remove_stale_scratch(model_store: Path) -> None:
@@ -131,12 +121,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name: str,
+def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name: str | None = None,
                   artifact: str | None = None, config_overrides: dict | None = None,
                   speed_only_ungated: bool = False) -> Path:
-    """Build NAME.mar from a complete export folder and rename it into the model store."""
-    pending = prepare_archive(export_dir, manifest, ArchiveRequest(Path(model_store), name, artifact,
-                                                                   dict(config_overrides or {}),
+    """Build NAME.mar (default: the model's name) from a complete export folder into the model store."""
+    pending = prepare_archive(export_dir, manifest, ArchiveRequest(Path(model_store), name,
+                                                                   dict(config_overrides or {}), artifact,
                                                                    speed_only_ungated))
     try:
         return pending.commit()
@@ -151,27 +141,34 @@ def run_model_archiver(command: list[str], export_path: Path) -> subprocess.Comp
         return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": private_tmp})
 
 
-def _run_archiver(export_dir: Path, manifest: Manifest, request: ArchiveRequest, artifact: str,
-                  scratch: Path) -> Path:
+def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: dict, scratch: Path) -> Path:
     extra = scratch / "extra"
     for package, names in ARCHIVE_SOURCES.items():
         (extra / package).mkdir(parents=True)
         for source in sorted((PROJECT_ROOT / package).glob("*.py")):
             if names is None or source.name in names:
                 shutil.copy2(source, extra / package / source.name)
-    for file_name in [MANIFEST_NAME] + [f for f in manifest.files if f.endswith("index_to_name.json")]:
-        shutil.copy2(export_dir / file_name, extra / file_name)
+    (extra / MANIFEST_NAME).write_text(manifest.to_json())
+    if manifest.output.labels:
+        shutil.copy2(export_dir / manifest.output.labels, extra / manifest.output.labels)
     config = scratch / "model-config.yaml"
-    config.write_text(model_config_yaml(artifact, request.overrides))
-    command = [sys.executable, "-m", "model_archiver.model_packaging",
-               "--model-name", request.name, "--version", "1.0",
-               "--serialized-file", str(export_dir / manifest.artifacts[artifact]["path"]),
-               "--handler", str(HANDLER_ENTRY),
-               "--extra-files", str(extra),
-               "--config-file", str(config),
-               "--export-path", str(scratch), "--force"]
-    result = run_model_archiver(command, scratch)
-    built = scratch / f"{request.name}.mar"
+    config.write_text(model_config_yaml(overrides))
+    return archive_files(name, export_dir / manifest.served_record().path, HANDLER_ENTRY, scratch,
+                   extra_files=extra, config_file=config)
+
+
+def archive_files(name: str, serialized_file: Path, handler: Path, out: Path, extra_files: Path | None = None,
+            config_file: Path | None = None) -> Path:
+    """torch-model-archiver: OUT/NAME.mar from the served file, the handler, extra files and model config."""
+    command = [sys.executable, "-m", "model_archiver.model_packaging", "--model-name", name, "--version", "1.0",
+               "--serialized-file", str(serialized_file), "--handler", str(handler),
+               "--export-path", str(out), "--force"]
+    if extra_files is not None:
+        command += ["--extra-files", str(extra_files)]
+    if config_file is not None:
+        command += ["--config-file", str(config_file)]
+    result = run_model_archiver(command, out)
+    built = out / f"{name}.mar"
     if result.returncode != 0 or not built.is_file():
         raise ExportError(f"torch-model-archiver failed: {(result.stderr or result.stdout).strip()[-500:]}")
     return built

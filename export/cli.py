@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from export import formats
+from export import formats, kinds
 from export.errors import ParityError
 from models.errors import EXIT_ERROR, EXIT_INTERRUPTED, VisionExportError
 
@@ -21,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "verify eval mode, check parity against eager PyTorch, and package it for TorchServe.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    resnet = commands.add_parser("resnet", help="a torchvision ResNet with in-graph preprocessing, plus resnet.mar",
-                                 description="Export a torchvision ResNet and package it as model-store/resnet.mar.")
+    resnet = commands.add_parser("resnet", help="a torchvision ResNet with in-graph preprocessing, plus ARCH.mar",
+                                 description="Export a torchvision ResNet and package it as model-store/ARCH.mar "
+                                             "(served at /predictions/ARCH).")
     resnet.add_argument("--arch", default=DEFAULT_ARCH, metavar="ARCH",
                         help=f"one of: {', '.join(RESNET_ARCHS)} (default: {DEFAULT_ARCH})")
     _common(resnet, CHOICES_HELP, default_out="artifacts/<arch>")
@@ -35,9 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(module, "auto/random (as the factory builds it) | PATH to a state_dict", default_out="artifacts/<file>")
     module.add_argument("--model-store", type=Path, default=None,
                         help="also write NAME.mar there (only for image classifiers that take 1x3xHxW in [0, 1])")
-    module.add_argument("--model-name", default=None, help="name to serve under (default: the file's stem)")
-    module.add_argument("--serve", default=None, metavar="ARTIFACT",
-                        help="artifact to package (default: the manifest's served artifact; see resnet --help)")
+    module.add_argument("--name", "--model-name", dest="name", default=None,
+                        help="archive and URL name: NAME.mar, /predictions/NAME (default: the file's stem)")
+    _serve_option(module)
 
     controlflow = commands.add_parser("controlflow", help="trace vs script on control-flow demo models",
                                       description="Export the control-flow demos and the ResNet resize branch; "
@@ -82,8 +83,9 @@ def _common(sub, weights_help: str, default_out: str) -> None:
 def _precision_options(sub) -> None:
     from export.calibration import DEFAULT_CALIBRATION_SAMPLES
     sub.add_argument("--precision", default="fp32", metavar="LIST",
-                     help="comma-separated: fp32 plus any of int8 (ONNX Runtime static QDQ), bf16 (CPU autocast), "
-                          "fp16 (GPU: needs --device cuda); each variant is gated on accuracy (default: fp32)")
+                     help=f"comma-separated: fp32 plus any of {', '.join(kinds.precisions()[1:])} (int8: ONNX Runtime "
+                          "static QDQ; bf16: CPU autocast; fp16: GPU, needs --device cuda); each variant is gated "
+                          "on accuracy (default: fp32)")
     sub.add_argument("--calibration", type=Path, default=None, metavar="DIR",
                      help="int8 calibration images in ImageFolder layout DIR/<class>/<image> (default: scikit-image "
                           "sample photographs and generated photo-like images; see docs/precision.md)")
@@ -106,13 +108,12 @@ def _device_option(sub) -> None:
 
 def _archive_options(sub) -> None:
     sub.add_argument("--model-store", type=Path, default=Path("model-store"),
-                     help="where resnet.mar is written (default: model-store)")
+                     help="where ARCH.mar is written (default: model-store)")
     sub.add_argument("--no-archive", action="store_true", help="skip the TorchServe archive")
-    sub.add_argument("--serve", default=None, metavar="ARTIFACT",
-                     help=f"artifact to package: {', '.join(formats.FILE_NAMES)}, or a variant that passed the "
-                          "accuracy gate (onnx-int8, scripted-bf16, onnx-fp16, scripted-fp16) (default: the first of "
-                          "onnx-int8, onnx-dynamo, onnx-scripted, onnx-traced, scripted, traced that passed parity "
-                          "(and the gate) and does not diverge from eager; see manifest.json 'serving')")
+    sub.add_argument("--name", default=None,
+                     help="archive and URL name: NAME.mar, /predictions/NAME (default: the arch, e.g. resnet50); "
+                          "exporting another model into the same store never overwrites it")
+    _serve_option(sub)
     sub.add_argument("--workers", type=int, default=None,
                      help="pin TorchServe workers in the archive (default: not pinned; decided where it is "
                           "served: a worker per GPU, or per CPU core up to 4; threads = cores / workers)")
@@ -120,6 +121,15 @@ def _archive_options(sub) -> None:
                      help="pin TorchServe batchSize (default: not pinned; 8 on a GPU host, 1 on CPU)")
     sub.add_argument("--max-batch-delay", type=int, default=None,
                      help="pin TorchServe maxBatchDelay in ms (default: not pinned; 50 on a GPU host)")
+
+
+def _serve_option(sub) -> None:
+    ranked = ", ".join(kinds.serving_preference())
+    sub.add_argument("--serve", default=None, metavar="KIND", choices=kinds.names(),
+                     help=f"kind to serve instead of the rule's choice, among those that pass parity, the accuracy "
+                          f"gate and the handler's input: {', '.join(kinds.names())} (default: the first servable of "
+                          f"{ranked}; the decision and why each other kind was not chosen are in manifest.json "
+                          "'serving')")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,13 @@ from pathlib import Path
 from export.archive import ArchiveRequest
 from export.atomic import atomic_write_text, ensure_writable_dir
 from export.errors import ExportError
-from export.manifest import load_manifest, verify_hashes
-from export.parity import parity_inputs, report_json, report_markdown, run_parity
+from export import kinds
+from export.manifest import verify_hashes
+from export.parity import Candidate, parity_inputs, report_json, report_markdown, run_parity
 from export.pipeline import ExportOptions, Progress, export_model
+from export.rebuild import entry_from_manifest, weights_from_manifest
 from export.trace_vs_script import CONCLUSION, compact_table, markdown_section
+from models.contract import Manifest
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
 
@@ -26,9 +29,10 @@ def resnet_command(args) -> int:
     device, overrides = _device(args.device), _config_overrides(args)
     out = args.out or Path("artifacts") / args.arch
     progress = Progress()
-    archive = None if args.no_archive else ArchiveRequest(args.model_store, "resnet", args.serve, overrides)
+    archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or args.arch, overrides)
     result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device, archive=archive,
-                                                               precision=precision_request(args)), progress)
+                                                               precision=precision_request(args), serve=args.serve),
+                          progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
     _print_files(out, progress)
@@ -41,9 +45,9 @@ def module_command(args) -> int:
     entry = user_entry(args.reference, parse_input_shape(args.input_shape))
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
-    archive = ArchiveRequest(args.model_store, args.model_name or entry.name, args.serve) if args.model_store else None
+    archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
     result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
-                                               precision=precision_request(args)), progress)
+                                               precision=precision_request(args), serve=args.serve), progress)
     _print_serving(result, progress)
     _print_files(out, progress)
     return 0
@@ -75,21 +79,21 @@ def controlflow_command(args) -> int:
 def parity_command(args) -> int:
     """Re-check an export folder: hashes first (a modified file is named), then parity against eager."""
     folder, device = args.folder, _device(args.device)
-    manifest = load_manifest(folder)
+    manifest = Manifest.read(folder)
     verify_hashes(folder, manifest)
     progress = Progress()
-    progress.step(f"sha256 of {len(manifest.artifacts) + len(manifest.files)} files match manifest.json")
+    progress.step(f"sha256 of {len(manifest.recorded_files())} files match manifest.json")
     entry = entry_from_manifest(manifest)
     built = entry.build(weights_from_manifest(manifest))
     module = built.module.eval().requires_grad_(False)
-    candidates = {k: (open_artifact(r["format"], folder / r["path"], RunOptions(device=device), k), r["format"],
-                      r["spatial_dynamic"]) for k, r in manifest.artifacts.items()
-                  if r.get("precision", "fp32") == "fp32"}  # reduced-precision variants are gated, not parity-held
+    candidates = {k: Candidate(open_artifact(r.format, folder / r.path, RunOptions(device=device), k),
+                               kinds.get(k).tolerance, r.spatial_dynamic)
+                  for k, r in manifest.fp32_artifacts().items()}  # reduced-precision variants are gated instead
     report = run_parity(EagerBackend(module), candidates,
-                        parity_inputs(tuple(manifest.input["example_shape"]), tuple(manifest.input["value_range"]),
-                                      spatial_dynamic=manifest.input["resizes_in_graph"]))
+                        parity_inputs(manifest.input.example_shape, manifest.input.value_range,
+                                      spatial_dynamic=manifest.input.resizes_in_graph))
     print(report.table())
-    atomic_write_text(folder / "parity.recheck.md", report_markdown(report, manifest.model["name"] + " (re-check)"))
+    atomic_write_text(folder / "parity.recheck.md", report_markdown(report, manifest.model.name + " (re-check)"))
     atomic_write_text(folder / "parity.recheck.json", report_json(report))
     report.raise_on_failure()
     progress.step(f"parity passed for {', '.join(report.summary())}; wrote parity.recheck.md")
@@ -142,21 +146,6 @@ def _device(name: str) -> str:
     return str(device)
 
 
-def entry_from_manifest(manifest):
-    import models
-    from models.user_module import user_entry
-    if "module" in manifest.model:
-        return user_entry(manifest.model["module"], tuple(manifest.model["input_shape"]))
-    return models.get(manifest.model["registry"])
-
-
-def weights_from_manifest(manifest) -> str:
-    weights = manifest.weights
-    if weights["kind"] == "path":
-        return weights["source"]
-    return {"imagenet": "imagenet"}.get(weights["kind"], "random")
-
-
 def _print_resize_line(paths: dict, progress: Progress) -> None:
     """One line on the resize branch: what each artifact does with a non-224 input."""
     probe = paths["probes"][-1]
@@ -173,9 +162,10 @@ def _print_resize_line(paths: dict, progress: Progress) -> None:
 
 
 def _print_serving(result, progress: Progress) -> None:
-    serving = result.manifest.serving
-    excluded = {k: v for k, v in serving["candidates"].items() if v not in ("served",) and not v.startswith("servable")}
-    progress.step(f"served artifact: {serving['default_artifact']} (rule: {serving['rule']})"
+    serving = result.manifest.decision()
+    excluded = {k: v for k, v in serving.candidates.items() if v != "served" and not v.startswith("servable")}
+    chosen = f"{serving.served} (asked for with --serve)" if serving.requested else serving.served
+    progress.step(f"served artifact: {chosen} (rule: {serving.rule})"
                   + "".join(f"\n    not {k}: {why}" for k, why in excluded.items()))
     if result.archive:
         progress.step(f"TorchServe archive: {result.archive}")

@@ -1,15 +1,14 @@
-"""One function per artifact format: each takes a module and an example input and writes one file.
+"""Exporter functions: each builds one artifact kind (a row of export.kinds) from a BuildContext.
 
-Artifact kinds, in the order they are produced:
-  traced         torch.jit.trace      - records the one path the example took
-  scripted       torch.jit.script     - compiles Python control flow (prim::If / prim::Loop)
-  onnx-traced    torch.onnx.export(dynamo=False) of the traced module
-  onnx-scripted  torch.onnx.export(dynamo=False) of the scripted module (keeps If / Loop)
-  onnx-dynamo    torch.onnx.export(dynamo=True), torch.export-based (torch.cond / torch.while_loop forms)
+  trace                  torch.jit.trace      - records the one path the example took
+  script                 torch.jit.script     - compiles Python control flow (prim::If / prim::Loop)
+  onnx_from_torchscript  torch.onnx.export(dynamo=False) of the traced or scripted module (keeps If / Loop)
+  onnx_dynamo            torch.onnx.export(dynamo=True), torch.export-based (torch.cond / torch.while_loop)
 """
 
 from __future__ import annotations
 
+import inspect
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,35 +17,21 @@ import torch
 from torch import nn
 
 from export.atomic import atomic_write_bytes
+from models.contract import INPUT_NAME, OUTPUT_NAME
 
 DEFAULT_OPSET = 18  # the torch.export-based exporter's floor; ONNX Runtime 1.2x runs it everywhere
-INPUT_NAME = "input"
-OUTPUT_NAME = "output"
 BATCH_DIM = "batch"
-
-FILE_NAMES = {
-    "traced": "model.traced.pt",
-    "scripted": "model.scripted.pt",
-    "onnx-traced": "model.traced.onnx",
-    "onnx-scripted": "model.scripted.onnx",
-    "onnx-dynamo": "model.dynamo.onnx",
-}
-EXPORTERS = {
-    "traced": "torch.jit.trace",
-    "scripted": "torch.jit.script",
-    "onnx-traced": "torch.onnx.export(dynamo=False) of the traced module",
-    "onnx-scripted": "torch.onnx.export(dynamo=False) of the scripted module",
-    "onnx-dynamo": "torch.onnx.export(dynamo=True) (torch.export)",
-}
+MAX_DIM = 4096  # largest batch and side the torch.export-based exporter is told to expect
 
 
 @dataclass
 class Artifact:
     kind: str
     path: Path
-    format: str  # torchscript | onnx
+    format: str
     exporter: str
     spatial_dynamic: bool  # accepts other H x W (resized in the graph)
+    loaded: object | None = None  # the in-memory module, for kinds built from it and the control-flow census
     control_flow: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
 
@@ -56,36 +41,54 @@ class Artifact:
         return f"any batch; exactly {' x '.join(str(d) for d in example_shape[1:])}"
 
 
-def trace(module: nn.Module, example: torch.Tensor, folder: Path) -> tuple[torch.jit.ScriptModule, Artifact]:
+@dataclass
+class BuildContext:
+    """What every exporter function may use: the verified module, its torch.export form, the example input,
+    the staging folder, and the artifacts built so far (kind -> Artifact)."""
+
+    module: nn.Module
+    export_form: nn.Module
+    example: torch.Tensor
+    folder: Path
+    opset: int
+    resizes_in_graph: bool
+    built: dict = field(default_factory=dict)
+
+    def artifact(self, kind, loaded=None, source_dynamic: bool = False) -> Artifact:
+        return Artifact(kind.name, self.folder / kind.file_name, kind.format, kind.exporter,
+                        kind.spatial_dynamic(self.resizes_in_graph, source_dynamic), loaded)
+
+
+def trace(context: BuildContext, kind) -> Artifact:
     with torch.no_grad():  # the tracer rejects inference-mode tensors
-        traced = torch.jit.trace(module, example, check_trace=False)
-    return traced, _save_torchscript(traced, "traced", folder, spatial_dynamic=False)
+        traced = torch.jit.trace(context.module, context.example, check_trace=False)
+    return _save_torchscript(context, kind, traced)
 
 
-def script(module: nn.Module, folder: Path, spatial_dynamic: bool) -> tuple[torch.jit.ScriptModule, Artifact]:
-    scripted = torch.jit.script(module)
-    return scripted, _save_torchscript(scripted, "scripted", folder, spatial_dynamic)
+def script(context: BuildContext, kind) -> Artifact:
+    return _save_torchscript(context, kind, torch.jit.script(context.module))
 
 
-def _save_torchscript(module, kind: str, folder: Path, spatial_dynamic: bool) -> Artifact:
-    path = folder / FILE_NAMES[kind]
+def _save_torchscript(context: BuildContext, kind, module) -> Artifact:
+    artifact = context.artifact(kind, loaded=module)
     # Serialise in memory, write from Python: torch's own file writer aborts the process on a full disk.
     buffer = io.BytesIO()
     torch.jit.save(module, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
-    return Artifact(kind, path, "torchscript", EXPORTERS[kind], spatial_dynamic)
+    atomic_write_bytes(artifact.path, buffer.getvalue())
+    return artifact
 
 
-def onnx_legacy(script_module, kind: str, example: torch.Tensor, folder: Path, opset: int,
-                spatial_dynamic: bool) -> Artifact:
-    """The TorchScript-based exporter: the only one that takes a ScriptModule and keeps its If/Loop."""
-    path = folder / FILE_NAMES[kind]
-    axes = {0: BATCH_DIM, 2: "height", 3: "width"} if spatial_dynamic else {0: BATCH_DIM}
+def onnx_from_torchscript(context: BuildContext, kind) -> Artifact:
+    """The TorchScript-based exporter, from the kind's `needs[0]`: the only exporter that takes a ScriptModule
+    and keeps its If/Loop."""
+    source = context.built[kind.needs[0]]
+    artifact = context.artifact(kind, source_dynamic=source.spatial_dynamic)
+    axes = {0: BATCH_DIM, 2: "height", 3: "width"} if artifact.spatial_dynamic else {0: BATCH_DIM}
     with torch.no_grad():
-        torch.onnx.export(script_module, (example,), str(path), dynamo=False, opset_version=opset,
-                          input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        torch.onnx.export(source.loaded, (context.example,), str(artifact.path), dynamo=False,
+                          opset_version=context.opset, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                           dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: {0: BATCH_DIM}})
-    return Artifact(kind, path, "onnx", EXPORTERS[kind], spatial_dynamic)
+    return artifact
 
 
 def torch_export_form(module: nn.Module) -> nn.Module:
@@ -94,27 +97,26 @@ def torch_export_form(module: nn.Module) -> nn.Module:
     return module.torch_export_form() if hasattr(module, "torch_export_form") else module
 
 
-def onnx_dynamo(form: nn.Module, example: torch.Tensor, folder: Path, opset: int,
-                spatial_dynamic: bool) -> Artifact:
+def onnx_dynamo(context: BuildContext, kind) -> Artifact:
     """torch.export-based exporter, given the module's torch.export form (see torch_export_form)."""
-    path = folder / FILE_NAMES["onnx-dynamo"]
-    dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=4096)}
-    if spatial_dynamic:
-        dims.update({2: torch.export.Dim("height", min=32, max=4096), 3: torch.export.Dim("width", min=32, max=4096)})
+    artifact = context.artifact(kind)
+    dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_DIM)}
+    if artifact.spatial_dynamic:
+        dims.update({2: torch.export.Dim("height", min=32, max=MAX_DIM),
+                     3: torch.export.Dim("width", min=32, max=MAX_DIM)})
+    form = context.export_form
     argument = next(iter(_forward_argument_names(form)), "x")
-    program = torch.onnx.export(form, (example,), dynamo=True, opset_version=opset, external_data=False,
-                                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+    program = torch.onnx.export(form, (context.example,), dynamo=True, opset_version=context.opset,
+                                external_data=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                                 dynamic_shapes={argument: dims})
-    program.save(str(path), external_data=False)
-    return Artifact("onnx-dynamo", path, "onnx", EXPORTERS["onnx-dynamo"], spatial_dynamic)
+    program.save(str(artifact.path), external_data=False)
+    return artifact
 
 
-def estimated_bytes(module: nn.Module) -> int:
-    """Disk an export needs: five artifacts, each about the size of the parameters and buffers."""
+def parameter_bytes(module: nn.Module) -> int:
     tensors = list(module.parameters()) + list(module.buffers())
-    return len(FILE_NAMES) * sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _forward_argument_names(module: nn.Module) -> list[str]:
-    import inspect
     return [p for p in inspect.signature(module.forward).parameters if p != "self"]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from export.errors import ParityError
-from runtime.base import Backend
+from runtime.base import ArtifactRunError, Backend
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,9 @@ class Tolerance:
 # (1e-5). ONNX Runtime fuses Conv+BatchNorm and sums in other orders and kernels; over the ~1e4-1e5
 # multiply-adds behind each ResNet logit that moves results by ~1e-5 relative, so rtol 1e-3 (atol 1e-4
 # for outputs near zero) leaves headroom for that, while a changed weight (errors >= 1e-2) still fails.
+# Each kind names its tolerance in export.kinds.
 TORCHSCRIPT_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
 ONNX_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
-TOLERANCE_BY_FORMAT = {"torchscript": TORCHSCRIPT_TOLERANCE, "onnx": ONNX_TOLERANCE}
 
 OTHER_SPATIAL_SIZE = (320, 288)  # non-square, not the default: exercises the in-graph resize
 TOPK = (1, 5)
@@ -197,25 +197,30 @@ def topk_agreement(reference: torch.Tensor, candidate: torch.Tensor, k: int) -> 
 
 # ---------------------------------------------------------------- running
 
-def run_parity(eager: Backend, candidates: dict[str, tuple[Backend, str, bool]], inputs: list[InputBatch],
-               tolerances: dict[str, Tolerance] | None = None) -> ParityReport:
-    """candidates: name -> (runner, format, accepts_other_sizes)."""
-    tolerances = {**TOLERANCE_BY_FORMAT, **(tolerances or {})}
+@dataclass(frozen=True)
+class Candidate:
+    """An opened artifact under test, the tolerance its kind is held to, and whether it claims other sizes."""
+
+    runner: Backend
+    tolerance: Tolerance
+    spatial_dynamic: bool
+
+
+def run_parity(eager: Backend, candidates: dict[str, Candidate], inputs: list[InputBatch]) -> ParityReport:
     report = ParityReport()
     for batch in inputs:
         expected = eager(batch.tensor)
-        for name, (runner, fmt, spatial_dynamic) in candidates.items():
-            if not batch.default_size and not spatial_dynamic:
+        for name, candidate in candidates.items():
+            if not batch.default_size and not candidate.spatial_dynamic:
                 report.skipped.setdefault(name, "fixed input size: other sizes are not claimed")
                 continue
-            tolerance = tolerances[fmt]
             try:
-                metrics, passed = compare_outputs(expected, runner(batch.tensor), tolerance)
-            except Exception as error:  # a runtime that rejects the input fails parity, with its reason
-                metrics, passed = {"error": str(error).strip().splitlines()[0][:300], "max_abs": math.inf,
-                                   "max_rel": math.inf, "cosine": -1.0}, False
+                metrics, passed = compare_outputs(expected, candidate.runner(batch.tensor), candidate.tolerance)
+            except ArtifactRunError as error:  # the artifact's runtime refused the input: a failure, with its cause
+                metrics, passed = {"error": str(error)[:300], "traceback": error.cause_traceback(),
+                                   "max_abs": math.inf, "max_rel": math.inf, "cosine": -1.0}, False
             report.comparisons.append(Comparison(name, batch.name, list(batch.tensor.shape), metrics,
-                                                 tolerance, passed))
+                                                 candidate.tolerance, passed))
     return report
 
 

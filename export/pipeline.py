@@ -7,29 +7,30 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from export import formats
+from export import formats, kinds
 from export.archive import ArchiveRequest, PendingArchive, prepare_archive
 from export.atomic import atomic_write_text, ensure_free_space, staged_directory
 from export.eval_check import prepare_for_export
-from export.manifest import Manifest
-from export.onnx_check import check_onnx, onnx_control_flow, torchscript_control_flow
+from export.manifest import file_record, write_manifest
 from export.precision import PrecisionReport, PrecisionRequest, build_variants
-from export.parity import (ParityReport, compare_outputs, parity_inputs, report_json, report_markdown,
-                           run_parity, ONNX_TOLERANCE)
+from export.parity import (Candidate as ParityCandidate, ParityReport, compare_outputs, parity_inputs, report_json,
+                           report_markdown, run_parity)
 from export.selection import Candidate, decide
 from export.trace_vs_script import (CONCLUSION, ArtifactUnderTest, compact_table, compare_paths,
                                     markdown_section)
 from export.warnings_log import WarningLog
+from models.contract import LABELS_NAME, ArtifactRecord, Manifest, ModelInfo, OutputRecord, ServingDecision
 from models.registry import ModelEntry
-from runtime import RunOptions, open_artifact
+from runtime import ArtifactRunError, RunOptions, open_artifact
 from runtime.eager import EagerBackend
 
-LABELS_FILE = "index_to_name.json"
+EXPORT_LOG = "export.log"  # full tracebacks of refused kinds: the terminal gets one line each
 LATENCY_WARMUP = 1
 LATENCY_RUNS = 5  # batch-1 latency is recorded for information; it never chooses the served artifact
 
@@ -61,6 +62,7 @@ class ExportOptions:
     device: str = "cpu"
     fail_on_parity: bool = True
     archive: ArchiveRequest | None = None  # also build NAME.mar, committed only with the export
+    serve: str | None = None  # --serve: a kind to serve instead of the rule's first choice (same conditions)
     precision: PrecisionRequest = field(default_factory=PrecisionRequest)  # int8/bf16/fp16 variants, gated
 
 
@@ -107,7 +109,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
         progress.warn(built.weights.note)
     progress.step(f"built {entry.name} (weights: {built.weights.kind})")
     module, example = built.module, entry.example_input()
-    ensure_free_space(stage, formats.estimated_bytes(module))
+    ensure_free_space(stage, kinds.estimated_bytes(formats.parameter_bytes(module)))
     with timed("eval_check"):
         prepare_for_export(module, example)
         export_form = formats.torch_export_form(module)
@@ -116,15 +118,15 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     progress.step("eval mode verified (module and its torch.export form): no submodule training, no grads, "
                   "repeatable outputs")
 
-    artifacts, refused, scripted_modules = _export_artifacts(entry, module, export_form, example, stage,
-                                                             options, timed, progress)
-    with timed("onnx_check"):
+    context = formats.BuildContext(module, export_form, example, stage, options.opset,
+                                   entry.input_spec.resizes_in_graph)
+    refused = build_artifacts(context, timed, progress)
+    artifacts = context.built
+    with timed("inspect"):
         for artifact in artifacts.values():
-            if artifact.format == "onnx":
-                artifact.checks = check_onnx(artifact.path)
-                artifact.control_flow = onnx_control_flow(artifact.path)
-            else:
-                artifact.control_flow = torchscript_control_flow(scripted_modules[artifact.kind])
+            inspect = kinds.get(artifact.kind).inspect
+            if inspect:
+                inspect(artifact)
     progress.step(f"onnx.checker (full) and strict shape inference passed on "
                   f"{sum(a.format == 'onnx' for a in artifacts.values())} ONNX files")
 
@@ -135,12 +137,12 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     with timed("parity"):
         inputs = parity_inputs(entry.input_spec.shape, entry.input_spec.value_range,
                                spatial_dynamic=entry.input_spec.resizes_in_graph)
-        candidates = {k: (backends[k], a.format, a.spatial_dynamic) for k, a in artifacts.items()}
-        parity = run_parity(eager, candidates, inputs)
+        parity = run_parity(eager, {k: ParityCandidate(backends[k], kinds.get(k).tolerance, a.spatial_dynamic)
+                                    for k, a in artifacts.items()}, inputs)
     _print_parity(parity, progress)
 
     second_opinion = {}
-    if entry.family == "controlflow":
+    if entry.reference_check:
         with timed("reference_evaluator"):
             second_opinion = reference_agreement(artifacts, backends, entry.probe_inputs())
         progress.step("onnx.reference.ReferenceEvaluator vs ONNX Runtime: " + ", ".join(
@@ -148,7 +150,8 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
             for k, v in second_opinion.items()))
 
     with timed("trace_vs_script"):
-        units = [ArtifactUnderTest(k, a.format, backends[k], a.control_flow) for k, a in artifacts.items()]
+        units = [ArtifactUnderTest(k, a.format, backends[k], a.control_flow, kinds.get(k).tolerance)
+                 for k, a in artifacts.items()]
         paths = compare_paths(eager, units, entry.probe_inputs(), log.of_step("trace"))
     progress.step("trace vs script on probe inputs:\n" + compact_table(entry.name, paths))
     _warn_divergence(entry, paths, progress)
@@ -162,28 +165,27 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
                                       eligible_sources(artifacts, parity, paths), built.labels, options.device,
                                       progress)
         _print_gate(variants, options.precision.gate, progress)
-    serving = serving_decision(entry, artifacts, parity, paths, variants)
-    serving["latency_ms_batch1"] = latency
+    serving = serving_decision(entry, artifacts, parity, paths, variants, options.serve)
+    serving.latency_ms_batch1 = latency
 
-    manifest = Manifest(
-        model={"name": entry.name, "family": entry.family, "description": entry.description, **entry.source},
-        weights=built.weights.describe(),
-        input={"name": formats.INPUT_NAME, **entry.input_spec.describe()},
-        output=_output_spec(module, example, built.labels),
-        opset=options.opset,
-    )
     files = _write_reports(stage, entry, built.labels, parity, paths, second_opinion)
     if options.fail_on_parity:
         parity.raise_on_failure()  # inside the stage: the failed attempt is kept, the last good export stays
     if variants and options.precision.gate == "enforce":
         variants.raise_on_failure()  # the same: accuracy.md stays in NAME.failed with every number
-    manifest.artifacts = {k: _artifact_record(manifest, stage, a, entry) for k, a in artifacts.items()}
+    manifest = Manifest(
+        model=ModelInfo(entry.name, entry.family, entry.description, dict(entry.source)),
+        weights=built.weights.describe(), input=entry.input_spec.record(),
+        output=_output_record(module, example, built.labels), opset=options.opset)
+    manifest.artifacts = {k: _artifact_record(stage, a, entry) for k, a in artifacts.items()}
     if variants:
-        manifest.artifacts.update(_variant_records(manifest, stage, variants, artifacts, entry))
+        manifest.artifacts.update(_variant_records(stage, variants, artifacts, entry))
         manifest.precision = variants.manifest_record()
         files += variants.files
+    if (stage / EXPORT_LOG).is_file():
+        files.append(EXPORT_LOG)
     manifest.refused = refused
-    manifest.files = {name: manifest.record_file(stage, name) for name in files}
+    manifest.files = {name: file_record(stage, name) for name in files}
     manifest.parity = {"passed": not parity.failures, "summary": parity.summary(),
                        "reference_evaluator": second_opinion}
     manifest.trace_vs_script = {"diverging": paths["diverging"],
@@ -193,25 +195,53 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     manifest.warnings = log.as_list()
     manifest.exporter_output = log.output_as_dict()
     manifest.timings_s = {k: round(v, 2) for k, v in timings.items()}
-    manifest.write(stage)  # last: its presence means the folder is complete
+    write_manifest(stage, manifest)  # last: its presence means the folder is complete
     return ExportResult(Path(options.out), manifest, parity, paths, log, timings)
 
 
+def build_artifacts(context: formats.BuildContext, timed, progress: Progress) -> dict[str, str]:
+    """Every fp32 kind of the table, in order, into context.built. A kind whose exporter may refuse this model
+    is recorded with its reason (full traceback in export.log) and the others go on; kinds that need it are
+    skipped with the reason. Returns kind -> why it was not made."""
+    refused: dict[str, str] = {}
+    for kind in kinds.fp32_kinds():
+        missing = [n for n in kind.needs if n not in context.built]
+        if missing:
+            refused[kind.name] = f"not built: needs {', '.join(missing)}, which was not made"
+            continue
+        try:
+            with timed(kind.name):
+                context.built[kind.name] = kind.build(context, kind)
+        except Exception as error:  # noqa: BLE001 - only for kinds marked may_refuse; others re-raise below
+            if not kind.may_refuse:
+                raise
+            refused[kind.name] = f"{type(error).__name__}: {_first_lines(str(error))}"
+            _append_traceback(context.folder / EXPORT_LOG, kind.name)
+            progress.step(f"{kind.name} ({kind.exporter}) REFUSED: {refused[kind.name][:200]} "
+                          f"(traceback in {EXPORT_LOG})")
+            continue
+        progress.step(f"{kind.name}: {kind.exporter} -> {kind.file_name}")
+    return refused
+
+
+def _append_traceback(path: Path, kind: str) -> None:
+    previous = path.read_text() if path.is_file() else ""
+    atomic_write_text(path, f"{previous}--- {kind} refused\n{traceback.format_exc()}\n")
+
+
 def serving_decision(entry: ModelEntry, artifacts: dict, parity: ParityReport, paths: dict,
-                     variants: PrecisionReport | None = None) -> dict:
+                     variants: PrecisionReport | None = None, requested: str | None = None) -> ServingDecision:
     """Apply export.selection's declared rule to this export's results. A reduced-precision variant inherits
     its fp32 source's parity and divergence, and carries its own accuracy-gate verdict."""
     diverging = _diverging(paths)
-    contract = entry.input_spec.preprocessing
-    handler_input = (entry.input_spec.shape[1], *contract.crop) if contract else None
+    example_size = tuple(entry.input_spec.shape[1:])
     candidates = [Candidate(kind, parity.passed(kind), tuple(diverging.get(kind, ())), a.spatial_dynamic,
-                            tuple(entry.input_spec.shape[1:])) for kind, a in artifacts.items()]
+                            example_size) for kind, a in artifacts.items()]
     for kind, variant in (variants.variants.items() if variants else ()):
         source = variant.source
         candidates.append(Candidate(kind, parity.passed(source), tuple(diverging.get(source, ())),
-                                    artifacts[source].spatial_dynamic, tuple(entry.input_spec.shape[1:]),
-                                    gate=variant.gate.verdict))
-    return decide(candidates, handler_input)
+                                    artifacts[source].spatial_dynamic, example_size, gate=variant.gate.verdict))
+    return decide(candidates, entry.input_spec.record().handler_input(), requested)
 
 
 def _diverging(paths: dict) -> dict[str, list[str]]:
@@ -227,14 +257,16 @@ def eligible_sources(artifacts: dict, parity: ParityReport, paths: dict) -> list
     return [kind for kind in artifacts if parity.passed(kind) and kind not in diverging]
 
 
-def _variant_records(manifest: Manifest, stage: Path, variants: PrecisionReport, artifacts: dict,
-                     entry: ModelEntry) -> dict:
+def _variant_records(stage: Path, variants: PrecisionReport, artifacts: dict, entry: ModelEntry) -> dict:
     records = {}
     for kind, variant in variants.variants.items():
         source = artifacts[variant.source]
-        records[kind] = {**manifest.record_file(stage, variant.path.name), "format": variant.format,
-                         "exporter": variant.made_by["tool"], "accepts": source.accepts(entry.input_spec.shape),
-                         "spatial_dynamic": source.spatial_dynamic, **variant.record_extra()}
+        file = file_record(stage, variant.path.name)
+        records[kind] = ArtifactRecord(
+            kind=kind, path=file.path, sha256=file.sha256, bytes=file.bytes, format=variant.format,
+            exporter=variant.made_by["tool"], spatial_dynamic=source.spatial_dynamic,
+            accepts=source.accepts(entry.input_spec.shape), precision=variant.precision,
+            run_precision=variant.run_precision, source=variant.source, details=variant.details())
     return records
 
 
@@ -263,56 +295,33 @@ class _Timer:
         return False
 
 
-def _export_artifacts(entry, module, export_form, example, stage, options, timed, progress):
-    artifacts, refused, script_modules = {}, {}, {}
-    dynamic = entry.input_spec.resizes_in_graph
-    with timed("trace"):
-        traced, artifacts["traced"] = formats.trace(module, example, stage)
-    with timed("script"):
-        scripted, artifacts["scripted"] = formats.script(module, stage, dynamic)
-    script_modules.update(traced=traced, scripted=scripted)
-    progress.step("TorchScript: traced and scripted")
-    with timed("onnx_legacy"):
-        artifacts["onnx-traced"] = formats.onnx_legacy(traced, "onnx-traced", example, stage, options.opset, False)
-        artifacts["onnx-scripted"] = formats.onnx_legacy(scripted, "onnx-scripted", example, stage, options.opset,
-                                                         dynamic)
-    progress.step(f"ONNX (legacy exporter, opset {options.opset}) from the traced and the scripted module")
-    try:
-        with timed("onnx_dynamo"):
-            artifacts["onnx-dynamo"] = formats.onnx_dynamo(export_form, example, stage, options.opset, dynamic)
-        progress.step("ONNX (torch.export-based exporter)")
-    except Exception as error:  # the exporter refuses some models: recorded in the manifest, the rest go on
-        reason = f"{type(error).__name__}: {_first_lines(str(error))}"
-        refused["onnx-dynamo"] = reason
-        progress.step(f"ONNX (torch.export-based exporter) REFUSED: {reason[:200]}")
-    return artifacts, refused, script_modules
-
-
 def _first_lines(text: str, count: int = 3) -> str:
     return " ".join(line.strip() for line in text.strip().splitlines()[:count])[:600]
 
 
-def _artifact_record(manifest: Manifest, folder: Path, artifact: formats.Artifact, entry: ModelEntry) -> dict:
-    return {**manifest.record_file(folder, artifact.path.name), "format": artifact.format,
-            "exporter": artifact.exporter, "accepts": artifact.accepts(entry.input_spec.shape),
-            "spatial_dynamic": artifact.spatial_dynamic, "control_flow": artifact.control_flow, "precision": "fp32",
-            **({"checks": artifact.checks} if artifact.checks else {})}
+def _artifact_record(folder: Path, artifact: formats.Artifact, entry: ModelEntry) -> ArtifactRecord:
+    file = file_record(folder, artifact.path.name)
+    return ArtifactRecord(kind=artifact.kind, path=file.path, sha256=file.sha256, bytes=file.bytes,
+                          format=artifact.format, exporter=artifact.exporter,
+                          spatial_dynamic=artifact.spatial_dynamic, accepts=artifact.accepts(entry.input_spec.shape),
+                          control_flow=artifact.control_flow, checks=artifact.checks)
 
 
-def _output_spec(module, example, labels) -> dict:
+def _output_record(module, example, labels) -> OutputRecord:
     with torch.inference_mode():
         output = module(example)
-    spec = {"name": formats.OUTPUT_NAME, "shape": ["batch"] + list(output.shape[1:]), "dtype": str(output.dtype)}
+    record = OutputRecord(shape=["batch"] + list(output.shape[1:]), dtype=str(output.dtype).replace("torch.", ""))
     if labels:
-        spec.update(meaning="logits (apply softmax for probabilities)", labels=LABELS_FILE, classes=len(labels))
-    return spec
+        record.meaning, record.labels, record.classes = ("logits (apply softmax for probabilities)", LABELS_NAME,
+                                                         len(labels))
+    return record
 
 
 def _write_reports(stage: Path, entry, labels, parity, paths, second_opinion) -> list[str]:
     written = []
     if labels:
-        atomic_write_text(stage / LABELS_FILE, json.dumps({str(i): name for i, name in enumerate(labels)}, indent=1))
-        written.append(LABELS_FILE)
+        atomic_write_text(stage / LABELS_NAME, json.dumps({str(i): name for i, name in enumerate(labels)}, indent=1))
+        written.append(LABELS_NAME)
     atomic_write_text(stage / "parity.md", report_markdown(parity, entry.name) + _second_opinion_md(second_opinion))
     atomic_write_text(stage / "parity.json", report_json(parity))
     report = markdown_section(entry.name, entry.description, paths)
@@ -342,10 +351,10 @@ def reference_agreement(artifacts, backends, probes: dict) -> dict:
         for probe, tensor in probes.items():
             try:
                 expected = reference(tensor)
-            except Exception as error:  # e.g. a fixed-shape graph refuses other shapes: recorded, not hidden
-                skipped[probe] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+            except ArtifactRunError as error:  # e.g. a fixed-shape graph refuses other shapes: recorded, not hidden
+                skipped[probe] = str(error)[:300]
                 continue
-            metrics, passed = compare_outputs(expected, backends[kind](tensor), ONNX_TOLERANCE)
+            metrics, passed = compare_outputs(expected, backends[kind](tensor), kinds.get(kind).tolerance)
             worst, agree, count = max(worst, metrics["max_abs"]), agree and passed, count + 1
         out[kind] = {"agree": agree and count > 0, "max_abs": worst, "inputs": count, "skipped": skipped}
     return out
@@ -379,7 +388,7 @@ def divergence_warning(paths: dict) -> str | None:
 
 def _warn_divergence(entry, paths, progress) -> None:
     message = divergence_warning(paths)
-    if message and entry.family == "module":
+    if message and entry.warn_on_divergence:
         progress.warn(message)
     elif message:
         progress.step("note: " + message)

@@ -29,20 +29,19 @@ from export.accuracy import (GATE_BATCH, GateResult, judge, label_targets, repor
                              AccuracyGateError)
 from export.atomic import atomic_write_text
 from export.calibration import DEFAULT_CALIBRATION_SAMPLES, ImageSet, calibration_set, holdout_set
+from export import kinds
 from export.errors import ExportError
+from models.contract import INPUT_NAME, ImageContract
 from runtime import RunOptions, open_artifact
 from runtime.base import Backend
-from runtime.images import ImageContract
 
-PRECISIONS = ("fp32", "int8", "bf16", "fp16")
+PRECISIONS = kinds.precisions()
 DEFAULT_PRECISIONS = ("fp32",)
-INT8_FILE = "model.int8.onnx"
-FP16_FILE = "model.fp16.onnx"
+INT8 = kinds.get("onnx-int8")
 RANGES_FILE = "int8.ranges.json"  # calibrated tensor ranges: the int8 model can be rebuilt from them
 ACCURACY_FILES = ("accuracy.md", "accuracy.json")
-# The int8 source: an fp32 ONNX without control flow first (the quantizer and its shape inference handle a
-# plain graph best); it must have passed parity and not diverge from eager.
-INT8_SOURCE_PREFERENCE = ("onnx-traced", "onnx-dynamo", "onnx-scripted")
+# The int8 source (INT8.sources): an fp32 ONNX without control flow first (the quantizer and its shape
+# inference handle a plain graph best); it must have passed parity and not diverge from eager.
 ACTIVATION_TYPES = ("QUInt8", "QInt8")  # weights are QInt8 either way (symmetric, per channel)
 CALIBRATION_BATCH = 8
 SPEED_WARMUP = 2
@@ -92,9 +91,9 @@ class Variant:
     gate: GateResult | None = None
     images_per_s: float | None = None
 
-    def record_extra(self) -> dict:
-        return {"precision": self.precision, "run_precision": self.run_precision, "source": self.source,
-                "made_by": self.made_by, "accuracy": self.gate.as_dict() if self.gate else None,
+    def details(self) -> dict:
+        """The manifest record's kind-specific facts."""
+        return {"made_by": self.made_by, "accuracy": self.gate.as_dict() if self.gate else None,
                 "images_per_s_batch1": self.images_per_s}
 
 
@@ -136,8 +135,7 @@ def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Modu
     if contract_record is None:
         raise PrecisionError("reduced precision needs images to calibrate and check on, and this model has no "
                              "image input contract (input.preprocessing); export it with --precision fp32")
-    contract = ImageContract(contract_record.resize, tuple(contract_record.crop), contract_record.interpolation,
-                             contract_record.antialias)
+    contract: ImageContract = contract_record
     report = PrecisionReport()
     eager = EagerBackend(module)
     check_hardware(request.precisions, device)
@@ -157,21 +155,22 @@ def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Modu
     fp32_source = _int8_source(fp32_artifacts, eligible_sources) if any(
         p in request.precisions for p in ("int8", "fp16")) else None
     if fp32_source:
-        source_backend = open_artifact("onnx", fp32_artifacts[fp32_source].path, RunOptions(device=device))
+        source = fp32_artifacts[fp32_source]
+        source_backend = open_artifact(source.format, source.path, RunOptions(device=device))
         report.ladder[fp32_source] = images_per_s(source_backend, holdout.images[:1])
     if "int8" in request.precisions:
         variant, choice = build_int8(stage, fp32_artifacts[fp32_source], calibration, holdout, reference, targets,
                                      progress)
         report.variants[variant.kind], report.int8_choice = variant, choice
         report.files.append(RANGES_FILE)
-    if "bf16" in request.precisions:
-        report.variants["scripted-bf16"] = autocast_variant(fp32_artifacts["scripted"], "bf16", device, holdout,
-                                                            reference, targets)
-    if "fp16" in request.precisions:
-        report.variants["onnx-fp16"] = build_onnx_fp16(stage, fp32_artifacts[fp32_source], device, holdout,
-                                                       reference, targets)
-        report.variants["scripted-fp16"] = autocast_variant(fp32_artifacts["scripted"], "fp16", device, holdout,
-                                                            reference, targets)
+    for precision in ("bf16", "fp16"):
+        for kind in (kinds.variants(precision) if precision in request.precisions else ()):
+            if kind.format == "torchscript":
+                source = fp32_artifacts[_source(kind, fp32_artifacts, eligible_sources)]
+                report.variants[kind.name] = autocast_variant(kind, source, device, holdout, reference, targets)
+            else:
+                report.variants[kind.name] = build_onnx_fp16(stage, kind, fp32_artifacts[fp32_source], device,
+                                                             holdout, reference, targets)
     for kind, variant in report.variants.items():
         report.ladder[kind] = variant.images_per_s
     _write_reports(stage, report, targets is not None)
@@ -192,11 +191,16 @@ def check_hardware(precisions: tuple[str, ...], device: str) -> None:
 
 
 def _int8_source(artifacts: dict, eligible: list[str]) -> str:
-    for kind in INT8_SOURCE_PREFERENCE:
-        if kind in artifacts and kind in eligible:
-            return kind
-    raise PrecisionError("no fp32 ONNX artifact passed parity without diverging from eager, so there is nothing "
-                         "to quantize; fix parity first (see parity.md)")
+    return _source(INT8, artifacts, eligible)
+
+
+def _source(kind, artifacts: dict, eligible: list[str]) -> str:
+    """The first of the kind's fp32 sources that passed parity and does not diverge from eager."""
+    for name in kind.sources:
+        if name in artifacts and name in eligible:
+            return name
+    raise PrecisionError(f"none of {', '.join(kind.sources)} passed parity without diverging from eager, so "
+                         f"there is nothing to make {kind.name} from; fix parity first (see parity.md)")
 
 
 # ---------------------------------------------------------------- int8
@@ -225,7 +229,6 @@ def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, re
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from export.formats import INPUT_NAME
     work = stage / ".int8-work"
     work.mkdir(exist_ok=True)
     try:
@@ -242,15 +245,15 @@ def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, re
                             activation_type=getattr(QuantType, activation), weight_type=QuantType.QInt8,
                             calibrate_method=CalibrationMethod.MinMax, calibration_cache_path=ranges)
             timings[f"quantize_{activation}_s"] = round(time.perf_counter() - started, 2)
-            backend = open_artifact("onnx", path, RunOptions(), name=f"int8 {activation}")
+            backend = open_artifact(INT8.format, path, RunOptions(), name=f"int8 {activation}")
             speed = images_per_s(backend, holdout.images[:1])
-            gate = judge("onnx-int8", "int8", reference, run_batches(backend, holdout.images), targets)
+            gate = judge(INT8.name, INT8.precision, reference, run_batches(backend, holdout.images), targets)
             candidates[activation] = (path, speed, gate)
             progress.step(f"int8 activations {activation}, weights QInt8: {speed:.1f} images/s at batch 1, gate "
                           f"{gate.verdict} (top-1 agreement {100 * gate.metrics['top1_agreement']:.1f}%)")
         chosen, why = choose_activation_type({a: (s, g.passed) for a, (_, s, g) in candidates.items()})
         path, speed, gate = candidates[chosen]
-        shutil.move(str(path), str(stage / INT8_FILE))
+        shutil.move(str(path), str(stage / INT8.file_name))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     made_by = {"tool": "onnxruntime.quantization.quantize_static", "preprocessing": "quant_pre_process",
@@ -260,7 +263,8 @@ def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, re
     choice = {"chosen": chosen, "why": why,
               "measured": {a: {"images_per_s_batch1": round(s, 1), "gate": g.verdict,
                                "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()}}
-    variant = Variant("onnx-int8", stage / INT8_FILE, "onnx", "int8", "fp32", source.kind, made_by, gate, speed)
+    variant = Variant(INT8.name, stage / INT8.file_name, INT8.format, INT8.precision, "fp32", source.kind, made_by,
+                      gate, speed)
     return variant, choice
 
 
@@ -280,26 +284,26 @@ def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str
 
 # ---------------------------------------------------------------- bf16 / fp16
 
-def autocast_variant(scripted, precision: str, device: str, holdout: ImageSet, reference, targets) -> Variant:
-    """The scripted TorchScript file run under torch.autocast: no new file, a new way to run it."""
-    backend = open_artifact("torchscript", scripted.path, RunOptions(device=device, precision=precision))
-    kind = f"scripted-{precision}"
-    gate = judge(kind, precision, reference, run_batches(backend, holdout.images), targets)
-    made_by = {"tool": f"torch.autocast(dtype={precision}) around {scripted.path.name}", "device": device}
-    return Variant(kind, scripted.path, "torchscript", precision, precision, scripted.kind, made_by, gate,
+def autocast_variant(kind, source, device: str, holdout: ImageSet, reference, targets) -> Variant:
+    """An fp32 TorchScript file run under torch.autocast: no new file, a new way to run it."""
+    precision = kind.precision
+    backend = open_artifact(source.format, source.path, RunOptions(device=device, precision=precision))
+    gate = judge(kind.name, precision, reference, run_batches(backend, holdout.images), targets)
+    made_by = {"tool": f"torch.autocast(dtype={precision}) around {source.path.name}", "device": device}
+    return Variant(kind.name, source.path, source.format, precision, precision, source.kind, made_by, gate,
                    images_per_s(backend, holdout.images[:1]))
 
 
-def build_onnx_fp16(stage: Path, source, device: str, holdout: ImageSet, reference, targets) -> Variant:
+def build_onnx_fp16(stage: Path, kind, source, device: str, holdout: ImageSet, reference, targets) -> Variant:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
     model = convert_float_to_float16(onnx.load(str(source.path)), keep_io_types=True)
-    onnx.save(model, str(stage / FP16_FILE))
-    backend = open_artifact("onnx", stage / FP16_FILE, RunOptions(device=device))
-    gate = judge("onnx-fp16", "fp16", reference, run_batches(backend, holdout.images), targets)
+    onnx.save(model, str(stage / kind.file_name))
+    backend = open_artifact(kind.format, stage / kind.file_name, RunOptions(device=device))
+    gate = judge(kind.name, kind.precision, reference, run_batches(backend, holdout.images), targets)
     made_by = {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
                "runs_on": "ONNX Runtime CUDAExecutionProvider"}
-    return Variant("onnx-fp16", stage / FP16_FILE, "onnx", "fp16", "fp32", source.kind, made_by, gate,
+    return Variant(kind.name, stage / kind.file_name, kind.format, kind.precision, "fp32", source.kind, made_by, gate,
                    images_per_s(backend, holdout.images[:1]))
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from export.parity import TOLERANCE_BY_FORMAT, compare_outputs
+from export.parity import Tolerance, compare_outputs
 from runtime.base import Backend
 
 SILENTLY_WRONG = "silently wrong"
@@ -26,6 +26,7 @@ class ArtifactUnderTest:
     format: str
     runner: Backend
     control_flow: dict
+    tolerance: Tolerance  # its kind's parity tolerance (export.kinds)
 
 
 def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: dict[str, torch.Tensor],
@@ -55,7 +56,7 @@ def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, referen
         output = artifact.runner(tensor)
     except Exception as error:
         return {**base, "status": REJECTED, "error": str(error).strip().splitlines()[0][:200]}
-    metrics, passed = compare_outputs(reference, output, TOLERANCE_BY_FORMAT[artifact.format])
+    metrics, passed = compare_outputs(reference, output, artifact.tolerance)
     return {**base, "status": MATCHES if passed else SILENTLY_WRONG, "max_abs": metrics["max_abs"],
             "output_mean": output.double().mean().item()}
 

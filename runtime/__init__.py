@@ -5,9 +5,9 @@ proven is what is served. Imports torch, onnxruntime, the standard library and m
 the archive ships this package.
 """
 
-from runtime.base import (Backend, RunOptions, UnknownFormatError, ArtifactError, available_formats, open_artifact,
+from runtime.base import (Backend, RunOptions, UnknownFormatError, ArtifactError, ArtifactRunError, available_formats, open_artifact,
                           register_backend)
 from runtime.integrity import IntegrityError, file_sha256, verify_file
 
-__all__ = ["Backend", "RunOptions", "UnknownFormatError", "ArtifactError", "available_formats", "open_artifact",
+__all__ = ["Backend", "RunOptions", "UnknownFormatError", "ArtifactError", "ArtifactRunError", "available_formats", "open_artifact",
            "register_backend", "IntegrityError", "file_sha256", "verify_file"]

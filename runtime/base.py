@@ -31,6 +31,16 @@ class ArtifactError(VisionExportError):
     """An artifact cannot be opened or run as asked (missing file, wrong options for its backend)."""
 
 
+class ArtifactRunError(ArtifactError):
+    """The artifact's runtime failed on an input (a shape it does not take, a kernel error); the runtime's own
+    exception is chained as __cause__, so its traceback is kept."""
+
+    def cause_traceback(self) -> str:
+        import traceback
+        cause = self.__cause__
+        return "".join(traceback.format_exception(cause)) if cause else ""
+
+
 class UnknownFormatError(ArtifactError):
     def __init__(self, format: str):
         super().__init__(f"no backend for artifact format {format!r}; known formats: {', '.join(BACKENDS)}")
@@ -74,7 +84,15 @@ class Backend(ABC):
         """float32 batch (on the CPU) -> float32 output on the CPU."""
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
-        return self.predict(batch)
+        """predict(), with a runtime's failure on this input as an ArtifactRunError (cause chained)."""
+        try:
+            return self.predict(batch)
+        except ArtifactError:
+            raise
+        except Exception as error:  # onnxruntime, TorchScript and others each raise their own types
+            first = (str(error).strip().splitlines() or [""])[0][:200]
+            raise ArtifactRunError(f"{self.name} failed on input {tuple(batch.shape)}: "
+                                   f"{type(error).__name__}: {first}") from error
 
     def describe(self) -> dict:
         """What ran: for reports, logs and the benchmark's table."""
@@ -91,7 +109,7 @@ def backend_class(format: str) -> type[Backend]:
 
 
 def register_backend(format: str, target: str) -> None:
-    """Add a backend from outside this package ("package.module:Class")."""
+    """Add a backend from outside this package ("package.module:Class"): a new artifact kind's backend."""
     BACKENDS[format] = target
 
 

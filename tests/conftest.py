@@ -21,10 +21,11 @@ def run_export(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess
 
 @pytest.fixture(scope="session")
 def resnet18_export(tmp_path_factory) -> dict:
-    """resnet18, random weights: every artifact, the manifest and model-store/resnet.mar."""
+    """resnet18, random weights: every artifact, the manifest and model-store/resnet18.mar."""
     base = tmp_path_factory.mktemp("resnet18")
     out, store = base / "artifacts", base / "model-store"
     result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
                         "--model-store", str(store), "--max-batch-delay", "40")
     assert result.returncode == 0, result.stdout + result.stderr
-    return {"out": out, "model_store": store, "stdout": result.stdout, "stderr": result.stderr}
+    return {"out": out, "model_store": store, "archive": store / "resnet18.mar", "model_name": "resnet18",
+            "stdout": result.stdout, "stderr": result.stderr}
