@@ -1,7 +1,9 @@
 """The five rooms and the one error family, checked from the source (what a newcomer is told is true).
 
-models -> runtime -> export -> handlers -> serving: a room imports only rooms to its left. runtime/ and
-handlers/ travel inside the TorchServe archive, so they may use nothing of models/ but models/errors.py.
+models -> runtime -> export -> handlers -> serving: a room imports only rooms to its left (sub-rooms included).
+runtime/ and handlers/ travel inside the TorchServe archive, so they may use nothing of models/ but the error
+root and the contract, and the contract itself is standard library only. Nobody reads manifest.json's keys
+but the contract.
 """
 
 import ast
@@ -16,7 +18,11 @@ from models.errors import VisionExportError
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("models", "runtime", "export", "handlers", "serving")
-SHIPPED_FROM_MODELS = {"models.errors"}
+SHIPPED_FROM_MODELS = {"models.errors", "models.contract"}
+MAX_MODULE_LINES = 400
+# Reading manifest.json's keys by hand (outside models/contract.py) is what the contract replaced.
+RAW_MANIFEST_READS = ('["serving"]', '["artifacts"]', '["preprocessing"]', '"default_artifact"', 'manifest["',
+                      "manifest.json\").read_text", "manifest.json').read_text")
 
 
 def our_imports(path: Path) -> set[str]:
@@ -29,8 +35,12 @@ def our_imports(path: Path) -> set[str]:
     return {n for n in names if n.split(".")[0] in ROOMS}
 
 
+def room_sources(room: str) -> list[Path]:
+    return sorted((ROOT / room).rglob("*.py"))
+
+
 def room_imports(room: str) -> dict[str, set[str]]:
-    return {str(p.relative_to(ROOT)): our_imports(p) for p in sorted((ROOT / room).glob("*.py"))}
+    return {str(p.relative_to(ROOT)): our_imports(p) for p in room_sources(room)}
 
 
 @pytest.mark.parametrize("room", ROOMS)
@@ -51,13 +61,43 @@ def test_what_the_archive_ships_imports_nothing_it_does_not_ship(room):
 
 def test_archive_sources_match_what_the_handler_needs():
     from export.archive import ARCHIVE_SOURCES
-    assert ARCHIVE_SOURCES == {"handlers": None, "runtime": None, "models": ("errors.py",)}
+    assert ARCHIVE_SOURCES == {"handlers": None, "runtime": None, "models": ("errors.py", "contract.py")}
+
+
+def test_the_contract_is_standard_library_only():
+    import sys
+    path = ROOT / "models" / "contract.py"
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module if node.module.startswith("models.") else node.module.split(".")[0])
+    outside = {n for n in imported if n not in sys.stdlib_module_names and n != "models.errors"}
+    assert not outside, f"models/contract.py imports {sorted(outside)}: the archive ships it without dependencies"
+
+
+def test_nobody_reads_manifest_keys_but_the_contract():
+    offenders = {}
+    for folder in ROOMS + ("examples", "docker"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "models" / "contract.py":
+                continue
+            found = [pattern for pattern in RAW_MANIFEST_READS if pattern in path.read_text()]
+            if found:
+                offenders[str(path.relative_to(ROOT))] = found
+    assert not offenders, f"raw manifest reads outside models/contract.py: {offenders}"
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for room in ROOMS for p in room_sources(room)}
+    assert not {f: n for f, n in sizes.items() if n > MAX_MODULE_LINES}
 
 
 def our_exception_classes():
     for room in ROOMS:
         package = importlib.import_module(room)
-        for info in pkgutil.iter_modules(package.__path__, prefix=f"{room}."):
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{room}."):
             if info.name.endswith("__main__"):
                 continue
             module = importlib.import_module(info.name)
