@@ -12,8 +12,7 @@ from models.errors import EXIT_ERROR, EXIT_INTERRUPTED, VisionExportError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from models.resnet import DEFAULT_ARCH, RESNET_ARCHS
-    from models.weights import CHOICES_HELP
+    import models
 
     parser = argparse.ArgumentParser(
         prog="python -m export",
@@ -21,13 +20,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "verify eval mode, check parity against eager PyTorch, and package it for TorchServe.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    resnet = commands.add_parser("resnet", help="a torchvision ResNet with in-graph preprocessing, plus ARCH.mar",
-                                 description="Export a torchvision ResNet and package it as model-store/ARCH.mar "
-                                             "(served at /predictions/ARCH).")
-    resnet.add_argument("--arch", default=DEFAULT_ARCH, metavar="ARCH",
-                        help=f"one of: {', '.join(RESNET_ARCHS)} (default: {DEFAULT_ARCH})")
-    _common(resnet, CHOICES_HELP, default_out="artifacts/<arch>")
-    _archive_options(resnet)
+    for family in models.families():  # one command per model family of the registry
+        sub = commands.add_parser(family.name, help=f"{family.description}, plus ARCH.mar",
+                                  description=f"Export {family.description} and package it as "
+                                              "model-store/ARCH.mar (served at /predictions/ARCH).")
+        sub.set_defaults(command="family", family=family.name)
+        sub.add_argument("--arch", default=family.default_arch, metavar="ARCH",
+                         help=f"one of: {', '.join(family.archs)} (default: {family.default_arch})")
+        _common(sub, family.weights_help, default_out="artifacts/<arch>")
+        _archive_options(sub)
 
     module = commands.add_parser("module", help="your own nn.Module from FILE.py:factory",
                                  description="Export your own module: the factory returns an nn.Module.")

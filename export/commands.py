@@ -21,16 +21,15 @@ from runtime.eager import EagerBackend
 CONTROLFLOW_MODELS = ("cf-branch", "cf-loop", "cf-repeat", "resnet18")
 
 
-def resnet_command(args) -> int:
+def family_command(args) -> int:
+    """python -m export FAMILY --arch ARCH (families come from the registry)."""
     import models
-    from models.resnet import RESNET_ARCHS
-    if args.arch not in RESNET_ARCHS:
-        raise ExportError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(RESNET_ARCHS)}")
+    entry = models.entry_of(args.family, args.arch)
     device, overrides = _device(args.device), _config_overrides(args)
     out = args.out or Path("artifacts") / args.arch
     progress = Progress()
     archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or args.arch, overrides)
-    result = export_model(models.get(args.arch), ExportOptions(out, args.weights, args.opset, device, archive=archive,
+    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
                                                                precision=precision_request(args), serve=args.serve),
                           progress)
     _print_resize_line(result.trace_vs_script, progress)

@@ -1,8 +1,16 @@
-"""What can be exported: the model registry and the modules it builds."""
+"""What can be exported: the model registry and the modules it builds.
 
-from models.registry import (BuiltModel, InputSpec, ModelEntry, UnknownModelError, WeightsInfo, get, names,
-                             register)
-from models import resnet, controlflow  # noqa: F401  (registers the entries)
+Every module of this package is imported here, so a family is one new module that registers itself.
+"""
 
-__all__ = ["BuiltModel", "InputSpec", "ModelEntry", "UnknownModelError", "WeightsInfo", "get", "names",
-           "register"]
+import importlib
+import pkgutil
+
+from models.registry import (BuiltModel, Family, InputSpec, ModelEntry, UnknownModelError, WeightsInfo, entry_of,
+                             families, family, get, names, register, register_family)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["BuiltModel", "Family", "InputSpec", "ModelEntry", "UnknownModelError", "WeightsInfo", "entry_of",
+           "families", "family", "get", "names", "register", "register_family"]

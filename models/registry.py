@@ -1,8 +1,10 @@
-"""The registry: one `ModelEntry` per exportable model.
+"""The registry: one `ModelEntry` per exportable model, and one `Family` per `python -m export FAMILY` command.
 
-An entry says how to build the module (with the weights the user asked for), what its input looks like,
-which labels its outputs mean, and which probe inputs show its control flow. Adding a model means adding
-one entry with `register`.
+An entry says how to build the module (with the weights the user asked for), what its input looks like
+(with the ImageContract its weights were evaluated with), which labels its outputs mean, and which probe
+inputs show its control flow. A family groups entries under one command with an --arch choice. Adding a
+family means one module in models/ that calls `register` for each arch and `register_family` once; the CLI
+and the pipeline read everything else from the entries.
 """
 
 from __future__ import annotations
@@ -85,7 +87,19 @@ class ModelEntry:
         return low + (high - low) * torch.rand(self.input_spec.shape, generator=generator)
 
 
+@dataclass(frozen=True)
+class Family:
+    """`python -m export NAME --arch ARCH`: the command, its archs (registry entries) and the default."""
+
+    name: str
+    description: str
+    archs: tuple[str, ...]
+    default_arch: str
+    weights_help: str = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
+
+
 _REGISTRY: dict[str, ModelEntry] = {}
+_FAMILIES: dict[str, Family] = {}
 
 
 def register(entry: ModelEntry) -> ModelEntry:
@@ -106,3 +120,31 @@ def get(name: str) -> ModelEntry:
 
 def names(family: str | None = None) -> list[str]:
     return sorted(n for n, e in _REGISTRY.items() if family is None or e.family == family)
+
+
+def register_family(family: Family) -> Family:
+    missing = [a for a in family.archs if a not in _REGISTRY]
+    if family.name in _FAMILIES or missing or family.default_arch not in family.archs:
+        raise ValueError(f"family {family.name!r}: registered twice, or archs {missing} / default "
+                         f"{family.default_arch!r} not registered")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def families() -> list[Family]:
+    return list(_FAMILIES.values())
+
+
+def family(name: str) -> Family:
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise UnknownModelError(f"unknown model family {name!r}; choose one of: {', '.join(_FAMILIES)}") from None
+
+
+def entry_of(family_name: str, arch: str) -> ModelEntry:
+    """The entry for `python -m export FAMILY --arch ARCH`, or an error listing the family's archs."""
+    chosen = family(family_name)
+    if arch not in chosen.archs:
+        raise UnknownModelError(f"unknown --arch {arch!r}; choose one of: {', '.join(chosen.archs)}")
+    return get(arch)

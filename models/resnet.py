@@ -6,7 +6,7 @@ import torchvision
 
 from models.preprocess import ImagePreprocess
 from models.contract import ImageContract
-from models.registry import BuiltModel, InputSpec, ModelEntry, register
+from models.registry import BuiltModel, Family, InputSpec, ModelEntry, register, register_family
 from models.weights import resolve_torchvision
 
 RESNET_ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
@@ -59,3 +59,6 @@ for _arch in RESNET_ARCHS:
         probe_inputs=_probe_inputs,
         source={"registry": _arch},
     ))
+
+register_family(Family("resnet", "a torchvision ResNet with in-graph preprocessing (torchvision's ImageNet weights "
+                                 "when they can be downloaded)", RESNET_ARCHS, DEFAULT_ARCH))
