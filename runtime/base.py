@@ -108,11 +108,6 @@ def backend_class(format: str) -> type[Backend]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def register_backend(format: str, target: str) -> None:
-    """Add a backend from outside this package ("package.module:Class"): a new artifact kind's backend."""
-    BACKENDS[format] = target
-
-
 def available_formats() -> list[str]:
     return list(BACKENDS)
 
