@@ -3,7 +3,9 @@
   python -m serving kserve deploy/kserve [--export-dir artifacts/resnet50] [--model-store model-store]
   python -m serving triton deploy/triton [--export-dir artifacts/resnet50] [--instance-kind gpu|cpu]
 
-See docs/scaling.md for when to use which and how to apply what is written.
+The model's name (the archive NAME.mar, the Triton model, the InferenceService) is the export's
+(manifest.json -> model.name) unless --model-name says otherwise. See docs/scaling.md for when to use which
+and how to apply what is written.
 """
 
 from __future__ import annotations
@@ -11,20 +13,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from serving.kserve import STORAGE_URI_PLACEHOLDER as KSERVE_URI, write_kserve
-from serving.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI, write_triton
+from models.contract import Manifest
+from serving.deploy.common import DEFAULT_EXPORT_DIR
+from serving.deploy.kserve import STORAGE_URI_PLACEHOLDER as KSERVE_URI, write_kserve
+from serving.deploy.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI, write_triton
+
+TARGETS = {"kserve": "KServe's TorchServe runtime: storage layout + InferenceServices",
+           "triton": "a Triton model repository + an InferenceService for KServe's Triton runtime"}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m serving", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     targets = parser.add_subparsers(dest="target", required=True)
-    for name, help_text in (("kserve", "KServe's TorchServe runtime: storage layout + InferenceServices"),
-                            ("triton", "a Triton model repository + an InferenceService for KServe's Triton runtime")):
+    for name, help_text in TARGETS.items():
         sub = targets.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("out", type=Path, help="folder to write (must not exist, or be empty, unless --force)")
-        sub.add_argument("--export-dir", type=Path, default=Path("artifacts/resnet50"))
-        sub.add_argument("--model-name", default="resnet")
+        sub.add_argument("--export-dir", type=Path, default=DEFAULT_EXPORT_DIR)
+        sub.add_argument("--model-name", default=None, help="default: the export's model name (manifest model.name)")
         sub.add_argument("--force", action="store_true", help="replace OUT if it exists")
     targets.choices["kserve"].add_argument("--model-store", type=Path, default=Path("model-store"))
     targets.choices["kserve"].add_argument("--storage-uri", default=KSERVE_URI,
@@ -36,12 +42,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def deploy(argv: list[str]) -> int:
     args = parse(argv)
+    manifest = Manifest.read(args.export_dir)
+    name = args.model_name or manifest.model.name
     if args.target == "kserve":
-        out = write_kserve(args.out, args.export_dir, args.model_store, args.model_name, args.storage_uri, args.force)
+        out = write_kserve(args.out, args.export_dir, args.model_store, name, args.storage_uri, args.force)
         print(f"wrote {out}/: gpu/ and cpu/ (storage/ + inferenceservice.yaml each), storage-pvc.yaml")
     else:
-        out = write_triton(args.out, args.export_dir, args.model_name, args.instance_kind, args.storage_uri,
-                           args.force)
-        print(f"wrote {out}/: model_repository/{args.model_name}/ (config.pbtxt, 1/model.onnx), "
-              "inferenceservice-triton.yaml")
+        out = write_triton(args.out, args.export_dir, name, args.instance_kind, args.storage_uri, args.force)
+        print(f"wrote {out}/: model_repository/{name}/ (config.pbtxt, 1/model.onnx), inferenceservice-triton.yaml")
     return 0

@@ -1,4 +1,4 @@
-"""What the KServe and Triton writers share: reading an export, per-replica numbers, atomic output folders."""
+"""What the KServe and Triton writers share: per-replica numbers, atomic output folders, YAML."""
 
 from __future__ import annotations
 
@@ -7,16 +7,19 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from handlers.policy import GPU_BATCH_DELAY_MS, GPU_BATCH_SIZE
+from handlers.policy import GPU_BATCH_SIZE
 from models.errors import VisionExportError
+from models.resnet import DEFAULT_ARCH
 
+DEFAULT_EXPORT_DIR = Path("artifacts") / DEFAULT_ARCH  # where `python -m export resnet` writes by default
 # Measured on this project's 2-core machine (README, Benchmarks: resnet50, ONNX Runtime, CPU policy of 2
 # workers x 1 thread): about 16 requests/s per replica, reached from concurrency 2 on. Used when no
-# bench-results/results.json from `python -m serving.bench` is at hand.
+# bench-results/results.json from `python -m serving bench` is at hand.
 MEASURED_CPU_REPLICA_RPS = 16.0
 MEASURED_CPU_SATURATING_CONCURRENCY = 2
 # Not measured here (no GPU): keep a GPU replica's batches full, two batches in flight.
 GPU_TARGET_CONCURRENCY = 2 * GPU_BATCH_SIZE
+MAX_REPLICAS = 8
 BENCH_RESULTS = Path("bench-results") / "results.json"
 SATURATION = 0.9  # a replica is busy from the concurrency that gets 90 % of its best throughput
 
@@ -42,15 +45,15 @@ def replica_numbers(results: Path = BENCH_RESULTS) -> ReplicaNumbers:
             best = max(r["req_per_s"] for r in rows)
             busy = min(r["concurrency"] for r in rows if r["req_per_s"] >= SATURATION * best)
             return ReplicaNumbers(best, busy, f"{results} (configuration 'default')")
+        print(f"{results} has no 'default' rows with a throughput: using the figure measured in this project")
     return ReplicaNumbers(MEASURED_CPU_REPLICA_RPS, MEASURED_CPU_SATURATING_CONCURRENCY,
                           "measured in this project (README, Benchmarks), resnet50 on 2 CPU cores")
 
 
-def load_export(export_dir: Path) -> dict:
-    path = Path(export_dir) / "manifest.json"
-    if not path.is_file():
-        raise DeployError(f"{path} not found: run `python -m export resnet` first, or pass --export-dir")
-    return json.loads(path.read_text())
+def autoscaling(device: str, numbers: ReplicaNumbers) -> dict:
+    """Concurrency-based scaling: a new replica once each one holds the concurrency that saturates it."""
+    target = GPU_TARGET_CONCURRENCY if device == "gpu" else numbers.saturating_concurrency
+    return {"minReplicas": 1, "maxReplicas": MAX_REPLICAS, "scaleMetric": "concurrency", "scaleTarget": target}
 
 
 def fresh_output(out: Path, force: bool) -> Path:
@@ -59,7 +62,8 @@ def fresh_output(out: Path, force: bool) -> Path:
     if out.exists() and any(out.iterdir()) and not force:
         raise DeployError(f"{out} exists and is not empty; choose another folder or pass --force")
     staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    if staging.exists():  # left by an interrupted run of this command
+        shutil.rmtree(staging)
     staging.mkdir(parents=True)
     return staging
 
@@ -74,6 +78,3 @@ def publish(staging: Path, out: Path) -> Path:
 def dump_yaml(documents: list[dict], header: str) -> str:
     import yaml
     return header + "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in documents)
-
-
-GPU_QUEUE_DELAY_US = GPU_BATCH_DELAY_MS * 1000

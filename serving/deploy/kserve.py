@@ -16,14 +16,14 @@ import shutil
 from pathlib import Path
 
 from handlers.policy import GPU_BATCH_DELAY_MS
-from serving.deploy_common import (GPU_TARGET_CONCURRENCY, DeployError, ReplicaNumbers, dump_yaml, fresh_output,
-                                   load_export, publish, replica_numbers)
+from models.contract import Manifest
+from serving.deploy.common import (DeployError, ReplicaNumbers, autoscaling, dump_yaml, fresh_output, publish,
+                                   replica_numbers)
 
 API_VERSION = "serving.kserve.io/v1beta1"
 STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/{model}-{device}"  # docs/scaling.md: or s3://BUCKET/...
 PVC_NAME = "vision-export-models"
 KSERVE_PORT = 8085  # TorchServe's port behind KServe's wrapper (KServe's documented layout)
-MAX_REPLICAS = 8
 READINESS_SCRIPT = (  # a real prediction of a generated image, through KServe's v1 endpoint in the pod
     "import base64,io,json,urllib.request;from PIL import Image;b=io.BytesIO();"
     "Image.new('RGB',(64,64),(120,90,60)).save(b,'JPEG');"
@@ -66,12 +66,6 @@ def kserve_config_properties(model_name: str, mar_name: str, device: str) -> str
         ""])
 
 
-def autoscaling(device: str, numbers: ReplicaNumbers) -> dict:
-    """Concurrency-based scaling: a new replica once each one holds the concurrency that saturates it."""
-    target = GPU_TARGET_CONCURRENCY if device == "gpu" else numbers.saturating_concurrency
-    return {"minReplicas": 1, "maxReplicas": MAX_REPLICAS, "scaleMetric": "concurrency", "scaleTarget": target}
-
-
 def inference_service(model_name: str, device: str, numbers: ReplicaNumbers, storage_uri: str) -> dict:
     name = f"{model_name}-{device}"
     return {
@@ -106,15 +100,19 @@ def storage_upload_objects(mar_bytes: int) -> list[dict]:
     ]
 
 
-def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str = "resnet",
+def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str | None = None,
                  storage_uri: str = STORAGE_URI_PLACEHOLDER, force: bool = False) -> Path:
-    manifest = load_export(export_dir)
+    """gpu/ and cpu/ storage folders with the export's archive (model_name: default the model's name)."""
+    manifest = Manifest.read(export_dir)
+    model_name = model_name or manifest.model.name
     archive = Path(model_store) / f"{model_name}.mar"
     if not archive.is_file():
-        raise DeployError(f"{archive} not found: run `python -m export resnet` (it writes the archive) first")
+        raise DeployError(f"{archive} not found: export {export_dir}'s model with `--model-store {model_store}` "
+                          f"(it writes {archive.name}), or pass --model-store / --model-name")
     numbers = replica_numbers()
     staging = fresh_output(Path(out), force)
-    header = (f"# KServe InferenceService for {manifest['model']['name']} served by TorchServe (written by "
+    header = (f"# KServe InferenceService for {manifest.model.name} ({manifest.served_record().kind}) served by "
+              f"TorchServe (written by "
               f"`python -m serving kserve`).\n# storageUri is a placeholder: copy storage/ there (docs/scaling.md).\n"
               f"# Autoscaling target from: {numbers.source}.\n")
     for device in ("gpu", "cpu"):

@@ -14,10 +14,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from export.selection import SERVING_PREFERENCE
 from handlers.policy import GPU_BATCH_DELAY_MS, GPU_BATCH_SIZE
+from models.contract import ArtifactRecord, Manifest
 from runtime.integrity import verify_file
-from serving.deploy_common import DeployError, dump_yaml, fresh_output, load_export, publish, replica_numbers
+from serving.deploy.common import (DeployError, autoscaling, dump_yaml, fresh_output, publish,
+                                   replica_numbers)
 
 MAX_BATCH_SIZE = 32  # the largest batch the benchmarks run; the ONNX batch dimension is dynamic
 PREFERRED_BATCH_SIZES = (GPU_BATCH_SIZE // 2, GPU_BATCH_SIZE)  # the serving policy's batch, and half of it
@@ -25,17 +26,29 @@ QUEUE_DELAY_US = GPU_BATCH_DELAY_MS * 1000  # the serving policy's batch delay
 ONNX_TO_TRITON = {1: "TYPE_FP32", 10: "TYPE_FP16", 11: "TYPE_FP64", 7: "TYPE_INT64", 6: "TYPE_INT32",
                   2: "TYPE_UINT8", 3: "TYPE_INT8", 16: "TYPE_BF16", 9: "TYPE_BOOL"}
 INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
+RESOURCES = {"gpu": {"requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
+                     "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}},
+             "cpu": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}}
 STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/triton"
 
 
-def served_onnx(manifest: dict) -> str:
-    """The manifest's served artifact when it is ONNX, else the first servable ONNX of the preference."""
-    servable = manifest["serving"].get("servable", [])
-    onnx = [k for k in [manifest["serving"].get("default_artifact")] + list(SERVING_PREFERENCE)
-            if k in servable and manifest["artifacts"][k]["format"] == "onnx"]
-    if not onnx:
-        raise DeployError("this export has no servable ONNX artifact, which Triton's onnxruntime backend needs")
-    return onnx[0]
+def served_onnx(manifest: Manifest) -> ArtifactRecord:
+    """The artifact the export decided to serve, which Triton's onnxruntime backend can run only if it is ONNX."""
+    record = manifest.served_record()
+    if record.format != "onnx":
+        onnx = [k for k in manifest.decision().servable if manifest.artifacts[k].format == "onnx"]
+        hint = (f"re-export with `--serve {onnx[0]}` (servable ONNX here: {', '.join(onnx)})" if onnx else
+                "this export has no servable ONNX artifact; re-export with an ONNX kind that passes parity")
+        raise DeployError(f"the export serves {record.kind} ({record.format}), but Triton's onnxruntime backend "
+                          f"needs ONNX: {hint}")
+    return record
+
+
+def check_names(specs: list[dict], expected: str, side: str) -> None:
+    """The ONNX graph's single input/output must carry the manifest's name (what clients send and read)."""
+    names = [spec["name"] for spec in specs]
+    if names != [expected]:
+        raise DeployError(f"the ONNX file's {side}s are {names}, the manifest says {expected!r}; re-run the export")
 
 
 def tensor_spec(value_info) -> dict:
@@ -45,12 +58,14 @@ def tensor_spec(value_info) -> dict:
     return {"name": value_info.name, "data_type": ONNX_TO_TRITON[tensor.elem_type], "dims": dims[1:]}
 
 
-def model_config(name: str, model_path: Path, kind: str) -> str:
+def model_config(name: str, model_path: Path, kind: str, manifest: Manifest) -> str:
     import onnx
     graph = onnx.load(str(model_path), load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
     inputs = [tensor_spec(v) for v in graph.input if v.name not in initializers]
     outputs = [tensor_spec(v) for v in graph.output]
+    check_names(inputs, manifest.input.name, "input")
+    check_names(outputs, manifest.output.name, "output")
 
     def block(spec: dict) -> str:
         return (f'  {{\n    name: "{spec["name"]}"\n    data_type: {spec["data_type"]}\n'
@@ -67,35 +82,32 @@ def model_config(name: str, model_path: Path, kind: str) -> str:
 
 
 def triton_inference_service(name: str, storage_uri: str, kind: str) -> dict:
-    resources = ({"requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
-                  "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}} if kind == "gpu" else
-                 {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}})
     numbers = replica_numbers()
     return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": {"name": f"{name}-triton", "annotations": {"vision-export/throughput-source": numbers.source}},
             "spec": {"predictor": {
-                "minReplicas": 1, "maxReplicas": 8, "scaleMetric": "concurrency",
-                "scaleTarget": 2 * GPU_BATCH_SIZE if kind == "gpu" else numbers.saturating_concurrency,
+                **autoscaling(kind, numbers),
                 "model": {"modelFormat": {"name": "onnx"}, "runtime": "kserve-tritonserver",
-                          "protocolVersion": "v2", "storageUri": storage_uri, "resources": resources}}}}
+                          "protocolVersion": "v2", "storageUri": storage_uri, "resources": RESOURCES[kind]}}}}
 
 
-def write_triton(out: Path, export_dir: Path, name: str = "resnet", kind: str = "gpu",
+def write_triton(out: Path, export_dir: Path, name: str | None = None, kind: str = "gpu",
                  storage_uri: str = STORAGE_URI_PLACEHOLDER, force: bool = False) -> Path:
+    """OUT/model_repository/NAME/ for the export's served ONNX artifact (name: default the model's name)."""
     if kind not in INSTANCE_KINDS:
         raise DeployError(f"--instance-kind must be one of {', '.join(INSTANCE_KINDS)}, got {kind!r}")
-    manifest = load_export(export_dir)
-    artifact = served_onnx(manifest)
-    record = manifest["artifacts"][artifact]
-    source = Path(export_dir) / record["path"]
-    verify_file(source, record["sha256"], "re-run the export before deploying it")
+    manifest = Manifest.read(export_dir)
+    name = name or manifest.model.name
+    record = served_onnx(manifest)
+    source = Path(export_dir) / record.path
+    verify_file(source, record.sha256, "re-run the export before deploying it")
     staging = fresh_output(Path(out), force)
     version = staging / "model_repository" / name / "1"
     version.mkdir(parents=True)
     shutil.copy2(source, version / "model.onnx")
     (version.parent / "config.pbtxt").write_text(
-        f"# Triton model configuration for {manifest['model']['name']} ({artifact}), written by "
-        f"`python -m serving triton`.\n" + model_config(name, version / "model.onnx", kind))
+        f"# Triton model configuration for {manifest.model.name} ({record.kind}), written by "
+        f"`python -m serving triton`.\n" + model_config(name, version / "model.onnx", kind, manifest))
     (staging / "inferenceservice-triton.yaml").write_text(dump_yaml(
         [triton_inference_service(name, storage_uri, kind)],
         "# KServe InferenceService on the Triton runtime; storageUri holds model_repository/ (docs/scaling.md).\n"))

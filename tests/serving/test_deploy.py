@@ -18,6 +18,7 @@ import requests
 import yaml
 
 from examples.clients import kserve_v1_client, torchserve_client, v2_client
+from models.contract import Manifest
 from serving import server
 from tests.conftest import ROOT
 from tests.serving.schemas import parse_model_config, validate_inference_service, validate_kubernetes
@@ -49,14 +50,14 @@ def triton_out(resnet18_export, tmp_path_factory):
 
 
 def test_kserve_storage_layout_and_objects_validate(kserve_out, resnet18_export):
-    archive = (resnet18_export["model_store"] / "resnet.mar").read_bytes()
+    archive, name = resnet18_export["archive"], resnet18_export["model_name"]  # named after the model
     for device in ("gpu", "cpu"):
         storage = kserve_out / device / "storage"
-        assert (storage / "model-store" / "resnet.mar").read_bytes() == archive
+        assert (storage / "model-store" / archive.name).read_bytes() == archive.read_bytes()
         assert "enable_envvars_config=true" in (storage / "config" / "config.properties").read_text()
         (service,) = yaml.safe_load_all((kserve_out / device / "inferenceservice.yaml").read_text())
         model = validate_inference_service(service).spec.predictor.model
-        assert model.model_format.name == "pytorch" and model.storage_uri.endswith(f"resnet-{device}")
+        assert model.model_format.name == "pytorch" and model.storage_uri.endswith(f"{name}-{device}")
     for document in yaml.safe_load_all((kserve_out / "storage-pvc.yaml").read_text()):
         validate_kubernetes(document)
 
@@ -68,14 +69,14 @@ def test_refuses_to_overwrite_without_force(kserve_out, resnet18_export):
 
 
 def test_triton_repository_matches_its_schema_and_runs_as_declared(triton_out, resnet18_export):
-    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
-    folder = triton_out / "model_repository" / "resnet"
+    manifest = Manifest.read(resnet18_export["out"])
+    folder = triton_out / "model_repository" / resnet18_export["model_name"]
     config = parse_model_config((folder / "config.pbtxt").read_text())
     assert config.platform == "onnxruntime_onnx" and config.max_batch_size >= 8
     assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
     model = folder / "1" / "model.onnx"
-    served = manifest["artifacts"][manifest["serving"]["default_artifact"]]
-    assert hashlib.sha256(model.read_bytes()).hexdigest() == served["sha256"]
+    assert config.name == resnet18_export["model_name"]
+    assert hashlib.sha256(model.read_bytes()).hexdigest() == manifest.served_record().sha256  # decided at export
     (declared_in,), (declared_out,) = config.input, config.output
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     shape = [2] + [224 if d == -1 else d for d in declared_in.dims]
@@ -89,15 +90,16 @@ def test_triton_repository_matches_its_schema_and_runs_as_declared(triton_out, r
 def v2_exchange(triton_out, resnet18_export):
     """Our v2 request for the example image, and what Triton would answer: the repository's model run on
     exactly that request, in v2 JSON."""
-    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
+    manifest = Manifest.read(resnet18_export["out"])
+    name = resnet18_export["model_name"]
     tensor = v2_client.input_tensor(CAT, manifest)
-    request = v2_client.v2_request(tensor, "input", "output")
-    session = ort.InferenceSession(str(triton_out / "model_repository" / "resnet" / "1" / "model.onnx"))
+    request = v2_client.v2_request(tensor, manifest.input.name, manifest.output.name)
+    session = ort.InferenceSession(str(triton_out / "model_repository" / name / "1" / "model.onnx"))
     (logits,) = session.run(None, {"input": np.asarray(request["inputs"][0]["data"], np.float32).reshape(tensor.shape)})
-    response = {"model_name": "resnet", "outputs": [{"name": "output", "datatype": "FP32",
+    response = {"model_name": name, "outputs": [{"name": "output", "datatype": "FP32",
                                                      "shape": list(logits.shape), "data": logits.flatten().tolist()}]}
     return {"tensor": tensor, "request": request, "response": response,
-            "labels": json.loads((resnet18_export["out"] / "index_to_name.json").read_text())}
+            "labels": json.loads((resnet18_export["out"] / manifest.output.labels).read_text())}
 
 
 def test_v2_client_speaks_what_tritonclient_speaks(v2_exchange):
@@ -129,18 +131,19 @@ def kserve_envelope_server(resnet18_export, tmp_path_factory):
         deadline = time.monotonic() + 200
         while True:
             try:
-                kserve_v1_client.predict(settings.inference_url, CAT, timeout=10)
+                kserve_v1_client.predict(settings.inference_url, CAT, resnet18_export["model_name"], timeout=10)
                 break
             except requests.RequestException:
                 assert process.poll() is None and time.monotonic() < deadline, "TorchServe did not come up"
                 time.sleep(1)
-        yield settings
+        yield settings, resnet18_export["model_name"]
     finally:
         server.stop(settings, process)
 
 
 def test_kserve_v1_client_against_the_kserve_envelope(kserve_envelope_server):
-    top = kserve_v1_client.predict(kserve_envelope_server.inference_url, CAT)
+    settings, name = kserve_envelope_server
+    top = kserve_v1_client.predict(settings.inference_url, CAT, name)
     assert len(top) == 5 and all(set(p) == {"label", "index", "probability"} for p in top)
 
 
@@ -148,7 +151,7 @@ def test_torchserve_client_and_the_v2_path_give_the_same_answer(resnet18_export,
     settings = server.on_free_ports(resnet18_export["model_store"], tmp_path / "run")
     settings.run_dir.mkdir(parents=True)
     with server.running(settings, CAT):
-        answer = torchserve_client.predict(settings.inference_url, CAT)
+        answer = torchserve_client.predict(settings.inference_url, CAT, resnet18_export["model_name"])
     logits = v2_client.logits_from_v2(v2_exchange["response"], "output")[0]
     v2_top5 = v2_client.top_k(logits, v2_exchange["labels"])
     assert [p["index"] for p in answer["predictions"]] == [p["index"] for p in v2_top5]

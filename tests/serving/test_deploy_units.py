@@ -5,20 +5,22 @@ import json
 import pytest
 from google.protobuf.text_format import ParseError
 
-from serving.deploy_common import MEASURED_CPU_REPLICA_RPS, ReplicaNumbers, replica_numbers
-from serving.kserve import inference_service, kserve_config_properties, storage_upload_objects
+from serving.deploy.common import MEASURED_CPU_REPLICA_RPS, DeployError, ReplicaNumbers, replica_numbers
+from serving.deploy.kserve import inference_service, kserve_config_properties, storage_upload_objects
+from serving.deploy.triton import served_onnx
+from tests.serving.manifests import manifest
 from tests.serving.schemas import parse_model_config, validate_inference_service, validate_kubernetes
 
 NUMBERS = ReplicaNumbers(16.0, 2, "test")
 
 
 def test_kserve_config_has_what_kserve_needs():
-    text = kserve_config_properties("resnet", "resnet.mar", "cpu")
+    text = kserve_config_properties("resnet18", "resnet18.mar", "cpu")
     settings = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
     assert settings["enable_envvars_config"] == "true" and settings["service_envelope"] == "kserve"
     assert settings["model_store"] == "/mnt/models/model-store"
-    model = json.loads(settings["model_snapshot"])["models"]["resnet"]["1.0"]
-    assert model["marName"] == "resnet.mar" and model["batchSize"] == 1 and model["minWorkers"] == 2
+    model = json.loads(settings["model_snapshot"])["models"]["resnet18"]["1.0"]
+    assert model["marName"] == "resnet18.mar" and model["batchSize"] == 1 and model["minWorkers"] == 2
 
 
 @pytest.mark.parametrize("device", ["gpu", "cpu"])
@@ -59,3 +61,14 @@ def test_replica_numbers_come_from_the_benchmark_when_it_ran(tmp_path):
     numbers = replica_numbers(results)
     assert numbers.requests_per_s == 16.0 and numbers.saturating_concurrency == 2 and str(results) in numbers.source
     assert replica_numbers(tmp_path / "absent.json").requests_per_s == MEASURED_CPU_REPLICA_RPS
+
+
+def test_triton_takes_the_served_artifact_decided_at_export():
+    assert served_onnx(manifest("onnx-traced", ("onnx-dynamo", "onnx-traced"))).kind == "onnx-traced"
+
+
+def test_triton_refuses_a_served_torchscript_and_says_which_serve_to_export_with():
+    with pytest.raises(DeployError, match=r"serves scripted \(torchscript\).*re-export with `--serve onnx-dynamo`"):
+        served_onnx(manifest("scripted", ("scripted", "onnx-dynamo")))
+    with pytest.raises(DeployError, match="no servable ONNX artifact"):
+        served_onnx(manifest("scripted", ("scripted", "onnx-dynamo"), candidates={"onnx-dynamo": "failed parity"}))
