@@ -2,8 +2,8 @@
 
 Every measurement here (benchmark, soak, GPU check) drives TorchServe through `run_hey`. Where hey is not
 installed and a bounded number of requests is enough (the GPU check on a bare machine), `run_pool` sends
-them from a thread pool with urllib and reports the same Load. Standard library only: the GPU check imports
-this on machines without the project's virtual environment.
+them from a thread pool with urllib and reports the same Load. Standard library and the error root only: the
+GPU check imports this on machines without the project's virtual environment (in its serving step).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.errors import VisionExportError
+
 HEY = "hey"
 HEY_MISSING = "the load generator `hey` is not installed: apt-get install hey"
 SPAWN_MARGIN_S = 60  # on top of the load's own length, before a hung hey is stopped
 CONTENT_TYPE = "image/jpeg"
 
 
-class LoadError(RuntimeError):
-    """The load generator could not run or failed; serving.measure commands wrap it in their own error."""
-
-    exit_code = 1
+class LoadError(VisionExportError):
+    """The load generator is missing, failed or hung; the message says which and what to do."""
 
 
 @dataclass
