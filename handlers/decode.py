@@ -50,8 +50,9 @@ def image_bytes(row: dict) -> bytes:
     return bytes(value)
 
 
-def requested_topk(row: dict, header: str | None, default: int) -> int:
-    """k from a form field or JSON field "topk", or the X-TopK header (TorchServe drops query strings)."""
+def requested_topk(row: dict, header: str | None, default: int | None) -> int | None:
+    """k from a form field or JSON field "topk", or the X-TopK header (TorchServe drops query strings);
+    `default` when the request names none."""
     value = row.get("topk") if isinstance(row, dict) else None
     body = next((row.get(k) for k in ("body", "data") if row.get(k) is not None), None) if isinstance(row, dict) else None
     if isinstance(body, (bytes, bytearray)) and body[:1] == b"{":
@@ -64,6 +65,11 @@ def requested_topk(row: dict, header: str | None, default: int) -> int:
         return default
     if isinstance(value, (bytes, bytearray)):
         value = value.decode("utf-8", "replace")
+    return checked_topk(value)
+
+
+def checked_topk(value) -> int:
+    """k as an integer from 1 to MAX_TOPK, or a 400 saying what was sent."""
     try:
         k = int(value)
     except (TypeError, ValueError):

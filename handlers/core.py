@@ -1,0 +1,218 @@
+"""The request's life, apart from any serving engine: set-up from a model folder, then for each batch
+decode -> preprocess -> batch -> predict -> encode, with every row's error kept with its row.
+
+LitServe's LitAPI is the model (setup, decode_request, preprocess, batch, predict, encode_response). The
+TorchServe adapter (handlers/image_classifier.py) maps TorchServe's context onto this class; another engine
+(KServe's ModelServer, Ray Serve) or a test runs the same class in-process:
+
+    core = ImageClassifierCore.from_folder("artifacts/resnet50")   # an export folder or an unpacked .mar
+    core.answer(Path("examples/cat.jpg").read_bytes())             # the JSON the endpoint answers
+
+What is served is decided at export (manifest.json's serving decision); set-up only reads it, checks the
+artifact's sha256, and opens it through runtime/ (the backends parity ran).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from handlers.decode import checked_topk
+from handlers.policy import machine_policy, this_machine
+from models.contract import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
+from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
+from runtime.base import Backend
+from runtime.images import RequestError, decode_image, preprocess
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("decode", "preprocess", "inference", "encode")
+REBUILD = "the archive was modified or truncated after export; rebuild it with `python -m export`"
+
+
+class HandlerSetupError(ContractError):
+    """The model folder cannot be served as it is; the worker refuses to start with this message."""
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One request row as the core sees it: the image's bytes and the top-k it asked for (None: the default)."""
+
+    image: bytes
+    topk: int | None = None
+
+
+@dataclass
+class StageTimes:
+    ms: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+
+    @contextmanager
+    def measure(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[stage] += (time.perf_counter() - start) * 1000
+
+    def line(self, size: int) -> str:
+        """The line `python -m serving.bench` parses (serving/bench.py STAGE_LINE): keep its form."""
+        return f"batch of {size}: " + " ".join(f"{s}={self.ms[s]:.2f}ms" for s in STAGES)
+
+
+@dataclass
+class BatchResult:
+    answers: list  # per row: the answer dict, or the RequestError of that row
+    times: StageTimes
+
+
+def input_row(image: bytes, contract: ImageContract) -> torch.Tensor:
+    """Image bytes -> the model's input row (float32 (3, crop) in [0, 1]); clients without the core use it too."""
+    return preprocess(decode_image(image), contract)
+
+
+def worker_threads(pinned: int | None, offered: int | None) -> int:
+    """handler.threads pinned in the archive > what the serving engine offers > this machine's policy."""
+    if pinned:
+        return int(pinned)
+    if offered:
+        return int(offered)
+    return machine_policy(*this_machine()).threads_per_worker
+
+
+def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) -> str:
+    """How the backend runs the artifact: as recorded (bf16/fp16 variants); fp32 TorchScript may run under
+    fp16 autocast on a GPU when handler.fp16 asks for it."""
+    if record.run_precision != "fp32" or not config.fp16:
+        return record.run_precision
+    if torch.device(device).type != "cuda":
+        logger.warning("handler.fp16 is set but this worker runs on %s: serving %s in fp32", device, record.kind)
+        return "fp32"
+    return "fp16"
+
+
+class ImageClassifierCore:
+    def __init__(self, manifest: Manifest, record: ArtifactRecord, backend: Backend, labels: dict[int, str],
+                 config: HandlerConfig, device: str, threads: int):
+        self.manifest = manifest
+        self.record = record
+        self.backend = backend
+        self.labels = labels
+        self.config = config
+        self.device = device
+        self.threads = threads
+        self.contract = manifest.input.image_contract()
+
+    # ------------------------------------------------------------ setup
+    @classmethod
+    def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
+                    threads: int | None = None) -> "ImageClassifierCore":
+        """Serve the artifact the folder's manifest decided, after checking its sha256. `settings` is
+        model-config.yaml's handler section; `threads` what the engine offers (the archive's pin wins)."""
+        folder = Path(folder)
+        manifest = Manifest.read(folder)
+        record = manifest.served_record()
+        verify_file(folder / record.path, record.sha256, REBUILD)
+        manifest.input.image_contract()  # a model without an image contract is refused before opening anything
+        config = HandlerConfig.from_dict(settings)
+        labels = labels_of(folder, manifest)
+        threads = worker_threads(config.threads, threads)
+        # torch's own pool runs the resize and crop even when ONNX Runtime runs the model; left at every core
+        # it competes with the other workers' inference. Pinned to the worker's share, served resnet50 (fp32
+        # ONNX, 2 workers) went from 13.5 to 15.8 req/s at concurrency 8 (python -m serving.bench, one run).
+        torch.set_num_threads(threads)
+        precision = run_precision(record, config, device)
+        backend = open_artifact(record.format, folder / record.path,
+                                RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
+        core = cls(manifest, record, backend, labels, config, str(device), threads)
+        logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s",
+                    manifest.model.name, record.kind, device, threads, precision, core.contract.resize,
+                    "x".join(map(str, core.contract.crop)))
+        return core
+
+    # ------------------------------------------------------------ the request's life
+    def decode_request(self, request: ImageRequest) -> tuple[torch.Tensor, int]:
+        k = self.config.topk if request.topk is None else checked_topk(request.topk)
+        return decode_image(request.image), k
+
+    def preprocess(self, image: torch.Tensor) -> torch.Tensor:
+        return preprocess(image, self.contract)
+
+    @staticmethod
+    def batch(rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(rows)
+
+    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+        """Probabilities per row. A runtime's failure arrives as ArtifactRunError (runtime.base.Backend)."""
+        if self.config.simulate_hang_s:  # tests of the engine's response timeout only
+            time.sleep(self.config.simulate_hang_s)
+        return torch.softmax(self.backend(batch).float(), dim=1)
+
+    def encode_response(self, probabilities: torch.Tensor, k: int) -> dict:
+        values, indices = probabilities.topk(min(k, probabilities.numel()))
+        return {
+            "predictions": [{"label": self.labels.get(int(i), str(int(i))), "index": int(i),
+                             "probability": round(float(p), 6)} for p, i in zip(values, indices)],
+            "model": self.manifest.model.name,
+            "artifact": self.record.kind,
+        }
+
+    # ------------------------------------------------------------ a batch, row by row
+    def run_batch(self, rows: Sequence[Any], read: Callable[[int, Any], ImageRequest] | None = None) -> BatchResult:
+        """Answer each row: `read` turns an engine's row into an ImageRequest (rows already ImageRequests by
+        default); a row that cannot be read or decoded gets its own RequestError, the others are answered."""
+        times = StageTimes()
+        answers: list = [None] * len(rows)
+        ready: list[tuple[int, torch.Tensor, int]] = []
+        for index, row in enumerate(rows):
+            try:
+                with times.measure("decode"):
+                    image, k = self.decode_request(read(index, row) if read else row)
+                with times.measure("preprocess"):
+                    ready.append((index, self.preprocess(image), k))
+            except RequestError as error:
+                answers[index] = error
+            except Exception as error:  # our bug, not the client's: 500 with the reason, logged with its traceback
+                logger.exception("unexpected failure decoding request %d", index)
+                answers[index] = RequestError(500, f"internal error while decoding: {type(error).__name__}: {error}")
+        if ready:
+            self._predict_into(answers, ready, times)
+        logger.info(times.line(len(rows)))
+        return BatchResult(answers, times)
+
+    def _predict_into(self, answers: list, ready: list, times: StageTimes) -> None:
+        try:
+            with times.measure("inference"):
+                probabilities = self.predict(self.batch([row for _, row, _ in ready]))
+        except ArtifactRunError as error:  # the worker stays up; every request of the batch gets the reason
+            logger.error("inference failed: %s\n%s", error, error.cause_traceback())
+            for index, _, _ in ready:
+                answers[index] = RequestError(500, f"inference failed: {error}")
+            return
+        with times.measure("encode"):
+            for (index, _, k), row_probabilities in zip(ready, probabilities):
+                answers[index] = self.encode_response(row_probabilities, k)
+
+    def answer(self, image_bytes: bytes, topk: int | None = None) -> dict:
+        """The JSON the endpoint returns for this image; a bad image raises its RequestError."""
+        result = self.run_batch([ImageRequest(image_bytes, topk)]).answers[0]
+        if isinstance(result, RequestError):
+            raise result
+        return result
+
+
+def labels_of(folder: Path, manifest: Manifest) -> dict[int, str]:
+    name = manifest.output.labels
+    if not name:
+        logger.warning("the manifest names no labels file: answers carry class indices as labels")
+        return {}
+    path = folder / name
+    if not path.is_file():
+        raise HandlerSetupError(f"the manifest names labels file {name} but {folder} has none; "
+                                "rebuild the archive with `python -m export`")
+    return read_labels(path)
