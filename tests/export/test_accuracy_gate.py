@@ -113,15 +113,17 @@ def test_precision_lists_need_fp32_and_known_names():
 def test_a_gated_int8_is_served_first_and_a_failed_one_never():
     fp32 = [Candidate(k, True, (), True, SIZE) for k in ("onnx-dynamo", "onnx-traced", "scripted")]
     passed = decide(fp32 + [Candidate("onnx-int8", True, (), False, SIZE, gate=GATE_PASSED)], SIZE)
-    assert passed["default_artifact"] == "onnx-int8"
+    assert passed.served == "onnx-int8"
     failed = decide(fp32 + [Candidate("onnx-int8", True, (), False, SIZE, gate="failed: top-1 agreement 50%")], SIZE)
-    assert failed["default_artifact"] == "onnx-dynamo"
-    assert "onnx-int8" not in failed["servable"]
-    assert failed["candidates"]["onnx-int8"] == "accuracy gate failed: top-1 agreement 50%"
+    assert failed.served == "onnx-dynamo"
+    assert "onnx-int8" not in failed.servable
+    assert failed.candidates["onnx-int8"] == "accuracy gate failed: top-1 agreement 50%"
 
 
 def test_variants_outside_the_preference_order_are_servable_only_on_request():
     candidates = [Candidate("onnx-dynamo", True, (), True, SIZE),
                   Candidate("scripted-bf16", True, (), True, SIZE, gate=GATE_PASSED)]
     decision = decide(candidates, SIZE)
-    assert decision["default_artifact"] == "onnx-dynamo" and "scripted-bf16" in decision["servable"]
+    assert decision.served == "onnx-dynamo" and "scripted-bf16" in decision.servable
+    assert decision.candidates["scripted-bf16"].startswith("servable when asked for (--serve)")
+    assert decide(candidates, SIZE, requested="scripted-bf16").served == "scripted-bf16"

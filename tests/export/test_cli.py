@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from export import kinds
+from models.contract import MANIFEST_NAME, Manifest
 from tests.conftest import ROOT, run_export
 
 USER_FILE = Path(__file__).parent / "user_models" / "models_for_tests.py"
@@ -21,6 +24,17 @@ def test_help_lists_commands_and_choices():
     assert top.returncode == 0 and all(c in top.stdout for c in ("resnet", "module", "controlflow", "parity"))
     resnet = run_export("resnet", "--help")
     assert "resnet152" in resnet.stdout and "--weights" in resnet.stdout and "--opset" in resnet.stdout
+    assert "--name" in resnet.stdout and "--serve" in resnet.stdout
+    help_text = re.sub(r"-\s+", "-", " ".join(resnet.stdout.split()))  # argparse wraps lines, also at hyphens
+    assert all(kind in help_text for kind in kinds.names())  # --serve's choices come from the kinds table
+
+
+@pytest.mark.parametrize("command", [["resnet", "--arch", "resnet18"], ["module", "x.py:f", "--input-shape", "1,3,8,8"]])
+def test_serve_takes_only_kinds_of_the_table(command, tmp_path):
+    result = run_export(*command, "--serve", "tflite", "--out", str(tmp_path / "o"))
+    assert result.returncode == 2  # argparse's usage error, before anything is built
+    assert "--serve: invalid choice: 'tflite'" in result.stderr and "onnx-dynamo" in result.stderr
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -64,21 +78,24 @@ def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
                         "--model-store", str(store), "--model-name", "gated")
     assert result.returncode == 0, result.stderr
     assert "WARNING" in result.stdout and "large values (x10)" in result.stdout
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["model"]["family"] == "module"
-    diverging = {d["artifact"] for d in manifest["trace_vs_script"]["diverging"]}
+    manifest = Manifest.read(out)
+    assert manifest.model.family == "module" and manifest.model.name == "gated"
+    diverging = {d["artifact"] for d in manifest.trace_vs_script["diverging"]}
     assert diverging >= {"traced"}
-    assert manifest["trace_vs_script"]["verdicts"]["scripted"] == "right on every probe"
-    assert set(manifest["artifacts"]) >= {"traced", "scripted", "onnx-traced", "onnx-scripted"}
-    # a silently diverging artifact is never served, and asking for it is refused
-    assert manifest["serving"]["default_artifact"] not in diverging
-    assert not diverging & set(manifest["serving"]["servable"])
+    assert manifest.trace_vs_script["verdicts"]["scripted"] == "right on every probe"
+    assert set(manifest.artifacts) >= {"traced", "scripted", "onnx-traced", "onnx-scripted"}
+    # a silently diverging artifact is never served, and asking for it is refused at export
+    decision = manifest.decision()
+    assert decision.served not in diverging and not diverging & set(decision.servable)
+    assert decision.candidates["traced"].startswith("silently diverges from eager on:")
     archive = (store / "gated.mar").read_bytes()
+    before = Manifest.read(out)
     refused = run_export("module", f"{USER_FILE}:gated", "--input-shape", "1,3,16,16", "--out", str(out),
-                         "--model-store", str(store), "--model-name", "gated", "--serve", "traced")
+                         "--model-store", str(store), "--name", "gated", "--serve", "traced")
     assert refused.returncode == 1
-    assert "refusing to package 'traced': silently diverges from eager on:" in refused.stderr
-    assert (store / "gated.mar").read_bytes() == archive
+    assert "refusing to serve 'traced': silently diverges from eager on:" in refused.stderr
+    assert (store / "gated.mar").read_bytes() == archive and Manifest.read(out) == before
+    assert sorted(p.name for p in store.iterdir()) == ["gated.mar"]
 
 
 @pytest.mark.slow
@@ -91,8 +108,9 @@ def test_user_module_without_control_flow_has_no_warning_and_takes_weights(tmp_p
                         str(tmp_path / "w.pt"), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "WARNING" not in result.stdout
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["weights"]["kind"] == "path" and manifest["trace_vs_script"]["diverging"] == []
+    manifest = Manifest.read(out)
+    assert manifest.weights["kind"] == "path" and manifest.trace_vs_script["diverging"] == []
+    assert manifest.model.name == "plain" and manifest.input.example_shape == (2, 3, 16, 16)
 
 
 def _start_export(out: Path) -> subprocess.Popen:
@@ -112,25 +130,25 @@ def test_interrupted_export_leaves_no_manifest_and_rerun_succeeds(tmp_path, kill
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert not (out / "manifest.json").exists()
+    assert not (out / MANIFEST_NAME).exists()
     assert not out.exists() or not any(out.iterdir())
     rerun = run_export("module", f"{USER_FILE}:plain", "--input-shape", "1,3,16,16", "--out", str(out))
     assert rerun.returncode == 0, rerun.stderr
-    assert (out / "manifest.json").is_file() and not list(tmp_path.glob(".plain.partial-*"))
+    assert (out / MANIFEST_NAME).is_file() and not list(tmp_path.glob(".plain.partial-*"))
 
 
 @pytest.mark.slow
 def test_interrupting_a_reexport_keeps_the_previous_complete_export(tmp_path):
     out = tmp_path / "plain"
     assert run_export("module", f"{USER_FILE}:plain", "--input-shape", "1,3,16,16", "--out", str(out)).returncode == 0
-    before = (out / "manifest.json").read_text()
+    before = (out / MANIFEST_NAME).read_bytes()
     process = _start_export(out)
     while not list(tmp_path.glob(".plain.partial-*/model.traced.pt")):
         assert process.poll() is None
         time.sleep(0.02)
     process.send_signal(signal.SIGINT)  # Ctrl-C
     assert process.wait(timeout=60) != 0
-    assert (out / "manifest.json").read_text() == before
+    assert (out / MANIFEST_NAME).read_bytes() == before
     assert not list(tmp_path.glob(".plain.partial-*"))
 
 

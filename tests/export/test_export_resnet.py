@@ -2,40 +2,63 @@
 
 import hashlib
 import json
+import shutil
 import zipfile
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 import torch
 
 import models
-from export.formats import FILE_NAMES
+from export import kinds
+from models.contract import MANIFEST_NAME, SCHEMA_VERSION, HandlerConfig, Manifest, SchemaVersionError, read_labels
+from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
+
+FILE_NAMES = {k.name: k.file_name for k in kinds.fp32_kinds()}
 
 
 def _eager():
     return models.get("resnet18").build("random").module.eval()
 
 
+def _archived(archive: zipfile.ZipFile) -> Manifest:
+    return Manifest.from_json(archive.read(MANIFEST_NAME).decode(), "resnet18.mar manifest.json")
+
+
 def test_every_artifact_is_written_and_recorded(resnet18_export):
     out = resnet18_export["out"]
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert set(manifest["artifacts"]) == set(FILE_NAMES)
-    for kind, record in manifest["artifacts"].items():
-        path = out / record["path"]
-        assert path.is_file() and path.stat().st_size == record["bytes"]
-        assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-        assert record["format"] == ("onnx" if kind.startswith("onnx") else "torchscript") and record["exporter"]
-    assert manifest["weights"]["kind"] == "random" and manifest["opset"] == 18
-    assert manifest["input"]["layout"] == "NCHW" and manifest["input"]["value_range"] == [0.0, 1.0]
-    assert set(manifest["versions"]) >= {"python", "torch", "torchvision", "onnx", "onnxruntime"}
-    assert {"trace", "script", "onnx_legacy", "onnx_dynamo", "parity"} <= set(manifest["timings_s"])
-    assert manifest["parity"]["passed"] is True
-    assert json.loads((out / "index_to_name.json").read_text())["0"] == "tench"
+    manifest = Manifest.read(out)
+    assert manifest.schema == SCHEMA_VERSION and manifest.model.name == "resnet18"
+    assert manifest.model.source == {"registry": "resnet18"}
+    assert set(manifest.artifacts) == set(FILE_NAMES) and manifest.refused == {}
+    for kind, record in manifest.artifacts.items():
+        path = out / record.path
+        assert record.kind == kind and record.path == FILE_NAMES[kind]
+        assert path.is_file() and path.stat().st_size == record.bytes
+        assert record.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert record.format == kinds.get(kind).format == ("onnx" if kind.startswith("onnx") else "torchscript")
+        assert record.exporter == kinds.get(kind).exporter and record.precision == "fp32"
+    for name, record in manifest.files.items():
+        assert record.sha256 == hashlib.sha256((out / name).read_bytes()).hexdigest()
+    assert {"index_to_name.json", "parity.md", "parity.json", "report.md", "report.json"} <= set(manifest.files)
+    assert manifest.weights["kind"] == "random" and manifest.opset == 18
+    assert manifest.input.layout == "NCHW" and manifest.input.value_range == (0.0, 1.0)
+    assert manifest.input.example_shape == (1, 3, 224, 224) and manifest.input.resizes_in_graph
+    assert manifest.output.shape == ["batch", 1000] and manifest.output.classes == 1000
+    assert set(manifest.versions) >= {"python", "torch", "torchvision", "onnx", "onnxruntime"}
+    assert set(FILE_NAMES) | {"build", "eval_check", "inspect", "parity", "trace_vs_script"} <= set(manifest.timings_s)
+    assert manifest.parity["passed"] is True
+    assert read_labels(out / manifest.output.labels)[0] == "tench"
     assert not list(out.parent.glob(".artifacts.partial-*"))
+
+
+def test_progress_names_each_kind_its_exporter_and_file(resnet18_export):
+    lines = resnet18_export["stdout"].splitlines()
+    for kind in kinds.fp32_kinds():
+        assert any(line.endswith(f"] {kind.name}: {kind.exporter} -> {kind.file_name}") for line in lines), kind.name
 
 
 @pytest.mark.parametrize("kind", list(FILE_NAMES))
@@ -66,8 +89,8 @@ def test_onnx_passes_checker_with_named_dynamic_batch(resnet18_export, kind):
 
 
 def test_warnings_are_captured_and_reported_once(resnet18_export):
-    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
-    categories = {w["category"] for w in manifest["warnings"]}
+    manifest = Manifest.read(resnet18_export["out"])
+    categories = {w["category"] for w in manifest.warnings}
     assert {"FutureWarning", "TracerWarning"} <= categories
     console = resnet18_export["stdout"] + resnet18_export["stderr"]
     assert "FutureWarning:" not in console and "TracerWarning:" not in console
@@ -78,35 +101,89 @@ def test_resize_branch_line_and_manifest_sizes(resnet18_export):
     assert "resize branch" in resnet18_export["stdout"]
     line = next(l for l in resnet18_export["stdout"].splitlines() if "resize branch, input" in l)
     assert "traced differs from eager" in line and "scripted matches" in line
-    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
-    assert "exactly 3 x 224 x 224" in manifest["artifacts"]["traced"]["accepts"]
-    assert manifest["artifacts"]["scripted"]["spatial_dynamic"] is True
-    assert manifest["artifacts"]["onnx-traced"]["spatial_dynamic"] is False
+    artifacts = Manifest.read(resnet18_export["out"]).artifacts
+    assert "exactly 3 x 224 x 224" in artifacts["traced"].accepts
+    assert artifacts["scripted"].spatial_dynamic is True
+    assert artifacts["onnx-traced"].spatial_dynamic is False
+    assert not artifacts["traced"].accepts_input((3, 320, 320), (1, 3, 224, 224))
 
 
-def test_archive_holds_handler_runtime_artifact_manifest_labels_and_config(resnet18_export):
+def test_archive_holds_handler_runtime_contract_artifact_manifest_labels_and_config(resnet18_export):
     import yaml
-    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
-    with zipfile.ZipFile(resnet18_export["model_store"] / "resnet.mar") as archive:
+    manifest = Manifest.read(resnet18_export["out"])
+    assert resnet18_export["archive"] == resnet18_export["model_store"] / "resnet18.mar"  # named after the model
+    assert sorted(p.name for p in resnet18_export["model_store"].iterdir()) == ["resnet18.mar"]
+    with zipfile.ZipFile(resnet18_export["archive"]) as archive:
         names = set(archive.namelist())
         config = yaml.safe_load(archive.read("model-config.yaml"))
-        served = config["handler"]["artifact"]
-        assert served == manifest["serving"]["default_artifact"] == "onnx-dynamo"  # first of the preference order
-        assert {"torchserve_entry.py", "manifest.json", "index_to_name.json", "model-config.yaml",
+        archived = _archived(archive)
+        served = archived.served_record()
+        # decided once at export: the archive serves what the export's manifest says, first of the preference
+        assert archived == manifest and served.kind == manifest.decision().served == "onnx-dynamo"
+        assert {"torchserve_entry.py", MANIFEST_NAME, "index_to_name.json", "model-config.yaml",
                 "handlers/image_classifier.py", "runtime/base.py", "runtime/onnxruntime.py", "models/errors.py",
-                FILE_NAMES[served]} <= names
-        # the archive ships runtime/ and handlers/ (and the error root), never export/ or the rest of models/
-        assert not {n for n in names if n.startswith("export/") or (n.startswith("models/") and n != "models/errors.py")}
+                "models/contract.py", served.path} <= names
+        assert hashlib.sha256(archive.read(served.path)).hexdigest() == served.sha256
+        # the archive ships runtime/, handlers/, the error root and the contract, never export/ or other models/
+        assert not {n for n in names if n.startswith("export/")}
+        assert {n for n in names if n.startswith("models/")} == {"models/errors.py", "models/contract.py"}
         assert config["maxBatchDelay"] == 40  # pinned by --max-batch-delay 40 in the export command
         assert not {"batchSize", "minWorkers", "maxWorkers"} & set(config)  # decided where it is served
+        assert set(config["handler"]) <= set(HandlerConfig.keys()) and "artifact" not in config["handler"]
         # only the served artifact travels in the archive
-        assert not names & {FILE_NAMES[k] for k in FILE_NAMES if k != served}
+        assert not names & {FILE_NAMES[k] for k in FILE_NAMES if k != served.kind}
 
 
 def test_manifest_records_the_serving_contract_and_no_training_mode_export(resnet18_export):
-    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
-    assert manifest["input"]["preprocessing"]["resize"] == 256  # resnet18's DEFAULT weights: 256 -> 224
-    assert manifest["input"]["preprocessing"]["crop"] == [224, 224]
-    assert manifest["serving"]["candidates"]["traced"].startswith("silently diverges")
-    assert not [w for w in manifest["warnings"] if "training mode" in w["message"]]
-    assert "onnx_dynamo" in manifest["exporter_output"]  # what the exporter printed is kept, not dropped
+    manifest = Manifest.read(resnet18_export["out"])
+    contract = manifest.input.image_contract()
+    assert contract.resize == 256  # resnet18's DEFAULT weights: 256 -> 224
+    assert contract.crop == (224, 224) and manifest.input.handler_input() == (3, 224, 224)
+    decision = manifest.decision()
+    assert decision.candidates["traced"].startswith("silently diverges")
+    assert decision.preference == list(kinds.serving_preference()) and decision.requested is None
+    assert "traced" not in decision.servable and not decision.speed_only
+    assert not [w for w in manifest.warnings if "training mode" in w["message"]]
+    assert "onnx-dynamo" in manifest.exporter_output  # what the exporter printed is kept, not dropped
+
+
+def test_a_manifest_of_schema_1_is_refused_naming_both_versions(resnet18_export, tmp_path):
+    data = Manifest.read(resnet18_export["out"]).to_dict()
+    data["schema"] = 1
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(SchemaVersionError) as caught:
+        Manifest.read(tmp_path)
+    message = str(caught.value)
+    assert "version 1" in message and f"version {SCHEMA_VERSION}" in message and "re-run the export" in message
+    assert caught.value.found == 1
+
+
+def test_serving_the_diverging_traced_artifact_is_refused_and_leaves_no_archive(tmp_path):
+    out, store = tmp_path / "out", tmp_path / "store"
+    result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
+                        "--model-store", str(store), "--serve", "traced")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ("refusing to serve 'traced': silently diverges from eager on: 320x320 (resize branch)"
+            in result.stderr)
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and not (store.exists() and any(store.iterdir()))  # no archive, no scratch folder
+    failed = out.with_name("out.failed")
+    assert f"the failed attempt is kept in {failed}" in result.stderr
+    assert "refusing to serve 'traced'" in (failed / "FAILED.txt").read_text()
+    assert not (failed / MANIFEST_NAME).exists()
+
+
+def test_name_writes_that_archive_and_another_arch_leaves_the_first_byte_identical(resnet18_export, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(resnet18_export["model_store"], store)
+    first = (store / "resnet18.mar").read_bytes()
+    out = tmp_path / "resnet34"
+    result = run_export("resnet", "--arch", "resnet34", "--weights", "random", "--out", str(out),
+                        "--model-store", str(store), "--name", "classifier")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in store.iterdir()) == ["classifier.mar", "resnet18.mar"]
+    assert (store / "resnet18.mar").read_bytes() == first
+    with zipfile.ZipFile(store / "classifier.mar") as archive:
+        archived = _archived(archive)
+        assert archived.model.name == "resnet34" and archived == Manifest.read(out)
+        assert "classifier" in archive.read("MAR-INF/MANIFEST.json").decode()  # TorchServe's model name

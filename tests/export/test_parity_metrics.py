@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from export.errors import ParityError
-from export.parity import (ONNX_TOLERANCE, Tolerance, compare_outputs, parity_inputs, run_parity,
+from export.parity import (ONNX_TOLERANCE, Candidate, Tolerance, compare_outputs, parity_inputs, run_parity,
                            structured_images, topk_agreement)
+from runtime.base import ArtifactRunError
 
 
 def test_topk_agreement_on_a_hand_built_case():
@@ -55,8 +56,8 @@ def test_inputs_cover_batches_structure_and_other_sizes():
 def test_run_parity_raises_typed_error_with_numbers():
     eager = lambda x: x.sum(dim=(2, 3))  # eager: any callable runs like a backend
     off = lambda x: x.sum(dim=(2, 3)) + 0.5  # off: any callable runs like a backend
-    report = run_parity(eager, {"good": (eager, "onnx", False), "bad": (off, "onnx", False)},
-                        parity_inputs((1, 3, 8, 8)))
+    report = run_parity(eager, {"good": Candidate(eager, ONNX_TOLERANCE, False),
+                                "bad": Candidate(off, ONNX_TOLERANCE, False)}, parity_inputs((1, 3, 8, 8)))
     assert report.passed("good") and not report.passed("bad")
     with pytest.raises(ParityError) as error:
         report.raise_on_failure()
@@ -64,3 +65,33 @@ def test_run_parity_raises_typed_error_with_numbers():
     assert error.value.failures[0].metrics["max_abs"] == pytest.approx(0.5, rel=1e-5)
     assert "max_abs=0.5" in str(error.value) and "| bad |" in error.value.table
 
+
+def test_each_candidate_is_held_to_its_own_tolerance_and_size_claim():
+    eager = lambda x: x.sum(dim=(2, 3))
+    close = lambda x: x.sum(dim=(2, 3)) + 1e-3  # within 1e-2, outside 1e-4
+    inputs = parity_inputs((1, 3, 8, 8), spatial_dynamic=True)
+    report = run_parity(eager, {"loose": Candidate(close, Tolerance(atol=1e-2, rtol=0.0), True),
+                                "tight": Candidate(close, Tolerance(atol=1e-4, rtol=0.0), False)}, inputs)
+    assert report.passed("loose") and not report.passed("tight")
+    assert report.summary()["loose"]["tolerance"] == {"atol": 1e-2, "rtol": 0.0}
+    # only the candidate claiming other spatial sizes is run on the other-size batch
+    assert report.summary()["loose"]["inputs"] == len(inputs) == report.summary()["tight"]["inputs"] + 1
+    assert "fixed input size" in report.skipped["tight"]
+
+
+def test_an_artifact_that_refuses_an_input_fails_parity_with_its_cause():
+    eager = lambda x: x.sum(dim=(2, 3))
+
+    def refuses(x):
+        try:
+            raise ValueError(f"cannot take {tuple(x.shape)}")
+        except ValueError as error:
+            raise ArtifactRunError("refuses failed on this input") from error
+
+    report = run_parity(eager, {"refuses": Candidate(refuses, ONNX_TOLERANCE, False)}, parity_inputs((1, 3, 8, 8)))
+    assert not report.passed("refuses")
+    metrics = report.failures[0].metrics
+    assert "refuses failed on this input" in metrics["error"]
+    assert "ValueError: cannot take (1, 3, 8, 8)" in metrics["traceback"]  # the runtime's own traceback is kept
+    with pytest.raises(ParityError):
+        report.raise_on_failure()
