@@ -9,7 +9,6 @@ held-out split and be served; a calibration of all-black images must be caught b
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from PIL import Image
 from torch import nn
 
 from export.accuracy import EXIT_ACCURACY_GATE, INT8_TOLERANCE
-from runtime.images import ImageContract, preprocess
+from models.contract import ImageContract, Manifest
+from runtime.images import preprocess
 from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
@@ -145,22 +145,24 @@ def test_int8_of_a_trained_model_is_within_tolerance_of_fp32_on_the_held_out_spl
     out = digits_model["base"] / "export"
     result = export_digits(digits_model, out, digits_model["calibration"])
     assert result.returncode == 0, result.stdout + result.stderr
-    manifest = json.loads((out / "manifest.json").read_text())
-    record = manifest["artifacts"]["onnx-int8"]
-    metrics = record["accuracy"]["metrics"]
-    assert record["precision"] == "int8" and record["accuracy"]["passed"], record["accuracy"]
-    assert record["accuracy"]["images"] == digits_model["held_out"]
+    manifest = Manifest.read(out)
+    assert manifest.input.image_contract() == CONTRACT  # what the test's own preprocessing assumed
+    record = manifest.artifacts["onnx-int8"]
+    gate = record.details["accuracy"]
+    metrics = gate["metrics"]
+    assert record.precision == "int8" and gate["passed"], gate
+    assert gate["images"] == digits_model["held_out"]
     assert metrics["fp32_accuracy"]["top1"] > 90.0
     assert metrics["accuracy_drop_points"]["top1"] <= INT8_TOLERANCE.max_accuracy_drop_points
     assert metrics["top1_agreement"] >= INT8_TOLERANCE.min_top1_agreement
-    assert record["made_by"]["activation_type"] in ("QUInt8", "QInt8")
-    assert set(manifest["precision"]["int8_choice"]["measured"]) == {"QUInt8", "QInt8"}
-    assert manifest["precision"]["holdout"]["labels"] == "class folders named by output index"
-    calibrated = manifest["precision"]["calibration"]["images"]
+    assert record.details["made_by"]["activation_type"] in ("QUInt8", "QInt8")
+    assert set(manifest.precision["int8_choice"]["measured"]) == {"QUInt8", "QInt8"}
+    assert manifest.precision["holdout"]["labels"] == "class folders named by output index"
+    calibrated = manifest.precision["calibration"]["images"]
     assert len(calibrated) == 10 * CALIBRATION_PER_CLASS
-    assert not set(calibrated) & set(manifest["precision"]["holdout"]["images"])
-    assert manifest["serving"]["default_artifact"] == "onnx-int8"
-    assert "accuracy.md" in manifest["files"] and (out / "model.int8.onnx").is_file()
+    assert not set(calibrated) & set(manifest.precision["holdout"]["images"])
+    assert manifest.decision().served == "onnx-int8" and manifest.served_record().path == "model.int8.onnx"
+    assert "accuracy.md" in manifest.files and (out / "model.int8.onnx").is_file()
 
 
 def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_model):
@@ -176,8 +178,9 @@ def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_
     reported = export_digits(digits_model, out, digits_model["black"], "--gate", "report")
     assert reported.returncode == 0, reported.stdout + reported.stderr
     assert "ACCURACY GATE FAILED" in reported.stdout
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert not manifest["artifacts"]["onnx-int8"]["accuracy"]["passed"]
-    assert "onnx-int8" not in manifest["serving"]["servable"]
-    assert manifest["serving"]["candidates"]["onnx-int8"].startswith("accuracy gate failed")
-    assert manifest["serving"]["default_artifact"] != "onnx-int8"
+    manifest = Manifest.read(out)
+    assert not manifest.artifacts["onnx-int8"].details["accuracy"]["passed"]
+    decision = manifest.decision()
+    assert "onnx-int8" not in decision.servable
+    assert decision.candidates["onnx-int8"].startswith("accuracy gate failed")
+    assert decision.served != "onnx-int8" and decision.served in manifest.fp32_artifacts()

@@ -3,7 +3,7 @@ they were (never a manifest beside incomplete artifacts, never a half-written .m
 
 The kills form one chain in step order: the run after a kill during step N is itself killed during step N+1,
 so it went through every step the killed run had reached; the run after the last kill completes. Eight kills
-cost nine exports instead of sixteen."""
+(with the five kinds of the table) cost nine exports instead of sixteen."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from export import kinds
 from export.archive import SCRATCH_PREFIX
 from export.atomic import PARTIAL_MARK
 from tests.conftest import ROOT, run_export
@@ -26,15 +27,14 @@ USER_FILE = Path(__file__).parent / "user_models" / "models_for_tests.py"
 ARGS = ["module", f"{USER_FILE}:plain", "--input-shape", "1,3,16,16", "--model-name", "net"]
 STORE = "store"
 # step being run -> what appears just before it: a file in the run's staging folder ("." for the folder
-# itself), or STORE for the run's scratch folder in the model store (the archive step)
+# itself), or STORE for the run's scratch folder in the model store (the archive step). The kinds are built
+# in table order, each one's file written before the next kind starts.
+_BUILT = kinds.fp32_kinds()
 KILL_DURING = {
     "build": ".",
-    "script": "model.traced.pt",
-    "ONNX (legacy, from the trace)": "model.scripted.pt",
-    "ONNX (legacy, from the script)": "model.traced.onnx",
-    "ONNX (torch.export)": "model.scripted.onnx",
-    "checks and parity": "model.dynamo.onnx",
-    "trace vs script and manifest": "parity.md",
+    **{kind.name: before.file_name for before, kind in zip(_BUILT, _BUILT[1:])},
+    "checks and parity": _BUILT[-1].file_name,
+    "reports and manifest": "parity.md",
     "archive": STORE,
 }
 

@@ -9,8 +9,10 @@ import pytest
 from onnx import numpy_helper
 
 import models
+from export import kinds
 from export.errors import ParityError
-from export.parity import parity_inputs, run_parity
+from export.parity import Candidate, parity_inputs, run_parity
+from models.contract import MANIFEST_NAME, Manifest
 from runtime import file_sha256, open_artifact
 from runtime.eager import EagerBackend
 from tests.conftest import run_export
@@ -27,8 +29,11 @@ def export_copy(resnet18_export, tmp_path):
 
 def test_parity_passes_on_every_artifact(resnet18_export):
     summary = json.loads((resnet18_export["out"] / "parity.json").read_text())["summary"]
-    assert set(summary) == {"traced", "scripted", "onnx-traced", "onnx-scripted", "onnx-dynamo"}
+    assert set(summary) == {k.name for k in kinds.fp32_kinds()}
     assert all(s["passed"] and s["top1_agreement"] == 1.0 for s in summary.values())
+    # each kind was held to its own tolerance from the kinds table
+    assert all(s["tolerance"] == {"atol": kinds.get(k).tolerance.atol, "rtol": kinds.get(k).tolerance.rtol}
+               for k, s in summary.items())
     assert (resnet18_export["out"] / "parity.md").read_text().count("| pass |") >= 5
 
 
@@ -42,8 +47,8 @@ def test_perturbed_onnx_weight_fails_with_typed_error_and_numbers(export_copy):
     onnx.save(model, str(perturbed))
 
     module = models.get("resnet18").build("random").module.eval()
-    report = run_parity(EagerBackend(module), {"perturbed": (open_artifact("onnx", perturbed), "onnx", False)},
-                        parity_inputs((1, 3, 224, 224)))
+    candidate = Candidate(open_artifact("onnx", perturbed), kinds.get("onnx-traced").tolerance, False)
+    report = run_parity(EagerBackend(module), {"perturbed": candidate}, parity_inputs((1, 3, 224, 224)))
     with pytest.raises(ParityError) as error:
         report.raise_on_failure()
     numbers = error.value.failures[0].metrics
@@ -64,7 +69,7 @@ def test_recheck_names_a_modified_artifact(export_copy):
         handle.write(b"0123456789")
     result = run_export("parity", str(export_copy))
     assert result.returncode == 4  # models.errors.EXIT_INTEGRITY
-    recorded = json.loads((export_copy / "manifest.json").read_text())["artifacts"]["onnx-scripted"]["sha256"]
+    recorded = Manifest.read(export_copy).artifacts["onnx-scripted"].sha256
     assert f"model.scripted.onnx: sha256 {file_sha256(export_copy / 'model.scripted.onnx')} but the manifest " \
            f"records {recorded}" in result.stderr
     assert "Traceback" not in result.stderr
@@ -73,17 +78,26 @@ def test_recheck_names_a_modified_artifact(export_copy):
 def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy):
     """A file re-exported with different weights but a matching hash entry: parity itself must catch it."""
     import hashlib
-    manifest_path = export_copy / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
+    manifest = Manifest.read(export_copy)
     model = onnx.load(str(export_copy / "model.dynamo.onnx"))
     weight = next(t for t in model.graph.initializer if len(t.dims) == 4)
     values = numpy_helper.to_array(weight).copy() * 1.5
     weight.CopyFrom(numpy_helper.from_array(values, weight.name))
     onnx.save(model, str(export_copy / "model.dynamo.onnx"))
-    record = manifest["artifacts"]["onnx-dynamo"]
+    record = manifest.artifacts["onnx-dynamo"]
     data = (export_copy / "model.dynamo.onnx").read_bytes()
-    record.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
-    manifest_path.write_text(json.dumps(manifest))
+    record.sha256, record.bytes = hashlib.sha256(data).hexdigest(), len(data)
+    (export_copy / MANIFEST_NAME).write_text(manifest.to_json())
     result = run_export("parity", str(export_copy))
     assert result.returncode == 3
     assert "parity failed for onnx-dynamo" in result.stderr and "| onnx-dynamo |" in result.stderr
+
+
+def test_recheck_refuses_a_manifest_of_another_schema_version(export_copy):
+    data = Manifest.read(export_copy).to_dict()
+    data["schema"] = 1
+    (export_copy / MANIFEST_NAME).write_text(json.dumps(data))
+    result = run_export("parity", str(export_copy))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "manifest schema version 1, but this code reads version 2" in result.stderr
+    assert "re-run the export" in result.stderr

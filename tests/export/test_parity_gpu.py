@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import models
+from export import kinds
 from export.pipeline import ExportOptions, Progress, export_model
 from tests.conftest import run_export
 
@@ -22,4 +23,5 @@ def test_parity_on_cuda_passes_for_every_artifact(tmp_path):
     result = export_model(models.get("resnet18"), ExportOptions(tmp_path / "gpu", "random", device="cuda:0"),
                           Progress(quiet=True))
     assert not result.parity.failures
-    assert set(result.parity.summary()) == {"traced", "scripted", "onnx-traced", "onnx-scripted", "onnx-dynamo"}
+    assert set(result.parity.summary()) == {k.name for k in kinds.fp32_kinds()}
+    assert result.manifest.decision().served == "onnx-dynamo"

@@ -4,7 +4,6 @@ without native bf16). The fp16 path runs where there is a GPU."""
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 
@@ -14,9 +13,13 @@ import torch
 import yaml
 
 from export.errors import ExportError
-from export.precision import (BF16_CPU_FEATURES, INT8_FILE, RANGES_FILE, PrecisionError, PrecisionRequest,
-                              build_variants, check_hardware, cpu_has_native_bf16)
+from export import kinds
+from export.precision import (BF16_CPU_FEATURES, RANGES_FILE, PrecisionError, PrecisionRequest, build_variants,
+                              check_hardware, cpu_has_native_bf16)
+from models.contract import MANIFEST_NAME, Manifest
 from tests.conftest import run_export
+
+INT8_FILE = kinds.get("onnx-int8").file_name
 
 
 @pytest.fixture(scope="module")
@@ -26,28 +29,28 @@ def int8_export(tmp_path_factory) -> dict:
     result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
                         "--model-store", str(store), "--precision", "fp32,int8")
     assert result.returncode == 0, result.stdout + result.stderr
-    return {"out": out, "store": store, "stdout": result.stdout,
-            "manifest": json.loads((out / "manifest.json").read_text())}
+    return {"out": out, "store": store, "stdout": result.stdout, "manifest": Manifest.read(out)}
 
 
 @pytest.mark.slow
 def test_int8_is_recorded_with_how_it_was_made_and_its_gate(int8_export):
     manifest = int8_export["manifest"]
-    record = manifest["artifacts"]["onnx-int8"]
-    assert record["path"] == INT8_FILE and record["format"] == "onnx" and record["precision"] == "int8"
-    assert record["source"] == "onnx-traced"
-    made = record["made_by"]
+    record = manifest.artifacts["onnx-int8"]
+    assert record.path == INT8_FILE and record.format == "onnx" and record.precision == "int8"
+    assert record.kind == "onnx-int8" and record.source == "onnx-traced" and record.run_precision == "fp32"
+    made = record.details["made_by"]
     assert made["tool"] == "onnxruntime.quantization.quantize_static" and made["preprocessing"] == "quant_pre_process"
     assert (made["format"], made["per_channel"], made["weight_type"]) == ("QDQ", True, "QInt8")
-    assert record["accuracy"]["passed"] and record["accuracy"]["images"] >= 100
-    assert all(r["precision"] == "fp32" for k, r in manifest["artifacts"].items() if k != "onnx-int8")
-    choice = manifest["precision"]["int8_choice"]
+    assert record.details["accuracy"]["passed"] and record.details["accuracy"]["images"] >= 100
+    assert all(r.precision == "fp32" for k, r in manifest.artifacts.items() if k != "onnx-int8")
+    assert set(manifest.fp32_artifacts()) == set(manifest.artifacts) - {"onnx-int8"}
+    choice = manifest.precision["int8_choice"]
     assert set(choice["measured"]) == {"QUInt8", "QInt8"} and choice["chosen"] == made["activation_type"]
     assert all(m["images_per_s_batch1"] > 0 for m in choice["measured"].values())
-    calibration, holdout = manifest["precision"]["calibration"], manifest["precision"]["holdout"]
+    calibration, holdout = manifest.precision["calibration"], manifest.precision["holdout"]
     assert calibration["count"] == 100 and "skimage.data" in calibration["images"][0]
     assert not set(calibration["images"]) & set(holdout["images"])
-    assert {RANGES_FILE, "accuracy.md", "accuracy.json"} <= set(manifest["files"])
+    assert {RANGES_FILE, "accuracy.md", "accuracy.json"} <= set(manifest.files)
     assert "accuracy gate" in int8_export["stdout"] and "| onnx-int8 | int8 |" in int8_export["stdout"]
 
 
@@ -64,11 +67,13 @@ def test_the_int8_file_is_qdq_with_per_channel_weights(int8_export):
 
 @pytest.mark.slow
 def test_the_gated_int8_is_served_and_packaged(int8_export):
-    serving = int8_export["manifest"]["serving"]
-    assert serving["default_artifact"] == "onnx-int8" and serving["preference"][0] == "onnx-int8"
-    with zipfile.ZipFile(int8_export["store"] / "resnet.mar") as archive:
+    serving = int8_export["manifest"].decision()
+    assert serving.served == "onnx-int8" and serving.preference[0] == "onnx-int8"
+    with zipfile.ZipFile(int8_export["store"] / "resnet18.mar") as archive:
         config = yaml.safe_load(archive.read("model-config.yaml"))
-        assert config["handler"]["artifact"] == "onnx-int8"
+        assert "artifact" not in config["handler"]  # the archived manifest decides
+        archived = Manifest.from_json(archive.read(MANIFEST_NAME).decode())
+        assert archived.served_record().path == INT8_FILE and archived.served_record().precision == "int8"
         assert INT8_FILE in archive.namelist()
 
 
@@ -100,8 +105,8 @@ def test_bf16_on_a_cpu_that_has_it(tmp_path):
     result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(tmp_path / "out"),
                         "--no-archive", "--precision", "fp32,bf16")
     assert result.returncode == 0, result.stdout + result.stderr
-    record = json.loads((tmp_path / "out" / "manifest.json").read_text())["artifacts"]["scripted-bf16"]
-    assert record["run_precision"] == "bf16" and record["accuracy"]["passed"]
+    record = Manifest.read(tmp_path / "out").artifacts["scripted-bf16"]
+    assert record.run_precision == "bf16" and record.precision == "bf16" and record.details["accuracy"]["passed"]
 
 
 @pytest.mark.slow
@@ -111,7 +116,8 @@ def test_fp16_variants_on_a_gpu(tmp_path):
     result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(tmp_path / "out"),
                         "--no-archive", "--device", "cuda", "--precision", "fp32,fp16")
     assert result.returncode == 0, result.stdout + result.stderr
-    artifacts = json.loads((tmp_path / "out" / "manifest.json").read_text())["artifacts"]
-    assert artifacts["onnx-fp16"]["precision"] == "fp16" and artifacts["onnx-fp16"]["accuracy"]["passed"]
-    assert artifacts["scripted-fp16"]["run_precision"] == "fp16" and artifacts["scripted-fp16"]["accuracy"]["passed"]
-    assert Path(tmp_path / "out" / "model.fp16.onnx").is_file()
+    artifacts = Manifest.read(tmp_path / "out").artifacts
+    assert artifacts["onnx-fp16"].precision == "fp16" and artifacts["onnx-fp16"].details["accuracy"]["passed"]
+    assert artifacts["scripted-fp16"].run_precision == "fp16"
+    assert artifacts["scripted-fp16"].details["accuracy"]["passed"]
+    assert Path(tmp_path / "out" / kinds.get("onnx-fp16").file_name).is_file()

@@ -4,6 +4,7 @@ import torch.nn.functional as F
 
 import models
 from models.preprocess import ImagePreprocess
+from models.contract import ImageContract, InputRecord
 from models.registry import UnknownModelError
 
 
@@ -53,3 +54,22 @@ def test_torch_export_form_computes_the_same():
     for shape in [(1, 3, 16, 16), (2, 3, 20, 24)]:
         x = torch.rand(shape)
         assert torch.allclose(module(x), form(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("arch,resize", [("resnet18", 256), ("resnet34", 256), ("resnet50", 232),
+                                         ("resnet101", 232), ("resnet152", 232)])
+def test_each_resnet_declares_the_contracts_image_contract_from_its_weights(arch, resize):
+    import torchvision
+    spec = models.get(arch).input_spec
+    assert isinstance(spec.preprocessing, ImageContract)  # the very class the handler reads
+    assert (spec.preprocessing.resize, spec.preprocessing.crop) == (resize, (224, 224))
+    transform = torchvision.models.get_model_weights(arch).DEFAULT.transforms()
+    assert spec.preprocessing.resize == transform.resize_size[0] and spec.preprocessing.crop[0] == transform.crop_size[0]
+    record = spec.record()
+    assert isinstance(record, InputRecord) and record.image_contract() == spec.preprocessing
+    assert record.handler_input() == (3, 224, 224) and record.resizes_in_graph
+
+
+def test_the_controlflow_demos_take_no_image_the_handler_could_send():
+    for name in models.names("controlflow"):
+        assert models.get(name).input_spec.record().handler_input() is None

@@ -9,7 +9,7 @@ from torch import nn
 import runtime
 from models.errors import VisionExportError
 from runtime import ArtifactError, IntegrityError, RunOptions, UnknownFormatError, open_artifact, verify_file
-from runtime.base import BACKENDS, backend_class
+from runtime.base import BACKENDS, ArtifactRunError, backend_class
 from runtime.eager import EagerBackend
 from runtime.onnxruntime import (CPU_PROVIDER, CUDA_PROVIDER, OnnxRuntimeBackend, check_session_providers,
                                  providers_for)
@@ -112,3 +112,26 @@ def test_a_session_that_silently_fell_back_to_the_cpu_is_refused_for_a_gpu():
     check_session_providers(torch.device("cpu"), [CPU_PROVIDER])
     with pytest.raises(ArtifactError, match="could not start CUDAExecutionProvider .*only CPUExecutionProvider"):
         check_session_providers(torch.device("cuda:0"), [CPU_PROVIDER])
+
+
+@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+def test_a_runtime_failing_on_an_input_is_an_artifact_run_error_with_its_cause_kept(artifacts, format):
+    backend = open_artifact(format, artifacts[format], name="tiny")
+    wrong_channels = torch.rand(1, 5, 8, 8)
+    with pytest.raises(ArtifactRunError, match=r"tiny failed on input \(1, 5, 8, 8\): ") as caught:
+        backend(wrong_channels)
+    error = caught.value
+    assert isinstance(error, ArtifactError) and isinstance(error, VisionExportError)
+    assert error.__cause__ is not None and not isinstance(error.__cause__, ArtifactError)
+    assert type(error.__cause__).__name__ in str(error)  # the runtime's own exception type is named
+    assert type(error.__cause__).__name__ in error.cause_traceback()  # and its traceback is kept, not dropped
+    assert backend(torch.rand(2, 3, 8, 8)).shape == (2, 5)  # the backend still serves good inputs
+
+
+def test_an_artifact_error_raised_by_a_backend_passes_through_unwrapped(artifacts):
+    backend = open_artifact("onnx", artifacts["onnx"], name="tiny")
+    refusal = ArtifactError("refused on purpose")
+    backend.predict = lambda batch: (_ for _ in ()).throw(refusal)
+    with pytest.raises(ArtifactError) as caught:
+        backend(torch.rand(1, 3, 8, 8))
+    assert caught.value is refusal
