@@ -79,7 +79,7 @@ def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "WARNING" in result.stdout and "large values (x10)" in result.stdout
     manifest = Manifest.read(out)
-    assert manifest.model.family == "module" and manifest.model.name == "gated"
+    assert manifest.model.family == "module" and manifest.model.name == USER_FILE.stem  # the archive is --name's
     diverging = {d["artifact"] for d in manifest.trace_vs_script["diverging"]}
     assert diverging >= {"traced"}
     assert manifest.trace_vs_script["verdicts"]["scripted"] == "right on every probe"
@@ -110,7 +110,7 @@ def test_user_module_without_control_flow_has_no_warning_and_takes_weights(tmp_p
     assert "WARNING" not in result.stdout
     manifest = Manifest.read(out)
     assert manifest.weights["kind"] == "path" and manifest.trace_vs_script["diverging"] == []
-    assert manifest.model.name == "plain" and manifest.input.example_shape == (2, 3, 16, 16)
+    assert manifest.model.name == USER_FILE.stem and manifest.input.example_shape == (2, 3, 16, 16)
 
 
 def _start_export(out: Path) -> subprocess.Popen:
