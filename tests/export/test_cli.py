@@ -96,6 +96,15 @@ def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
     assert "refusing to serve 'traced': silently diverges from eager on:" in refused.stderr
     assert (store / "gated.mar").read_bytes() == archive and Manifest.read(out) == before
     assert sorted(p.name for p in store.iterdir()) == ["gated.mar"]
+    # torch.export refuses the data-dependent branch: recorded with its reason, the traceback kept in export.log
+    assert "onnx-dynamo" not in manifest.artifacts and "onnx-dynamo" not in decision.candidates
+    assert manifest.refused["onnx-dynamo"].startswith("TorchExportError: ")
+    assert "onnx-dynamo (torch.onnx.export(dynamo=True) (torch.export)) REFUSED: TorchExportError" in result.stdout
+    assert "(traceback in export.log)" in result.stdout
+    assert "export.log" in manifest.files
+    log = (out / "export.log").read_text()
+    assert log.startswith("--- onnx-dynamo refused\nTraceback (most recent call last):") and "torch.export" in log
+    assert "\x1b[" not in manifest.refused["onnx-dynamo"]  # the manifest holds the reason, not terminal colours
 
 
 @pytest.mark.slow
