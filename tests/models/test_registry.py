@@ -73,3 +73,33 @@ def test_each_resnet_declares_the_contracts_image_contract_from_its_weights(arch
 def test_the_controlflow_demos_take_no_image_the_handler_could_send():
     for name in models.names("controlflow"):
         assert models.get(name).input_spec.record().handler_input() is None
+
+
+def test_the_resnet_family_lists_its_archs_and_defaults_to_resnet50():
+    resnet = models.family("resnet")
+    assert resnet.archs == ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+    assert resnet.default_arch == "resnet50" and set(resnet.archs) == set(models.names("resnet"))
+    assert models.entry_of("resnet", "resnet34") is models.get("resnet34")
+    with pytest.raises(UnknownModelError, match="unknown --arch 'cf-loop'; choose one of: resnet18, resnet34"):
+        models.entry_of("resnet", "cf-loop")  # registered, but not an arch of this family
+    with pytest.raises(UnknownModelError, match="unknown model family 'vgg'; choose one of: resnet"):
+        models.entry_of("vgg", "vgg16")
+
+
+def test_a_family_of_unregistered_archs_or_registered_twice_is_refused():
+    with pytest.raises(ValueError, match=r"archs \['resnet9000'\]"):
+        models.register_family(models.Family("big", "big nets", ("resnet18", "resnet9000"), "resnet18"))
+    with pytest.raises(ValueError, match="registered twice"):
+        models.register_family(models.Family("resnet", "again", ("resnet18",), "resnet18"))
+    with pytest.raises(ValueError, match="default 'resnet50'"):
+        models.register_family(models.Family("small", "small nets", ("resnet18",), "resnet50"))
+    assert not {"big", "small"} & {f.name for f in models.families()}  # nothing half-registered
+
+
+def test_a_registered_family_is_a_command_of_python_m_export(monkeypatch):
+    from export.cli import build_parser
+    from models import registry
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))  # undone after the test
+    models.register_family(models.Family("small", "small ResNets", ("resnet18", "resnet34"), "resnet34"))
+    args = build_parser().parse_args(["small", "--no-archive"])
+    assert (args.command, args.family, args.arch) == ("family", "small", "resnet34")
