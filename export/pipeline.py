@@ -4,6 +4,7 @@ labels, reports, manifest (last). Everything is built in a staging folder and sw
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import time
@@ -19,15 +20,16 @@ from export.atomic import atomic_write_text, ensure_free_space, staged_directory
 from export.eval_check import prepare_for_export
 from export.manifest import file_record, write_manifest
 from export.precision import PrecisionReport, PrecisionRequest, build_variants
-from export.parity import (Candidate as ParityCandidate, ParityReport, compare_outputs, parity_inputs, report_json,
-                           report_markdown, run_parity)
+from export.second_opinion import reference_agreement, second_opinion_markdown
+from export.parity import (Candidate as ParityCandidate, ParityReport, parity_inputs, report_json, report_markdown,
+                           run_parity)
 from export.selection import Candidate, decide
 from export.trace_vs_script import (CONCLUSION, ArtifactUnderTest, compact_table, compare_paths,
                                     markdown_section)
 from export.warnings_log import WarningLog
 from models.contract import LABELS_NAME, ArtifactRecord, Manifest, ModelInfo, OutputRecord, ServingDecision
 from models.registry import ModelEntry
-from runtime import ArtifactRunError, RunOptions, open_artifact
+from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
 
 EXPORT_LOG = "export.log"  # full tracebacks of refused kinds: the terminal gets one line each
@@ -215,7 +217,7 @@ def build_artifacts(context: formats.BuildContext, timed, progress: Progress) ->
         except Exception as error:  # noqa: BLE001 - only for kinds marked may_refuse; others re-raise below
             if not kind.may_refuse:
                 raise
-            refused[kind.name] = f"{type(error).__name__}: {_first_lines(str(error))}"
+            refused[kind.name] = refusal_reason(error)
             _append_traceback(context.folder / EXPORT_LOG, kind.name)
             progress.step(f"{kind.name} ({kind.exporter}) REFUSED: {refused[kind.name][:200]} "
                           f"(traceback in {EXPORT_LOG})")
@@ -295,7 +297,23 @@ class _Timer:
         return False
 
 
+def refusal_reason(error: BaseException) -> str:
+    """The exception and, when it wraps another, the innermost cause: torch.export's outer message is the same
+    boilerplate for every model, the cause names what it refused."""
+    reason = f"{type(error).__name__}: {_first_lines(str(error))}"
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if cause is not error:
+        reason += f" | caused by {type(cause).__name__}: {_first_lines(str(cause))}"
+    return reason[:1000]
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # torch colours some messages for terminals
+
+
 def _first_lines(text: str, count: int = 3) -> str:
+    text = ANSI_ESCAPE.sub("", text)
     return " ".join(line.strip() for line in text.strip().splitlines()[:count])[:600]
 
 
@@ -322,42 +340,12 @@ def _write_reports(stage: Path, entry, labels, parity, paths, second_opinion) ->
     if labels:
         atomic_write_text(stage / LABELS_NAME, json.dumps({str(i): name for i, name in enumerate(labels)}, indent=1))
         written.append(LABELS_NAME)
-    atomic_write_text(stage / "parity.md", report_markdown(parity, entry.name) + _second_opinion_md(second_opinion))
+    atomic_write_text(stage / "parity.md", report_markdown(parity, entry.name) + second_opinion_markdown(second_opinion))
     atomic_write_text(stage / "parity.json", report_json(parity))
     report = markdown_section(entry.name, entry.description, paths)
     atomic_write_text(stage / "report.md", f"# Trace vs script: {entry.name}\n\n{report}\n{CONCLUSION}\n")
     atomic_write_text(stage / "report.json", json.dumps({entry.name: paths}, indent=2, default=str))
     return written + ["parity.md", "parity.json", "report.md", "report.json"]
-
-
-def _second_opinion_md(second_opinion: dict) -> str:
-    if not second_opinion:
-        return ""
-    lines = ["", "## Second opinion: onnx.reference.ReferenceEvaluator vs ONNX Runtime", ""]
-    for k, v in second_opinion.items():
-        lines.append(f"- {k}: {'agree' if v['agree'] else 'DISAGREE'} (max abs {v['max_abs']:.2e} over {v['inputs']} inputs)")
-        lines += [f"  - probe `{probe}` not run by the reference evaluator: {why}" for probe, why in v["skipped"].items()]
-    return "\n".join(lines) + "\n"
-
-
-def reference_agreement(artifacts, backends, probes: dict) -> dict:
-    """ONNX Runtime against the spec-level reference evaluator on every probe (small models only)."""
-    out = {}
-    for kind, artifact in artifacts.items():
-        if artifact.format != "onnx":
-            continue
-        reference = open_artifact("onnx-reference", artifact.path)
-        worst, agree, count, skipped = 0.0, True, 0, {}
-        for probe, tensor in probes.items():
-            try:
-                expected = reference(tensor)
-            except ArtifactRunError as error:  # e.g. a fixed-shape graph refuses other shapes: recorded, not hidden
-                skipped[probe] = str(error)[:300]
-                continue
-            metrics, passed = compare_outputs(expected, backends[kind](tensor), kinds.get(kind).tolerance)
-            worst, agree, count = max(worst, metrics["max_abs"]), agree and passed, count + 1
-        out[kind] = {"agree": agree and count > 0, "max_abs": worst, "inputs": count, "skipped": skipped}
-    return out
 
 
 def measure_latency(backends: dict, example: torch.Tensor) -> dict[str, float]:
