@@ -154,7 +154,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     with timed("trace_vs_script"):
         units = [ArtifactUnderTest(k, a.format, backends[k], a.control_flow, kinds.get(k).tolerance)
                  for k, a in artifacts.items()]
-        paths = compare_paths(eager, units, entry.probe_inputs(), log.of_step("trace"))
+        paths = compare_paths(eager, units, entry.probe_inputs(), log.of_category("TracerWarning"))
     progress.step("trace vs script on probe inputs:\n" + compact_table(entry.name, paths))
     _warn_divergence(entry, paths, progress)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from export.parity import Tolerance, compare_outputs
-from runtime.base import Backend
+from runtime.base import ArtifactRunError, Backend
 
 SILENTLY_WRONG = "silently wrong"
 REJECTED = "rejected input"
@@ -36,8 +36,8 @@ def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: di
     for name, tensor in probes.items():
         try:
             expected[name] = eager(tensor)
-        except Exception as error:  # the model itself does not take this input: not a probe for it
-            skipped[name] = str(error).strip().splitlines()[0][:200]
+        except ArtifactRunError as error:  # the model itself does not take this input: not a probe for it
+            skipped[name] = str(error)[:300]
     rows = []
     for artifact in artifacts:
         results = []
@@ -54,8 +54,8 @@ def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, referen
     base = {"probe": name, "shape": list(tensor.shape), "eager_mean": reference.double().mean().item()}
     try:
         output = artifact.runner(tensor)
-    except Exception as error:
-        return {**base, "status": REJECTED, "error": str(error).strip().splitlines()[0][:200]}
+    except ArtifactRunError as error:  # refused loudly: the reason for the report, the traceback for report.json
+        return {**base, "status": REJECTED, "error": str(error)[:300], "traceback": error.cause_traceback()}
     metrics, passed = compare_outputs(reference, output, artifact.tolerance)
     return {**base, "status": MATCHES if passed else SILENTLY_WRONG, "max_abs": metrics["max_abs"],
             "output_mean": output.double().mean().item()}

@@ -45,8 +45,8 @@ class WarningLog:
     def output_as_dict(self) -> dict:
         return dict(self.output)
 
-    def of_step(self, step: str) -> list[dict]:
-        return [entry for entry in self.as_list() if entry["step"] == step]
+    def of_category(self, category: str) -> list[dict]:
+        return [entry for entry in self.as_list() if entry["category"] == category]
 
     def as_list(self) -> list[dict]:
         return [{"step": step, "category": category, "message": message, "count": count}

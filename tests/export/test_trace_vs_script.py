@@ -8,8 +8,10 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import models
-from export.formats import FILE_NAMES
+from export import kinds
 from export.pipeline import ExportOptions, Progress, export_model
+
+FILE_NAMES = {kind.name: kind.file_name for kind in kinds.fp32_kinds()}
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +99,42 @@ def test_report_says_traced_is_wrong_and_scripted_is_right(demo_exports):
     assert verdicts["traced"].startswith("WRONG") and verdicts["onnx-traced"].startswith("WRONG")
     assert verdicts["scripted"] == "right on every probe" and verdicts["onnx-scripted"] == "right on every probe"
     assert any(w["category"] == "TracerWarning" for w in report["tracer_warnings"])
+
+
+class _FixedSize(__import__("runtime.base", fromlist=["Backend"]).Backend):
+    """A runtime that takes only 8x8 inputs, as a fixed-shape ONNX graph does."""
+
+    format = "fixed-size-test"
+
+    def __init__(self):
+        super().__init__(None, __import__("runtime.base", fromlist=["RunOptions"]).RunOptions(), "fixed")
+
+    def predict(self, batch):
+        if tuple(batch.shape[-2:]) != (8, 8):
+            raise ValueError(f"Got invalid dimensions for input: {tuple(batch.shape)}")
+        return batch * 2
+
+
+def _units(tolerance):
+    from export.parity import ONNX_TOLERANCE
+    from export.trace_vs_script import ArtifactUnderTest
+    return [ArtifactUnderTest("fixed", "fixed-size-test", _FixedSize(), {}, tolerance or ONNX_TOLERANCE)]
+
+
+def test_a_refused_input_is_reported_with_its_reason_and_keeps_the_traceback():
+    from export.trace_vs_script import REJECTED, compare_paths
+    from runtime.eager import EagerBackend
+    eager = EagerBackend(torch.nn.Identity())
+    probes = {"as traced": torch.ones(1, 3, 8, 8), "bigger": torch.ones(1, 3, 9, 9)}
+    rows = compare_paths(eager, _units(None), probes)["rows"]
+    bigger = next(r for r in rows[0]["probes"] if r["probe"] == "bigger")
+    assert bigger["status"] == REJECTED and "(1, 3, 9, 9)" in bigger["error"]
+    assert "ValueError: Got invalid dimensions" in bigger["traceback"] and "predict" in bigger["traceback"]
+
+
+def test_a_bug_of_ours_is_not_mistaken_for_a_refused_input():
+    from export.trace_vs_script import ArtifactUnderTest, compare_paths
+    from runtime.eager import EagerBackend
+    broken = [ArtifactUnderTest("fixed", "fixed-size-test", _FixedSize(), {}, tolerance="not a tolerance")]
+    with pytest.raises(AttributeError):
+        compare_paths(EagerBackend(torch.nn.Identity()), broken, {"as traced": torch.ones(1, 3, 8, 8)})
