@@ -45,7 +45,3 @@ def verify_hashes(folder: Path, manifest: Manifest) -> None:
             problems[record.path] = problem
     if problems:
         raise IntegrityError(problems)
-
-
-def load_manifest(folder: Path) -> Manifest:  # transitional: callers move to Manifest.read
-    return Manifest.read(folder)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from export import bench
+from export import bench, bench_records
 from export.bench import Peak, Report, Row
 from tests.conftest import run_export
 
@@ -31,7 +31,7 @@ def test_batches_and_threads_parse_and_bad_values_say_what_to_give():
 
 
 def test_flop_arithmetic():
-    assert bench.gemm_flops(1000) == 2e9
+    assert bench_records.gemm_flops(1000) == 2e9
     assert bench.achieved_gflops(8.2e9, batch=8, seconds=0.8) == pytest.approx(82.0)
     peak = Peak("fp32", 1, 100.0, "numpy BLAS")
     assert bench.peak_fraction(82.0, peak) == pytest.approx(0.82)
@@ -59,9 +59,9 @@ def test_peaks_merge_to_the_best_per_library_and_fractions_use_the_merged_peak()
 
 
 def test_vnni_is_read_from_cpu_flags():
-    assert bench.has_vnni("flags : fpu avx2 avx512_vnni fma")
-    assert bench.has_vnni("flags : avx_vnni avx2")
-    assert not bench.has_vnni("flags : fpu avx2 fma avx512f")
+    assert bench_records.has_vnni("flags : fpu avx2 avx512_vnni fma")
+    assert bench_records.has_vnni("flags : avx_vnni avx2")
+    assert not bench_records.has_vnni("flags : fpu avx2 fma avx512f")
 
 
 def test_best_rows_pick_the_fastest_per_batch_on_the_device():
