@@ -18,6 +18,7 @@ import torch
 from PIL import Image, ImageOps
 
 from handlers.decode import MAX_TOPK, image_bytes, requested_topk
+from models.contract import ContractError, InputRecord
 from models.errors import VisionExportError
 from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, ImageContract, RequestError, decode_image, preprocess
 
@@ -498,11 +499,11 @@ def test_preprocess_follows_the_contracts_resize_and_crop():
     assert torch.allclose(tensor[:, :, 106], torch.tensor([0.0, 0.0, 1.0]).view(3, 1).expand(3, 100), atol=0.02)
 
 
-def test_contract_from_manifest_and_its_absence():
+def test_contract_from_the_manifest_record_and_its_absence():
     record = {"resize": 232, "crop": [224, 224], "interpolation": "bilinear", "antialias": True}
-    assert ImageContract.from_manifest(record) == ImageContract(232, (224, 224))
-    with pytest.raises(ValueError, match="no RGB image input"):
-        ImageContract.from_manifest(None)
+    assert InputRecord((1, 3, 224, 224), preprocessing=record).image_contract() == ImageContract(232, (224, 224))
+    with pytest.raises(ContractError, match="no RGB image input"):
+        InputRecord((1, 3, 224, 224)).image_contract()
 
 
 # ---------------------------------------------------------------- RequestError

@@ -1,7 +1,9 @@
-"""The handler inside a real ts.context.Context, on the archive the export command built."""
+"""The TorchServe adapter inside a real ts.context.Context, on the archive the export command built: it maps
+rows, headers, statuses and set-up failures onto the core, and answers what the core answers in-process."""
 
 import io
 import json
+import logging
 import shutil
 import zipfile
 
@@ -11,12 +13,11 @@ import yaml
 from PIL import Image
 from ts.context import Context, RequestProcessor
 
-import models
-from runtime.images import decode_image, preprocess
-from handlers.image_classifier import HandlerSetupError, ImageClassifier, select_device
-from runtime import RunOptions, open_artifact
-from runtime.onnxruntime import CUDA_PROVIDER, OnnxRuntimeBackend
-from runtime.torchscript import TorchScriptBackend
+from handlers.image_classifier import ImageClassifier, select_device
+from models.contract import ContractError, Manifest
+from runtime import IntegrityError, RunOptions, open_artifact
+from runtime.onnxruntime import CUDA_PROVIDER
+from tests.answers import assert_same_answer, expected_answer
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +37,17 @@ def _png() -> bytes:
 @pytest.fixture(scope="module")
 def model_dir(resnet18_export, tmp_path_factory):
     folder = tmp_path_factory.mktemp("unpacked")
-    with zipfile.ZipFile(resnet18_export["model_store"] / "resnet.mar") as archive:
+    with zipfile.ZipFile(resnet18_export["archive"]) as archive:
         archive.extractall(folder)
     return folder
 
 
 def _context(model_dir, rows, headers=None, config_overrides=None):
     config = yaml.safe_load((model_dir / "model-config.yaml").read_text())
-    for key, value in (config_overrides or {}).items():
-        config["handler"][key] = value
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
-    context = Context("resnet", str(model_dir), manifest, batch_size=len(rows), gpu=None, mms_version="0.12.0",
-                      model_yaml_config=config)
+    config["handler"].update(config_overrides or {})
+    mar_manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())  # TorchServe's, not ours
+    context = Context("resnet18", str(model_dir), mar_manifest, batch_size=len(rows), gpu=None,
+                      mms_version="0.12.0", model_yaml_config=config)
     context.request_processor = [RequestProcessor((headers or {}).get(i, {})) for i in range(len(rows))]
     return context
 
@@ -59,7 +59,7 @@ def _handler(model_dir, rows, **kwargs):
     return handler, context
 
 
-def test_batch_with_one_bad_image_answers_each_request(model_dir):
+def test_batch_with_one_bad_image_answers_each_request_with_its_status(model_dir):
     rows = [{"body": bytearray(_jpeg())}, {"body": bytearray(b"definitely not an image")},
             {"data": bytearray(_png())}]
     handler, context = _handler(model_dir, rows, headers={2: {"X-TopK": "2"}})
@@ -67,41 +67,33 @@ def test_batch_with_one_bad_image_answers_each_request(model_dir):
     assert len(responses[0]["predictions"]) == 5 and len(responses[2]["predictions"]) == 2
     assert responses[1] == {"code": 415, "error": responses[1]["error"]} and "JPEG" in responses[1]["error"]
     assert [context.get_response_status(i)[0] for i in range(3)] == [200, 415, 200]
-    top = responses[0]["predictions"]
-    assert all(set(p) == {"label", "index", "probability"} for p in top)
-    assert [p["probability"] for p in top] == sorted((p["probability"] for p in top), reverse=True)
+    assert_same_answer(responses[0], expected_answer(model_dir, _jpeg()))
+    assert_same_answer(responses[2], expected_answer(model_dir, _png(), topk=2))
 
 
-def test_predictions_match_the_eager_model(model_dir):
+def test_the_archives_answer_is_the_in_process_answer(model_dir, resnet18_export):
     body = _jpeg((30, 160, 90))
     handler, context = _handler(model_dir, [{"body": body}])
-    response = handler.handle([{"body": body}], context)[0]
-    with torch.inference_mode():
-        eager = models.get("resnet18").build("random").module.eval()
-        probabilities = torch.softmax(eager(preprocess(decode_image(body), handler.contract)[None]), dim=1)[0]
-    values, indices = probabilities.topk(5)
-    assert [p["index"] for p in response["predictions"]] == indices.tolist()
-    labels = json.loads((model_dir / "index_to_name.json").read_text())
-    assert response["predictions"][0]["label"] == labels[str(indices[0].item())]
-    assert response["predictions"][0]["probability"] == pytest.approx(values[0].item(), abs=1e-4)
+    served = handler.handle([{"body": body}], context)[0]
+    assert_same_answer(served, expected_answer(resnet18_export["archive"], body))
+    assert_same_answer(served, expected_answer(resnet18_export["out"], body))  # the export folder serves the same
 
 
-def test_torchscript_backend_is_chosen_by_model_config(model_dir, resnet18_export, tmp_path):
-    folder = tmp_path / "ts"
+def test_an_artifact_key_in_model_config_is_refused_naming_it(model_dir, caplog):
+    with caplog.at_level(logging.ERROR), pytest.raises(ContractError, match="unknown artifact"):
+        _handler(model_dir, [{}], config_overrides={"artifact": "scripted"})
+    assert "cannot serve this archive: model-config.yaml handler: unknown artifact" in caplog.text
+
+
+def test_a_tampered_artifact_is_refused_with_the_line_serving_looks_for(model_dir, tmp_path, caplog):
+    folder = tmp_path / "tampered"
     shutil.copytree(model_dir, folder)
-    shutil.copy2(resnet18_export["out"] / "model.scripted.pt", folder)
-    handler, context = _handler(folder, [{}], config_overrides={"artifact": "scripted"})
-    assert type(handler.backend) is TorchScriptBackend
-    onnx_handler, _ = _handler(model_dir, [{}])  # the archive's own choice: onnx-dynamo
-    assert type(onnx_handler.backend) is OnnxRuntimeBackend and onnx_handler.artifact == "onnx-dynamo"
-    body = _jpeg()
-    assert handler.handle([{"body": body}], context)[0]["predictions"][0]["index"] == \
-        onnx_handler.handle([{"body": body}], _context(model_dir, [{}]))[0]["predictions"][0]["index"]
-
-
-def test_unknown_artifact_in_config_is_a_clear_error(model_dir):
-    with pytest.raises(HandlerSetupError, match="handler.artifact='nope' is not in the manifest"):
-        _handler(model_dir, [{}], config_overrides={"artifact": "nope"})
+    served = folder / Manifest.read(folder).served_record().path
+    served.write_bytes(served.read_bytes()[:-10])
+    with caplog.at_level(logging.ERROR), pytest.raises(IntegrityError):
+        _handler(folder, [{}])
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("REFUSING TO SERVE: ")]
+    assert len(refusals) == 1 and served.name in refusals[0] and "but the manifest records" in refusals[0]
 
 
 def test_device_selection_with_cuda_check_patched(monkeypatch, model_dir):

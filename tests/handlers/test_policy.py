@@ -2,7 +2,8 @@
 
 import torch
 
-from handlers.image_classifier import select_device, worker_threads
+from handlers.core import worker_threads
+from handlers.image_classifier import offered_threads, select_device
 from handlers.policy import (GPU_BATCH_SIZE, MAX_CPU_WORKERS, THREADS_ENV, machine_policy, this_machine,
                              with_overrides)
 
@@ -37,10 +38,15 @@ def test_overrides_win_and_rederive_threads():
     assert with_overrides(base) is base
 
 
-def test_worker_threads_archive_pin_then_environment_then_machine():
-    assert worker_threads({"threads": 3}, {THREADS_ENV: "2"}) == 3
-    assert worker_threads({}, {THREADS_ENV: "2"}) == 2
-    assert worker_threads({}, {}) == machine_policy(*this_machine()).threads_per_worker
+def test_worker_threads_archive_pin_then_what_the_engine_offers_then_machine():
+    assert worker_threads(3, 2) == 3
+    assert worker_threads(None, 2) == 2
+    assert worker_threads(None, None) == machine_policy(*this_machine()).threads_per_worker
+
+
+def test_torchserve_offers_the_thread_count_python_m_serving_decided():
+    assert offered_threads({THREADS_ENV: "2"}) == 2
+    assert offered_threads({}) is None
 
 
 def test_device_comes_from_gpu_id_when_cuda_is_available():

@@ -10,7 +10,7 @@ import torchvision
 from PIL import Image
 
 import models
-from runtime.images import ImageContract, decode_image, preprocess
+from runtime.images import decode_image, preprocess
 from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 
 PHOTOS = {"chelsea (cat)": skimage.data.chelsea, "astronaut": skimage.data.astronaut, "coffee": skimage.data.coffee}
@@ -30,7 +30,7 @@ def normalise(batch: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("arch", models.names("resnet"))
 def test_handler_tensor_equals_the_weights_transforms(arch, photo):
     entry = models.get(arch)
-    contract = ImageContract.from_manifest(entry.input_spec.describe()["preprocessing"])
+    contract = entry.input_spec.record().image_contract()  # what the manifest records for the handler
     image = decode_image(jpeg(PHOTOS[photo]()))  # uint8 (3, H, W), as the handler decodes a request
     ours = preprocess(image, contract)
     transforms = torchvision.models.get_model_weights(arch).DEFAULT.transforms()

@@ -35,12 +35,12 @@ def test_parity_runs_through_the_registry(spying, tmp_path):
 
 
 def test_the_handler_runs_through_the_registry(spying, resnet18_export, tmp_path):
-    with zipfile.ZipFile(resnet18_export["model_store"] / "resnet.mar") as archive:
+    with zipfile.ZipFile(resnet18_export["archive"]) as archive:
         archive.extractall(tmp_path)
     import yaml
     config = yaml.safe_load((tmp_path / "model-config.yaml").read_text())
-    manifest = json.loads((tmp_path / "MAR-INF" / "MANIFEST.json").read_text())
-    context = Context("resnet", str(tmp_path), manifest, batch_size=1, gpu=None, mms_version="0.12.0",
+    mar_manifest = json.loads((tmp_path / "MAR-INF" / "MANIFEST.json").read_text())  # TorchServe's, not ours
+    context = Context(resnet18_export["model_name"], str(tmp_path), mar_manifest, batch_size=1, gpu=None, mms_version="0.12.0",
                       model_yaml_config=config)
     context.request_processor = [RequestProcessor({})]
     handler = ImageClassifier()

@@ -1,0 +1,156 @@
+"""handlers.core.ImageClassifierCore without any serving engine, on the archive the export command built
+(unpacked, as TorchServe unpacks it): rows keep their own errors, the manifest's decision is what is
+served, a changed artifact or an unknown handler setting is refused by name."""
+
+from __future__ import annotations
+
+import io
+import logging
+import shutil
+import zipfile
+from dataclasses import replace
+
+import pytest
+import torch
+from PIL import Image
+
+import models
+from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
+from models.contract import ContractError, Manifest, MANIFEST_NAME
+from runtime import IntegrityError, open_artifact
+from runtime.images import RequestError, decode_image, preprocess
+from runtime.onnxruntime import OnnxRuntimeBackend
+from runtime.torchscript import TorchScriptBackend
+from tests.answers import assert_same_answer
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+CAT = ROOT / "examples" / "cat.jpg"
+
+
+def image(fmt="PNG", color=(30, 160, 90), size=(300, 200)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def unpacked(resnet18_export, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("unpacked")
+    with zipfile.ZipFile(resnet18_export["archive"]) as archive:
+        archive.extractall(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def core(unpacked):
+    return ImageClassifierCore.from_folder(unpacked, threads=torch.get_num_threads())
+
+
+@pytest.fixture
+def editable(unpacked, resnet18_export, tmp_path):
+    """A copy of the unpacked archive with every artifact of the export beside it, to rewrite its manifest."""
+    folder = tmp_path / "model"
+    shutil.copytree(unpacked, folder)
+    manifest = Manifest.read(resnet18_export["out"])
+    for record in manifest.artifacts.values():
+        if not (folder / record.path).exists():
+            shutil.copy2(resnet18_export["out"] / record.path, folder / record.path)
+    return folder
+
+
+def rewrite_manifest(folder, change) -> None:
+    (folder / MANIFEST_NAME).write_text(change(Manifest.read(folder)).to_json())
+
+
+def test_a_bad_row_stays_an_error_of_that_row_while_the_others_answer(core):
+    rows = [ImageRequest(CAT.read_bytes()), ImageRequest(b"not an image at all"), ImageRequest(image(), topk=2),
+            ImageRequest(image("JPEG"), topk=0)]
+    answers = core.run_batch(rows).answers
+    assert isinstance(answers[1], RequestError) and answers[1].code == 415 and "JPEG" in answers[1].message
+    assert isinstance(answers[3], RequestError) and answers[3].code == 400 and "topk" in answers[3].message
+    assert len(answers[0]["predictions"]) == 5 and len(answers[2]["predictions"]) == 2
+    # batching changes nothing: each answered row is what the image alone gets
+    assert_same_answer(answers[0], core.answer(CAT.read_bytes()))
+    assert_same_answer(answers[2], core.answer(image(), topk=2))
+
+
+def test_the_answer_is_the_served_artifact_and_matches_eager(core, unpacked):
+    answer = core.answer(CAT.read_bytes())
+    manifest = Manifest.read(unpacked)
+    record = manifest.served_record()
+    assert answer["model"] == "resnet18" and answer["artifact"] == record.kind == manifest.decision().served
+    row = preprocess(decode_image(CAT.read_bytes()), manifest.input.image_contract())[None]
+    with torch.inference_mode():
+        eager = torch.softmax(models.get("resnet18").build("random").module.eval()(row), dim=1)[0]
+        served = torch.softmax(open_artifact(record.format, unpacked / record.path)(row), dim=1)[0]
+    for probabilities in (eager, served):
+        values, indices = probabilities.topk(5)
+        assert [p["index"] for p in answer["predictions"]] == indices.tolist()
+        assert [p["probability"] for p in answer["predictions"]] == pytest.approx(values.tolist(), abs=1e-4)
+    assert answer["predictions"][0]["label"] == core.labels[int(indices[0])]
+
+
+def test_an_artifact_whose_sha256_differs_from_the_manifest_is_refused(editable):
+    record = Manifest.read(editable).served_record()
+    path = editable / record.path
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    with pytest.raises(IntegrityError, match=f"{record.path}: sha256 [0-9a-f]{{64}} but the manifest records "
+                                             f"{record.sha256}"):
+        ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
+
+
+def test_handler_config_with_an_unknown_key_is_refused_with_the_key_named(unpacked):
+    with pytest.raises(ContractError, match="model-config.yaml handler: unknown artifact"):
+        ImageClassifierCore.from_folder(unpacked, settings={"artifact": "scripted", "topk": 3})
+    with pytest.raises(ContractError, match="handler.topk must be from 1 to 100"):
+        ImageClassifierCore.from_folder(unpacked, settings={"topk": 0})
+
+
+def test_the_manifests_decision_is_what_is_served(editable, core):
+    rewrite_manifest(editable, lambda m: replace(m, serving=replace(m.decision(), served="scripted")))
+    scripted = ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
+    assert type(scripted.backend) is TorchScriptBackend and type(core.backend) is OnnxRuntimeBackend
+    answer = scripted.answer(CAT.read_bytes())
+    assert answer["artifact"] == "scripted"
+    assert_same_answer({**answer, "artifact": core.record.kind}, core.answer(CAT.read_bytes()))
+
+
+def test_a_runtime_failure_answers_500_with_the_reason_for_each_row_of_the_batch(editable, caplog):
+    # the traced ONNX takes 224x224 only; a contract cropping 200x200 makes ONNX Runtime refuse the batch
+    def traced_with_a_200_crop(m):
+        crop = replace(m.input.image_contract(), crop=(200, 200))
+        return replace(m, input=replace(m.input, preprocessing=crop),
+                       serving=replace(m.decision(), served="onnx-traced"))
+    rewrite_manifest(editable, traced_with_a_200_crop)
+    core = ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
+    with caplog.at_level(logging.ERROR, logger="handlers.core"):
+        answers = core.run_batch([ImageRequest(image()), ImageRequest(b"junk"), ImageRequest(image("JPEG"))]).answers
+    assert [a.code for a in answers] == [500, 415, 500]
+    assert "inference failed: onnx-traced failed on input (2, 3, 200, 200)" in answers[0].message
+    assert "Traceback" in caplog.text  # the runtime's own error is logged with its traceback
+
+
+def test_settings_threads_and_labels(unpacked, editable):
+    before = torch.get_num_threads()
+    try:
+        assert ImageClassifierCore.from_folder(unpacked, settings={"threads": 1}, threads=2).threads == 1
+        assert ImageClassifierCore.from_folder(unpacked, threads=2).threads == 2
+    finally:
+        torch.set_num_threads(before)
+    labels = Manifest.read(editable).output.labels
+    (editable / labels).unlink()
+    with pytest.raises(HandlerSetupError, match=f"names labels file {labels} but"):
+        ImageClassifierCore.from_folder(editable, threads=before)
+
+
+def test_fp16_on_a_cpu_worker_is_said_and_runs_fp32(unpacked, caplog):
+    with caplog.at_level(logging.WARNING, logger="handlers.core"):
+        core = ImageClassifierCore.from_folder(unpacked, settings={"fp16": True}, threads=torch.get_num_threads())
+    assert core.backend.options.precision == "fp32" and "handler.fp16 is set but this worker runs on cpu" in caplog.text
+
+
+def test_a_model_folder_without_a_manifest_is_a_clear_error(tmp_path):
+    with pytest.raises(ContractError, match="manifest.json not found"):
+        ImageClassifierCore.from_folder(tmp_path)
