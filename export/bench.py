@@ -66,7 +66,7 @@ class Target:
     run_precision: str = "fp32"  # RunOptions.precision it needs (bf16: autocast; int8 ONNX runs as-is: fp32)
 
 
-def targets_for(folder: Path, manifest, module: torch.nn.Module) -> list[Target]:
+def targets_for(folder: Path, manifest: Manifest, module: torch.nn.Module) -> list[Target]:
     targets = [Target("eager", "eager", "fp32", lambda options: EagerBackend(module, options))]
     for kind, record in manifest.artifacts.items():
         path = folder / record.path
@@ -76,7 +76,7 @@ def targets_for(folder: Path, manifest, module: torch.nn.Module) -> list[Target]
     return targets
 
 
-def eager_module(manifest) -> torch.nn.Module:
+def eager_module(manifest: Manifest) -> torch.nn.Module:
     built = entry_from_manifest(manifest).build(weights_from_manifest(manifest))
     return built.module.eval().requires_grad_(False)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from models.contract import Manifest
+from models.contract import ContractError, Manifest
 from models.registry import ModelEntry
+
+# manifest.weights["kind"] -> the --weights choice that builds those weights again ("path" gives its source)
+WEIGHTS_CHOICE = {"imagenet": "imagenet", "random": "random", "factory": "auto"}
 
 
 def entry_from_manifest(manifest: Manifest) -> ModelEntry:
@@ -13,12 +16,18 @@ def entry_from_manifest(manifest: Manifest) -> ModelEntry:
     source = manifest.model.source
     if "module" in source:
         return user_entry(source["module"], tuple(source["input_shape"]))
-    return models.get(source["registry"])
+    if "registry" in source:
+        return models.get(source["registry"])
+    raise ContractError(f"manifest model.source {source!r} names neither a registry model nor a module, so the "
+                        "model cannot be rebuilt; re-run the export to rewrite it")
 
 
 def weights_from_manifest(manifest: Manifest) -> str:
     """The --weights choice that reproduces the recorded weights."""
-    weights = manifest.weights
-    if weights["kind"] == "path":
-        return weights["source"]
-    return {"imagenet": "imagenet"}.get(weights["kind"], "random")
+    kind = manifest.weights.get("kind")
+    if kind == "path":
+        return manifest.weights["source"]
+    if kind not in WEIGHTS_CHOICE:
+        raise ContractError(f"manifest weights.kind {kind!r} is not one of path, {', '.join(WEIGHTS_CHOICE)}, so "
+                            "the weights cannot be rebuilt; re-run the export to rewrite it")
+    return WEIGHTS_CHOICE[kind]

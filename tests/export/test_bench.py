@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +14,9 @@ from torch import nn
 
 from export import bench, bench_records
 from export.bench import Peak, Report, Row
-from tests.conftest import run_export
+from export.rebuild import entry_from_manifest, weights_from_manifest
+from models.contract import ContractError, InputRecord, Manifest, ModelInfo, OutputRecord
+from tests.conftest import ROOT, run_export
 
 
 def row(artifact="onnx-dynamo", threads=1, batch=8, images_per_s=10.0, precision="fp32", device="cpu", gflops=80.0):
@@ -101,7 +106,7 @@ def test_markdown_has_the_peaks_the_best_per_batch_every_row_and_the_skips():
 
 def test_a_written_report_loads_back_and_a_foreign_file_is_refused(tmp_path):
     report = Report(machine={"cpu": "c"}, peaks=[Peak("fp32", 1, 1.0, "numpy BLAS")], rows=[row()])
-    (tmp_path / "bench.json").write_text(json.dumps(__import__("dataclasses").asdict(report)))
+    (tmp_path / "bench.json").write_text(json.dumps(dataclasses.asdict(report)))
     assert bench.load_report(tmp_path / "bench.json").rows[0].artifact == "onnx-dynamo"
     (tmp_path / "other.json").write_text("[1, 2]")
     with pytest.raises(bench.BenchError, match="not a bench.json"):
@@ -124,6 +129,39 @@ def test_a_folder_without_an_export_is_a_clear_error(tmp_path):
     assert "has no manifest.json: export a model there first" in done.stderr and "Traceback" not in done.stderr
 
 
+def manifest_of(source: dict, weights: dict) -> Manifest:
+    return Manifest(ModelInfo("m", "f", "d", source), weights, InputRecord((1, 3, 8, 8)), OutputRecord(["batch", 2]),
+                    opset=18)
+
+
+def test_the_model_and_its_weights_are_rebuilt_from_the_manifest(tmp_path):
+    """Rebuilding gives weights of the kind the manifest recorded (the benchmark's eager row is that model)."""
+    registry = manifest_of({"registry": "cf-branch"}, {"kind": "random", "source": ""})
+    assert entry_from_manifest(registry).name == "cf-branch"
+    assert entry_from_manifest(registry).build(weights_from_manifest(registry)).weights.kind == "random"
+    user = ROOT / "tests" / "export" / "user_models" / "models_for_tests.py"
+    module = manifest_of({"module": f"{user}:plain", "input_shape": [1, 3, 8, 8]}, {"kind": "factory", "source": ""})
+    rebuilt = entry_from_manifest(module).build(weights_from_manifest(module))
+    assert type(rebuilt.module).__name__ == "PlainNet" and rebuilt.weights.kind == "factory"
+    assert weights_from_manifest(manifest_of({}, {"kind": "imagenet", "source": "url"})) == "imagenet"
+    state = tmp_path / "weights.pt"
+    assert weights_from_manifest(manifest_of({}, {"kind": "path", "source": str(state)})) == str(state)
+
+
+def test_a_manifest_the_model_cannot_be_rebuilt_from_says_so():
+    with pytest.raises(ContractError, match="weights.kind 'borrowed' is not one of path"):
+        weights_from_manifest(manifest_of({"registry": "cf-branch"}, {"kind": "borrowed", "source": ""}))
+    with pytest.raises(ContractError, match="names neither a registry model nor a module"):
+        entry_from_manifest(manifest_of({"hub": "x"}, {"kind": "random", "source": ""}))
+
+
+def test_the_benchmark_does_not_import_the_cli_commands():
+    """export.commands runs the benchmark; the benchmark rebuilding models through export.commands was a cycle."""
+    code = "import sys, export.bench; print('export.commands' in sys.modules or 'export.cli' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
+
+
 @pytest.mark.slow
 def test_smoke_every_artifact_and_eager_are_benchmarked_and_the_files_written(resnet18_export, tmp_path):
     out = tmp_path / "bench"
@@ -132,9 +170,9 @@ def test_smoke_every_artifact_and_eager_are_benchmarked_and_the_files_written(re
     assert done.returncode == 0, done.stdout + done.stderr
     assert {p.name for p in out.iterdir()} >= {"bench.md", "bench.json", "bench.png"}
     data = json.loads((out / "bench.json").read_text())
-    manifest = json.loads((resnet18_export["out"] / "manifest.json").read_text())
+    manifest = Manifest.read(resnet18_export["out"])
     measured = {r["artifact"] for r in data["rows"]} | {s["artifact"] for s in data["skipped"]}
-    assert measured >= {"eager", *manifest["artifacts"]}  # every artifact record, whatever its format
+    assert measured >= {"eager", *manifest.artifacts}  # every artifact record, whatever its format
     assert {(r["artifact"], r["batch"]) for r in data["rows"]} >= {("eager", 1), ("eager", 2)}
     assert all(r["peak_fraction"] is not None for r in data["rows"])
     assert data["flops_per_image"]["resnet18"] > 1e9
