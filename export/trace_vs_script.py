@@ -37,7 +37,7 @@ def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: di
         try:
             expected[name] = eager(tensor)
         except ArtifactRunError as error:  # the model itself does not take this input: not a probe for it
-            skipped[name] = str(error)[:300]
+            skipped[name] = {"error": str(error)[:300], "traceback": error.cause_traceback()}
     rows = []
     for artifact in artifacts:
         results = []
@@ -112,7 +112,8 @@ def markdown_section(model: str, description: str, result: dict) -> str:
         lines.append(f"| {row['artifact']} | {flow} | " + " | ".join(cells) + f" | {row['verdict']} |")
     if result["skipped_probes"]:
         lines.append("")
-        lines += [f"- probe `{k}` skipped: eager itself rejects it ({v})" for k, v in result["skipped_probes"].items()]
+        lines += [f"- probe `{name}` skipped: eager itself rejects it ({skip['error']})"
+                  for name, skip in result["skipped_probes"].items()]
     if result["tracer_warnings"]:
         lines += ["", "Tracer warnings raised while tracing:", ""]
         lines += [f"- {w['category']} x{w['count']}: {w['message']}" for w in result["tracer_warnings"]]

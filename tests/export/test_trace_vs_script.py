@@ -1,4 +1,5 @@
-"""Facts about control flow, established by running the artifacts (TorchScript and ONNX Runtime)."""
+"""Facts about control flow, established by running the artifacts (TorchScript and ONNX Runtime); how the
+trace-vs-script report records a probe an artifact or the model refuses (reason and traceback kept)."""
 
 import numpy as np
 import onnx
@@ -9,11 +10,13 @@ from onnx.reference import ReferenceEvaluator
 
 import models
 from export import kinds
+from export.parity import ONNX_TOLERANCE
 from export.pipeline import ExportOptions, Progress, export_model
+from export.trace_vs_script import REJECTED, ArtifactUnderTest, compare_paths, markdown_section
+from runtime.base import Backend, RunOptions
+from runtime.eager import EagerBackend
 
 FILE_NAMES = {kind.name: kind.file_name for kind in kinds.fp32_kinds()}
-
-pytestmark = pytest.mark.slow
 
 DATA_DEPENDENT = ("cf-branch", "cf-loop")
 
@@ -48,6 +51,7 @@ def _ops(path):
     return {node.op_type for node in onnx.load(str(path)).graph.node}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DATA_DEPENDENT)
 def test_traced_artifacts_are_silently_wrong_on_the_other_path(demo_exports, name):
     as_traced, other = _probes(name)
@@ -58,6 +62,7 @@ def test_traced_artifacts_are_silently_wrong_on_the_other_path(demo_exports, nam
         assert (wrong - _eager(name, other)).abs().max() > 0.1, f"{file} should be wrong on the other path"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DATA_DEPENDENT)
 def test_scripted_and_onnx_from_scripted_stay_right(demo_exports, name):
     out = demo_exports[name]
@@ -68,6 +73,7 @@ def test_scripted_and_onnx_from_scripted_stay_right(demo_exports, name):
         torch.testing.assert_close(_onnxruntime(out / FILE_NAMES["onnx-dynamo"], x), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,op", [("cf-branch", "If"), ("cf-loop", "Loop")])
 def test_onnx_from_script_keeps_control_flow_and_from_trace_does_not(demo_exports, name, op):
     out = demo_exports[name]
@@ -76,12 +82,14 @@ def test_onnx_from_script_keeps_control_flow_and_from_trace_does_not(demo_export
     assert not _ops(out / FILE_NAMES["onnx-traced"]) & {"If", "Loop"}
 
 
+@pytest.mark.slow
 def test_fixed_count_loop_is_safe_to_trace(demo_exports):
     out = demo_exports["cf-repeat"]
     for x in _probes("cf-repeat"):
         torch.testing.assert_close(_torchscript(out / FILE_NAMES["traced"], x), _eager("cf-repeat", x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models.names("controlflow"))
 def test_reference_evaluator_agrees_with_onnxruntime(demo_exports, name):
     out = demo_exports[name]
@@ -92,6 +100,7 @@ def test_reference_evaluator_agrees_with_onnxruntime(demo_exports, name):
             np.testing.assert_allclose(_onnxruntime(out / FILE_NAMES[kind], x).numpy(), reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_report_says_traced_is_wrong_and_scripted_is_right(demo_exports):
     import json
     report = json.loads((demo_exports["cf-branch"] / "report.json").read_text())["cf-branch"]
@@ -101,40 +110,46 @@ def test_report_says_traced_is_wrong_and_scripted_is_right(demo_exports):
     assert any(w["category"] == "TracerWarning" for w in report["tracer_warnings"])
 
 
-class _FixedSize(__import__("runtime.base", fromlist=["Backend"]).Backend):
+class _FixedSize(Backend):
     """A runtime that takes only 8x8 inputs, as a fixed-shape ONNX graph does."""
 
     format = "fixed-size-test"
 
     def __init__(self):
-        super().__init__(None, __import__("runtime.base", fromlist=["RunOptions"]).RunOptions(), "fixed")
+        super().__init__(None, RunOptions(), "fixed")
 
     def predict(self, batch):
         if tuple(batch.shape[-2:]) != (8, 8):
             raise ValueError(f"Got invalid dimensions for input: {tuple(batch.shape)}")
-        return batch * 2
+        return batch.clone()  # right where it runs
 
 
-def _units(tolerance):
-    from export.parity import ONNX_TOLERANCE
-    from export.trace_vs_script import ArtifactUnderTest
-    return [ArtifactUnderTest("fixed", "fixed-size-test", _FixedSize(), {}, tolerance or ONNX_TOLERANCE)]
+def _fixed_size(tolerance=ONNX_TOLERANCE):
+    return [ArtifactUnderTest("fixed", "fixed-size-test", _FixedSize(), {}, tolerance)]
+
+
+PROBES = {"as traced": torch.ones(1, 3, 8, 8), "bigger": torch.ones(1, 3, 9, 9)}
 
 
 def test_a_refused_input_is_reported_with_its_reason_and_keeps_the_traceback():
-    from export.trace_vs_script import REJECTED, compare_paths
-    from runtime.eager import EagerBackend
-    eager = EagerBackend(torch.nn.Identity())
-    probes = {"as traced": torch.ones(1, 3, 8, 8), "bigger": torch.ones(1, 3, 9, 9)}
-    rows = compare_paths(eager, _units(None), probes)["rows"]
-    bigger = next(r for r in rows[0]["probes"] if r["probe"] == "bigger")
+    result = compare_paths(EagerBackend(torch.nn.Identity()), _fixed_size(), PROBES)
+    bigger = next(r for r in result["rows"][0]["probes"] if r["probe"] == "bigger")
     assert bigger["status"] == REJECTED and "(1, 3, 9, 9)" in bigger["error"]
     assert "ValueError: Got invalid dimensions" in bigger["traceback"] and "predict" in bigger["traceback"]
+    assert result["rows"][0]["verdict"] == "right where it runs; refuses (loudly) bigger"
+    assert "rejected: fixed failed on input (1, 3, 9, 9)" in markdown_section("m", "", result)
+
+
+def test_a_probe_eager_refuses_is_skipped_with_its_reason_and_traceback():
+    eager = _FixedSize()  # the model itself takes only 8x8: the 9x9 probe says nothing about its artifacts
+    result = compare_paths(eager, _fixed_size(), PROBES)
+    assert result["probes"] == ["as traced"]
+    skip = result["skipped_probes"]["bigger"]
+    assert "(1, 3, 9, 9)" in skip["error"] and "ValueError: Got invalid dimensions" in skip["traceback"]
+    assert "probe `bigger` skipped: eager itself rejects it (fixed failed on input (1, 3, 9, 9)" in \
+        markdown_section("m", "", result)
 
 
 def test_a_bug_of_ours_is_not_mistaken_for_a_refused_input():
-    from export.trace_vs_script import ArtifactUnderTest, compare_paths
-    from runtime.eager import EagerBackend
-    broken = [ArtifactUnderTest("fixed", "fixed-size-test", _FixedSize(), {}, tolerance="not a tolerance")]
-    with pytest.raises(AttributeError):
-        compare_paths(EagerBackend(torch.nn.Identity()), broken, {"as traced": torch.ones(1, 3, 8, 8)})
+    with pytest.raises(AttributeError):  # a tolerance that is not a Tolerance: our error, not the artifact's
+        compare_paths(EagerBackend(torch.nn.Identity()), _fixed_size("not a tolerance"), PROBES)
