@@ -20,8 +20,8 @@ from pathlib import Path
 
 from export.cli import run_command
 from handlers.policy import ServingPolicy, machine_policy, this_machine, with_overrides
-from serving import server
-from serving.server import ServingError
+from serving.torchserve import server
+from serving.torchserve.config import ServingError
 
 
 def parse(argv):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.server import free_port
+from serving.torchserve.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"

@@ -15,7 +15,7 @@ import pytest
 import requests
 from PIL import Image
 
-from serving import server
+from serving.torchserve import server
 from tests.conftest import ROOT
 from tests.handlers.test_decode import encode, png_header_only, solid
 

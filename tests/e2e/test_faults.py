@@ -13,7 +13,8 @@ import requests
 
 from export.archive import build_archive
 from export.manifest import load_manifest
-from serving import faults, server
+from serving.measure import faults
+from serving.torchserve import server
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 
 from export.archive import build_archive
 from export.manifest import load_manifest
-from serving.server import free_port
+from serving.torchserve.server import free_port
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving import server
-from serving.server import free_port
+from serving.torchserve import server
+from serving.torchserve.server import free_port
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from PIL import Image
 
 from export.archive import build_archive
 from export.manifest import load_manifest
-from serving import server
-from serving.server import free_port
+from serving.torchserve import server
+from serving.torchserve.server import free_port
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

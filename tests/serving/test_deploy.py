@@ -19,7 +19,7 @@ import yaml
 
 from examples.clients import kserve_v1_client, torchserve_client, v2_client
 from models.contract import Manifest
-from serving import server
+from serving.torchserve import server
 from tests.conftest import ROOT
 from tests.serving.schemas import parse_model_config, validate_inference_service, validate_kubernetes
 

@@ -9,7 +9,7 @@ import torch
 
 from handlers.policy import GPU_BATCH_SIZE, machine_policy
 from serving.__main__ import decide_policy, parse
-from serving.server import ServerSettings, ServingError, run_config_text
+from serving.torchserve.server import ServerSettings, ServingError, run_config_text
 from tests.conftest import ROOT
 
 
