@@ -1,8 +1,8 @@
-"""Kill a worker under load and measure what it costs: `python -m serving.faults`.
+"""Kill a worker under load and measure what it costs: `python -m serving faults`.
 
-  python -m serving.faults [--model-store model-store] [--clients 4] [--out fault-results]
+  python -m serving faults [--model-store model-store] [--model NAME] [--clients 4] [--out fault-results]
 
-Starts TorchServe on free loopback ports with the archive, waits until every worker is READY, keeps CLIENTS
+Starts TorchServe on free loopback ports with the archive (--model, default the store's only archive), waits until every worker is READY, keeps CLIENTS
 threads sending predictions back to back, SIGKILLs one worker, and measures how many requests failed, how
 long until TorchServe had every worker READY again (a new pid in the killed one's place), and whether every
 request after that succeeded. Prints the figures, writes faults.json and faults.md to --out, and exits
@@ -19,23 +19,27 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import requests
 
 from export.atomic import atomic_write_text
 from models.errors import VisionExportError
-from serving import server
+from serving.measure.command import load_command_options, load_command_settings, run_load_command
+from serving.measure.workers import ready_pids, wait_all_ready
+from serving.torchserve import server
+from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
 
 RECOVERY_LIMIT_S = 15  # the issue's bound: every worker READY again within 15 s of the kill
 RESPAWN_LIMIT_S = 5  # TorchServe's own part: notice the death, wait its 1 s retry delay, start a new process
 LOAD_BEFORE_KILL_S = 3  # steady load before the kill
 LOAD_AFTER_RECOVERY_S = 3  # and after recovery: every one of these requests must succeed
 GIVE_UP_S = 60  # a worker that is not back by then is reported as not recovered
-READY_TIMEOUT_S = 180
-REQUEST_TIMEOUT_S = 60
+POLL_S = 0.2
+OK = "HTTP 200"
 
 
 class FaultError(VisionExportError):
@@ -48,13 +52,14 @@ class KillResult:
     requests: int  # answered or failed, over the whole run
     failed: int  # non-200 answers and requests that got no answer
     recovery_s: float  # from the kill until every worker was READY again
-    respawn_s: float  # from the kill until the replacement process started (TorchServe's reaction)
+    respawn_s: float | None  # from the kill until the replacement process started (None: no replacement seen)
     recovered: bool
     requests_after_recovery: int
     failed_after_recovery: int
     killed_pid: int
     pids_before: list
     pids_after: list
+    outcomes: dict = field(default_factory=dict)  # "HTTP 200", "HTTP 503", "ConnectionError", ... -> count
 
 
 def problems(result: KillResult) -> list[str]:
@@ -74,11 +79,16 @@ def problems(result: KillResult) -> list[str]:
 
 
 def summary(result: KillResult) -> str:
+    if result.respawn_s is None:
+        recovery = f"no replacement worker within {GIVE_UP_S} s"
+    else:
+        recovery = (f"every worker READY again {result.recovery_s:.1f} s after the kill (limit {RECOVERY_LIMIT_S} s): "
+                    f"replacement started after {result.respawn_s:.1f} s, then "
+                    f"{result.recovery_s - result.respawn_s:.1f} s to start Python and load the model")
     return (f"worker kill: {result.failed} of {result.requests} requests failed ({result.clients} clients); "
-            f"every worker READY again {result.recovery_s:.1f} s after the kill (limit {RECOVERY_LIMIT_S} s): "
-            f"replacement started after {result.respawn_s:.1f} s, then {result.recovery_s - result.respawn_s:.1f} s "
-            f"to start Python and load the model; "
-            f"{result.failed_after_recovery} of {result.requests_after_recovery} later requests failed")
+            f"{recovery}; {result.failed_after_recovery} of {result.requests_after_recovery} later requests failed"
+            + (f" (outcomes: {', '.join(f'{k} x{n}' for k, n in sorted(result.outcomes.items()))})"
+               if result.outcomes else ""))
 
 
 def process_start_s(pid: int) -> float:
@@ -87,41 +97,27 @@ def process_start_s(pid: int) -> float:
     return int(after_name[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def ready_pids(settings: server.ServerSettings) -> list[int]:
-    response = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=10,
-                            headers=server.auth_headers(settings, "management"))
-    return sorted(w["pid"] for w in response.json()[0]["workers"] if w["status"] == "READY")
-
-
-def wait_all_ready(settings: server.ServerSettings) -> list[int]:
-    """Readiness means one prediction succeeded; the other workers may still be loading."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while len(pids := ready_pids(settings)) < settings.effective_policy().workers:
-        if time.monotonic() > deadline:
-            raise FaultError(f"not every worker was READY within {READY_TIMEOUT_S} s")
-        time.sleep(0.5)
-    return pids
-
-
-def predict(settings: server.ServerSettings, body: bytes) -> int:
+def predict(settings: ServerSettings, body: bytes) -> str:
+    """One request's outcome: "HTTP <status>", or the kind of error that left it unanswered."""
+    headers = {"Content-Type": "image/jpeg", **server.auth_headers(settings)}
     try:
-        return requests.post(settings.predictions_url(), data=body, timeout=REQUEST_TIMEOUT_S,
-                             headers={"Content-Type": "image/jpeg", **server.auth_headers(settings)}).status_code
-    except requests.RequestException:
-        return -1
+        response = requests.post(settings.predictions_url(), data=body, timeout=REQUEST_TIMEOUT_S, headers=headers)
+    except requests.RequestException as error:  # the kill's expected cost: counted by kind, never raised
+        return type(error).__name__
+    return f"HTTP {response.status_code}"
 
 
-def kill_worker_under_load(settings: server.ServerSettings, image: Path, clients: int) -> KillResult:
+def kill_worker_under_load(settings: ServerSettings, image: Path, clients: int) -> KillResult:
     """On a running server: load, SIGKILL one worker, wait for its replacement, load on; the figures."""
-    before = wait_all_ready(settings)
+    before = wait_all_ready(settings, FaultError)
     body = image.read_bytes()
-    outcomes: list[tuple[float, int]] = []  # (time the answer came, status); list.append is thread-safe
+    outcomes: list[tuple[float, str]] = []  # (time the answer came, outcome); list.append is thread-safe
     stop = threading.Event()
 
     def keep_sending():
         while not stop.is_set():
-            status = predict(settings, body)
-            outcomes.append((time.monotonic(), status))
+            outcome = predict(settings, body)
+            outcomes.append((time.monotonic(), outcome))
 
     with ThreadPoolExecutor(clients) as pool:
         for _ in range(clients):
@@ -135,36 +131,37 @@ def kill_worker_under_load(settings: server.ServerSettings, image: Path, clients
             if before[0] not in pids and len(pids) == len(before):
                 back_at, recovered = time.monotonic(), True
                 break
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         time.sleep(LOAD_AFTER_RECOVERY_S)
         stop.set()
     after = ready_pids(settings)
-    later = [status for t, status in outcomes if t > back_at]
+    later = [outcome for t, outcome in outcomes if t > back_at]
     replacements = [pid for pid in after if pid not in before]
-    respawn_s = process_start_s(replacements[0]) - killed_boot_s if recovered and replacements else float("nan")
-    return KillResult(clients, len(outcomes), sum(status != 200 for _, status in outcomes),
-                      round(back_at - killed_at, 2), round(respawn_s, 2), recovered, len(later),
-                      sum(s != 200 for s in later), before[0], before, after)
+    respawn_s = round(process_start_s(replacements[0]) - killed_boot_s, 2) if recovered and replacements else None
+    return KillResult(clients, len(outcomes), sum(outcome != OK for _, outcome in outcomes),
+                      round(back_at - killed_at, 2), respawn_s, recovered, len(later),
+                      sum(outcome != OK for outcome in later), before[0], before, after,
+                      dict(Counter(outcome for _, outcome in outcomes)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    return server.run_load_command(lambda: _main(argv))
+    return run_load_command(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.faults", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m serving faults", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    server.load_command_options(parser, out="fault-results")
+    load_command_options(parser, out="fault-results")
     parser.add_argument("--clients", type=int, default=4, help="threads sending back to back (default 4)")
     args = parser.parse_args(argv)
     if args.clients < 1:
         raise FaultError("--clients must be at least 1")
-    settings = server.load_command_settings(args)
+    settings = load_command_settings(args)
     with server.running(settings, args.image):
         result = kill_worker_under_load(settings, args.image, args.clients)
     found = problems(result)
     atomic_write_text(args.out / "faults.json", json.dumps({**asdict(result), "problems": found}, indent=2))
-    atomic_write_text(args.out / "faults.md", f"# Worker kill under load\n\n{summary(result)}\n")
+    atomic_write_text(args.out / "faults.md", f"# Worker kill under load ({settings.model_name})\n\n{summary(result)}\n")
     print(f"{summary(result)}\nwrote {args.out}/faults.json, faults.md")
     if found:
         raise FaultError("; ".join(found))

@@ -208,9 +208,10 @@ def serving_step(out: Path, log) -> Step:
     if skip:
         return Step("serving", Status.SKIPPED, notes=[skip])
     from export.archive import build_archive
-    from serving import server
+    from serving.torchserve import server
+    from serving.torchserve.config import EXAMPLE_IMAGE, on_free_ports
     build_archive(out / EXPORT, manifest, out / STORE, None, SERVED_ARTIFACT, {"fp16": True})
-    settings = server.on_free_ports(out / STORE, out / "serving-run")
+    settings = on_free_ports(out / STORE, out / "serving-run")
     settings.model_name = manifest.model.name
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     java_home = Path(java).resolve().parent.parent
@@ -219,19 +220,19 @@ def serving_step(out: Path, log) -> Step:
     notes = [f"{found}; served: {SERVED_ARTIFACT} TorchScript with the handler's fp16: true (autocast on a GPU); "
              f"policy: {policy.reason}"]
     with server.running(settings):
-        rows = [load_level(settings.predictions_url(), server.EXAMPLE_IMAGE, c, log) for c in SERVING_CONCURRENCY]
+        rows = [load_level(settings.predictions_url(), EXAMPLE_IMAGE, c, log) for c in SERVING_CONCURRENCY]
     return Step("serving", Status.RAN, rows, notes)
 
 
 def load_level(url: str, image: Path, concurrency: int, log) -> ServingRow:
     """A warm-up, then REQUESTS_PER_LEVEL requests at `concurrency`, each run bounded by LOAD_DEADLINE_S."""
-    from serving import server
     from serving.measure.loadgen import hey_available, run_hey, run_pool
+    from serving.torchserve.config import REQUEST_TIMEOUT_S
 
     def load(requests: int):
         if hey_available():
-            return run_hey(url, image, concurrency, server.REQUEST_TIMEOUT_S, requests=requests, limit_s=LOAD_DEADLINE_S)
-        return run_pool(url, image, concurrency, requests, server.REQUEST_TIMEOUT_S, LOAD_DEADLINE_S)
+            return run_hey(url, image, concurrency, REQUEST_TIMEOUT_S, requests=requests, limit_s=LOAD_DEADLINE_S)
+        return run_pool(url, image, concurrency, requests, REQUEST_TIMEOUT_S, LOAD_DEADLINE_S)
 
     load(WARMUP_REQUESTS)
     result = load(REQUESTS_PER_LEVEL)

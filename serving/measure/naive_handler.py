@@ -1,6 +1,6 @@
-"""The naive baseline for `python -m serving.bench`: a handler written the way TorchServe's documentation
+"""The naive baseline for `python -m serving bench`: a handler written the way TorchServe's documentation
 teaches a custom image classifier, serving the traced TorchScript. It is a yardstick, not our code path:
-only the benchmark packages it (with torch-model-archiver, `--handler serving/naive_handler.py`).
+only the benchmark packages it (with torch-model-archiver, `--handler serving/measure/naive_handler.py`).
 
 As the docs' examples do: subclass BaseHandler (its initialize() runs torch.jit.load of the serialized
 file and reads index_to_name.json), decode each request with PIL, preprocess with a torchvision

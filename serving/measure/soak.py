@@ -1,9 +1,9 @@
-"""Hold a served model under steady load and watch it: `python -m serving.soak`.
+"""Hold a served model under steady load and watch it: `python -m serving soak`.
 
-  python -m serving.soak [--model-store model-store] [--duration 300] [--slice 15] [--concurrency 16]
+  python -m serving soak [--model-store model-store] [--model NAME] [--duration 300] [--slice 15] [--concurrency 16]
 
-Starts TorchServe on free loopback ports with the archive, waits until every worker is READY, then drives
-it with `hey` (a real load generator) at a fixed concurrency in consecutive slices for the whole duration.
+Starts TorchServe on free loopback ports with the archive (--model, default the store's only archive), waits
+until every worker is READY, then drives it with `hey` (serving/measure/loadgen.py) at a fixed concurrency in consecutive slices for the whole duration.
 After each slice it reads every worker's resident memory (VmRSS in /proc, pids from the management API).
 Prints a table over time, writes soak.md, soak.json and soak.png to --out, and exits non-zero (with the
 numbers) when any request failed or went unanswered, a worker was replaced, or a worker's RSS grew by
@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,12 +22,14 @@ from pathlib import Path
 
 from export.atomic import atomic_write_text
 from models.errors import VisionExportError
-from serving import server
+from serving.torchserve import server
+from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
+from serving.measure.command import load_command_options, load_command_settings, run_load_command
+from serving.measure.loadgen import require_hey, run_hey
+from serving.measure.workers import wait_all_ready, workers
 
 MAX_RSS_GROWTH = 0.10  # the issue's bound: memory that keeps growing under steady load is a leak
 WARMUP_SLICES = 1  # allocator pools and ORT arenas settle during the first slice
-READY_TIMEOUT_S = 180
-REQUEST_TIMEOUT_S = 60  # hey's own default is 20 s; a slow shared machine must not turn latency into errors
 
 
 class SoakError(VisionExportError):
@@ -42,31 +41,10 @@ class Slice:
     elapsed_s: float
     requests: int
     req_per_s: float
-    p50_ms: float
-    p99_ms: float
+    p50_ms: float | None
+    p99_ms: float | None  # the slowest request when hey printed no 99th percentile (fewer than 100 answers)
     errors: int  # non-200 answers plus requests that got no answer
     rss_mb: dict = field(default_factory=dict)  # worker pid -> resident memory after the slice
-
-
-def parse_hey(output: str) -> dict:
-    """Requests/s, p50/p99 and the answered / failed counts from hey's summary.
-
-    hey prints no 99th percentile for fewer than 100 answers; the slowest request stands in (an upper bound).
-    """
-    def number(pattern: str) -> float:
-        match = re.search(pattern, output)
-        return float(match.group(1)) if match else float("nan")
-
-    p99_s = number(r"99%\s+in\s+([\d.]+)\s+secs")
-    if math.isnan(p99_s):  # the line is absent
-        p99_s = number(r"Slowest:\s+([\d.]+)\s+secs")
-
-    statuses = {int(code): int(count) for code, count in re.findall(r"\[(\d{3})\]\s+(\d+) responses", output)}
-    errors_section = output.split("Error distribution:", 1)[1] if "Error distribution:" in output else ""
-    unanswered = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", errors_section, re.MULTILINE))
-    return {"requests": sum(statuses.values()) + unanswered, "req_per_s": number(r"Requests/sec:\s+([\d.]+)"),
-            "p50_ms": number(r"50%\s+in\s+([\d.]+)\s+secs") * 1000, "p99_ms": p99_s * 1000,
-            "errors": sum(n for code, n in statuses.items() if code != 200) + unanswered}
 
 
 def rss_growth(slices: list[Slice]) -> dict[str, float]:
@@ -92,56 +70,42 @@ def problems(slices: list[Slice], growth: dict[str, float]) -> list[str]:
 
 def table(slices: list[Slice]) -> str:
     lines = ["| elapsed s | requests | req/s | p50 ms | p99 ms¹ | errors | worker RSS MB |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {s.elapsed_s:.0f} | {s.requests} | {s.req_per_s:.1f} | {s.p50_ms:.0f} | {s.p99_ms:.0f} | {s.errors} | "
+    lines += [f"| {s.elapsed_s:.0f} | {s.requests} | {s.req_per_s:.1f} | {_ms(s.p50_ms)} | {_ms(s.p99_ms)} | {s.errors} | "
               + ", ".join(f"{pid}: {mb:.0f}" for pid, mb in sorted(s.rss_mb.items())) + " |" for s in slices]
     return "\n".join(lines) + "\n\n¹ the slowest request when a slice had fewer than 100 answers (hey prints no p99 then)"
 
 
-def worker_rss_mb(settings: server.ServerSettings) -> dict[str, float]:
-    import requests
-    workers = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=30,
-                           headers=server.auth_headers(settings, "management")).json()[0]["workers"]
+def _ms(value: float | None) -> str:
+    return f"{value:.0f}" if value is not None else "—"
+
+
+def worker_rss_mb(settings: ServerSettings) -> dict[str, float]:
+    """Resident memory of every worker, from /proc (pids from the management API)."""
     rss = {}
-    for worker in workers:
+    for worker in workers(settings):
         status = Path(f"/proc/{worker['pid']}/status").read_text()
         rss[str(worker["pid"])] = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
     return rss
 
 
-def wait_all_ready(settings: server.ServerSettings) -> None:
-    import requests
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        workers = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=30,
-                               headers=server.auth_headers(settings, "management")).json()[0]["workers"]
-        if workers and all(w["status"] == "READY" for w in workers):
-            return
-        time.sleep(1)
-    raise SoakError(f"not every worker was READY within {READY_TIMEOUT_S} s")
+def run_slice(settings: ServerSettings, image: Path, seconds: int, concurrency: int) -> dict:
+    load = run_hey(settings.predictions_url(), image, concurrency, REQUEST_TIMEOUT_S, duration_s=seconds,
+                   headers=server.auth_headers(settings))
+    return {"requests": load.requests, "req_per_s": load.req_per_s, "p50_ms": load.p50_ms,
+            "p99_ms": load.p99_or_slowest_ms(), "errors": load.failed}
 
 
-def run_slice(settings: server.ServerSettings, image: Path, seconds: int, concurrency: int) -> dict:
-    command = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-t", str(REQUEST_TIMEOUT_S), "-m", "POST",
-               "-T", "image/jpeg", "-D", str(image)]
-    command += [part for name, value in server.auth_headers(settings).items() for part in ("-H", f"{name}: {value}")]
-    done = subprocess.run(command + [settings.predictions_url()], capture_output=True, text=True,
-                          timeout=seconds + REQUEST_TIMEOUT_S + 60)
-    if done.returncode != 0:
-        raise SoakError(f"hey exited with {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
-    return parse_hey(done.stdout)
-
-
-def soak(settings: server.ServerSettings, image: Path, duration: int, slice_s: int, concurrency: int) -> list[Slice]:
+def soak(settings: ServerSettings, image: Path, duration: int, slice_s: int, concurrency: int) -> list[Slice]:
     slices = []
     with server.running(settings, image):
-        wait_all_ready(settings)
+        wait_all_ready(settings, SoakError)
         started = time.monotonic()
         while time.monotonic() - started < duration or not slices:
             numbers = run_slice(settings, image, slice_s, concurrency)
             slices.append(Slice(time.monotonic() - started, rss_mb=worker_rss_mb(settings), **numbers))
             last = slices[-1]
-            print(f"  {last.elapsed_s:6.0f} s  {last.req_per_s:7.1f} req/s  p50 {last.p50_ms:5.0f} ms  "
-                  f"p99 {last.p99_ms:5.0f} ms  errors {last.errors}  RSS MB "
+            print(f"  {last.elapsed_s:6.0f} s  {last.req_per_s:7.1f} req/s  p50 {_ms(last.p50_ms):>5} ms  "
+                  f"p99 {_ms(last.p99_ms):>5} ms  errors {last.errors}  RSS MB "
                   + " ".join(f"{mb:.0f}" for mb in last.rss_mb.values()), flush=True)
     return slices
 
@@ -167,29 +131,30 @@ def chart(slices: list[Slice], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return server.run_load_command(lambda: _main(argv))
+    return run_load_command(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.soak", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m serving soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    server.load_command_options(parser, out="soak-results")
+    load_command_options(parser, out="soak-results")
     parser.add_argument("--duration", type=int, default=300, help="seconds of load (default 300)")
     parser.add_argument("--slice", type=int, default=15, help="seconds per measured slice (default 15)")
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args(argv)
-    if not shutil.which("hey"):
-        raise SoakError("the load generator `hey` is not installed: apt-get install hey")
-    settings = server.load_command_settings(args)
-    print(f"soak: {args.duration} s at concurrency {args.concurrency}, slices of {args.slice} s", flush=True)
+    if min(args.duration, args.slice, args.concurrency) < 1:
+        raise SoakError("--duration, --slice and --concurrency must be at least 1")
+    require_hey()
+    settings = load_command_settings(args)
+    print(f"soak of {settings.model_name}: {args.duration} s at concurrency {args.concurrency}, slices of {args.slice} s", flush=True)
     slices = soak(settings, args.image, args.duration, args.slice, args.concurrency)
     growth = rss_growth(slices)
     found = problems(slices, growth)
     summary = {"slices": [asdict(s) for s in slices], "rss_growth_after_warmup": growth, "problems": found,
-               "concurrency": args.concurrency, "duration_s": args.duration}
+               "model": settings.model_name, "concurrency": args.concurrency, "duration_s": args.duration}
     atomic_write_text(args.out / "soak.json", json.dumps(summary, indent=2))
     growth_line = ", ".join(f"worker {pid}: {g:+.2%}" for pid, g in growth.items()) or "n/a (one slice)"
-    atomic_write_text(args.out / "soak.md", f"# Soak at concurrency {args.concurrency}\n\n{table(slices)}\n\n"
+    atomic_write_text(args.out / "soak.md", f"# Soak of {settings.model_name} at concurrency {args.concurrency}\n\n{table(slices)}\n\n"
                                              f"RSS growth after warm-up: {growth_line}\n")
     chart(slices, args.out / "soak.png")
     print(f"\n{table(slices)}\n\nRSS growth after warm-up: {growth_line}\nwrote {args.out}/soak.md, soak.json, soak.png")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from serving import bench
+from serving.measure import bench, bench_configurations as configurations, bench_report as report, loadgen
+from tests.serving.manifests import manifest
 
 HEY_OUTPUT = """
 Summary:
@@ -41,38 +42,47 @@ MODEL_LOG = """
 
 
 def test_hey_summary_gives_throughput_percentiles_and_every_failure():
-    load = bench.parse_hey(HEY_OUTPUT)
+    load = loadgen.parse_hey(HEY_OUTPUT)
     assert load.req_per_s == pytest.approx(18.4711)
-    assert (load.p50_ms, load.p90_ms, load.p99_ms) == pytest.approx((420.3, 610.5, 990.7))
+    assert (load.p50_ms, load.p90_ms, load.p99_ms, load.slowest_ms) == pytest.approx((420.3, 610.5, 990.7, 1204.0))
     assert load.requests == 371 and load.failed == 3  # two 503s and one request that got no answer
 
 
 def test_a_short_run_has_no_p99_rather_than_a_made_up_one():
-    short = HEY_OUTPUT.replace("  99% in 0.9907 secs\n", "")
-    assert bench.parse_hey(short).p99_ms is None
+    short = loadgen.parse_hey(HEY_OUTPUT.replace("  99% in 0.9907 secs\n", ""))
+    assert short.p99_ms is None and short.p99_or_slowest_ms() == pytest.approx(1204.0)  # an upper bound, labelled
+
+
+def test_hey_is_asked_for_a_duration_or_a_count_with_the_image_and_headers():
+    command = loadgen.hey_command("http://h/p", "cat.jpg", 4, 60, duration_s=20, headers={"Authorization": "Bearer k"})
+    assert command[:3] == ["hey", "-c", "4"] and ["-z", "20s"] == command[command.index("-z"):command.index("-z") + 2]
+    assert "-H" in command and "Authorization: Bearer k" in command and command[-1] == "http://h/p"
+    assert ["-n", "8"] == (c := loadgen.hey_command("u", "i", 1, 60, requests=8))[c.index("-n"):c.index("-n") + 2]
+    with pytest.raises(ValueError):
+        loadgen.hey_command("u", "i", 1, 60)
 
 
 def test_stage_lines_are_parsed_and_medians_are_per_request():
-    batches = bench.parse_stage_lines(MODEL_LOG)
+    batches = report.parse_stage_lines(MODEL_LOG)
     assert [size for size, _ in batches] == [1, 4, 2]  # the garbled line is not counted
-    medians = bench.stage_medians(batches)
+    medians = report.stage_medians(batches)
     assert medians["decode"] == pytest.approx(2.0)  # 2/1, 8/4, 6/2 -> median 2... of (2, 2, 3)
     assert medians["inference"] == pytest.approx(95.0)  # 90, 100, 95
     assert medians["batch"] == 2 and medians["batches"] == 3
-    assert bench.stage_medians([]) == {}
+    assert report.stage_medians([]) == {}
 
 
 def test_ratios_to_naive_at_the_same_concurrency_and_to_in_process_at_the_largest_batch_that_fits():
     rows = [{"configuration": "naive", "concurrency": c, "req_per_s": r} for c, r in ((1, 5.0), (8, 4.0))]
     rows += [{"configuration": "default", "concurrency": c, "req_per_s": r} for c, r in ((1, 10.0), (4, 18.0), (8, 18.0))]
-    bench.add_ratios(rows, {"fp32": {1: 12.0, 8: 20.0, 32: 21.0}, "int8": {8: 40.0}})
+    report.add_ratios(rows, {"fp32": {1: 12.0, 8: 20.0, 32: 21.0}, "int8": {8: 40.0}})
     default = {r["concurrency"]: r for r in rows if r["configuration"] == "default"}
     assert default[1]["vs_naive"] == 2.0 and default[8]["vs_naive"] == 4.5 and default[4]["vs_naive"] is None
     assert default[4]["inprocess_batch"] == 1 and default[4]["vs_inprocess"] == 1.5
     assert default[8]["inprocess_batch"] == 8 and default[8]["vs_inprocess"] == 0.9
-    assert bench.inprocess_batch_for(16, [1, 8, 32]) == 8 and bench.inprocess_batch_for(1, [8]) is None
-    assert bench.add_ratios([{"configuration": "default", "concurrency": 1, "req_per_s": 3.0}], {})[0]["vs_inprocess"] is None
-    int8 = bench.add_ratios([{"configuration": "int8", "precision": "int8", "concurrency": 8, "req_per_s": 20.0}],
+    assert report.inprocess_batch_for(16, [1, 8, 32]) == 8 and report.inprocess_batch_for(1, [8]) is None
+    assert report.add_ratios([{"configuration": "default", "concurrency": 1, "req_per_s": 3.0}], {})[0]["vs_inprocess"] is None
+    int8 = report.add_ratios([{"configuration": "int8", "precision": "int8", "concurrency": 8, "req_per_s": 20.0}],
                             {"fp32": {8: 20.0}, "int8": {8: 40.0}})[0]
     assert int8["vs_inprocess"] == 0.5  # held to int8's own ceiling, not fp32's
 
@@ -80,13 +90,13 @@ def test_ratios_to_naive_at_the_same_concurrency_and_to_in_process_at_the_larges
 def test_targets_are_ratios_met_or_not_and_unmeasured_ones_say_so():
     rows = [{"configuration": "naive", "concurrency": 8, "req_per_s": 4.0},
             {"configuration": "default", "concurrency": 8, "req_per_s": 18.5}]
-    targets = bench.evaluate_targets(rows, {8: 20.0}, 0.72)
+    targets = report.evaluate_targets(rows, {8: 20.0}, 0.72)
     assert [t.met for t in targets] == [True, True, True]
     assert targets[0].value == pytest.approx(0.925) and targets[1].value == pytest.approx(4.625)
-    missed = bench.evaluate_targets(rows[1:], {8: 25.0}, None)
+    missed = report.evaluate_targets(rows[1:], {8: 25.0}, None)
     assert [t.met for t in missed] == [False, None, None]
     assert "not measured" in missed[1].detail
-    table = bench.targets_table(missed)
+    table = report.targets_table(missed)
     assert "| 0.74 | ≥ 0.9 | no |" in table and "| — | ≥ 4 | — | not measured |" in table
 
 
@@ -96,8 +106,8 @@ def test_results_table_shows_ratios_and_stage_medians_and_dashes_where_there_are
             {"configuration": "default", "concurrency": 8, "req_per_s": 18.0, "p50_ms": 430.0, "p90_ms": 610.0,
              "p99_ms": 990.0, "failed": 1, "stages_ms": {"decode": 2.0, "preprocess": 4.0, "inference": 95.0,
                                                          "encode": 0.2, "batch": 1, "batches": 300}}]
-    bench.add_ratios(rows, {"fp32": {8: 20.0}})
-    text = bench.table(rows)
+    report.add_ratios(rows, {"fp32": {8: 20.0}})
+    text = report.table(rows)
     assert "| naive | 8 | 4.0 | 1900 | 2500 | — | 0 | 1.00 | 0.20 (8) | — | — | — | — | — |" in text
     assert "| default | 8 | 18.0 | 430 | 610 | 990 | 1 | 4.50 | 0.90 (8) | 2.0 | 4.0 | 95.0 | 0.2 | 1 |" in text
 
@@ -113,10 +123,10 @@ def test_bad_options_are_errors_that_say_what_to_give(tmp_path):
 
 
 def test_the_naive_baseline_is_torchserves_default_worker_count_without_batching():
-    policy = bench.naive_policy()
-    assert policy.workers == bench.CORES and policy.batch_size == 1
-    assert policy.max_batch_delay_ms == bench.TORCHSERVE_DEFAULT_BATCH_DELAY_MS
-    assert bench.CONFIGURATIONS[bench.NAIVE].artifact == "traced"
+    policy = configurations.naive_policy()
+    assert policy.workers == configurations.CORES and policy.batch_size == 1
+    assert policy.max_batch_delay_ms == configurations.TORCHSERVE_DEFAULT_BATCH_DELAY_MS
+    assert configurations.CONFIGURATIONS[configurations.NAIVE].artifact == "traced"
 
 
 def _row(name, rps, p50, p99, failed=0, **extra):
@@ -125,22 +135,30 @@ def _row(name, rps, p50, p99, failed=0, **extra):
 
 
 def test_int8_targets_need_100_per_s_without_errors_and_a_tail_within_twice_the_median():
-    met = bench.precision_targets([_row("int8", 104.0, 70.0, 130.0)])
+    met = report.precision_targets([_row("int8", 104.0, 70.0, 130.0)])
     assert [t.met for t in met] == [True, True]
-    slow_tail = bench.precision_targets([_row("int8", 120.0, 60.0, 150.0, failed=1)])
+    slow_tail = report.precision_targets([_row("int8", 120.0, 60.0, 150.0, failed=1)])
     assert [t.met for t in slow_tail] == [False, False]  # an error fails the throughput target too
-    assert bench.precision_targets([_row("default", 40.0, 190.0, 300.0)]) == []
-    table = bench.targets_table(bench.precision_targets([_row("int8", 31.0, 250.0, 400.0, gate="speed only, x")]))
+    assert report.precision_targets([_row("default", 40.0, 190.0, 300.0)]) == []
+    table = report.targets_table(report.precision_targets([_row("int8", 31.0, 250.0, 400.0, gate="speed only, x")]))
     assert "int8 served at c=8 (speed only, x): req/s, 0 errors | 31.00 | ≥ 100 | no |" in table
     assert "| 1.60 | ≤ 2 | yes |" in table
 
 
 def test_configurations_without_their_artifact_or_repeating_the_default_row_are_skipped(capsys):
-    from export.manifest import Manifest
-    manifest = Manifest({"name": "m"}, {}, {}, {}, 18, artifacts={"traced": {}, "scripted": {}, "onnx-dynamo": {}},
-                        serving={"default_artifact": "onnx-dynamo"})
+    export = manifest("onnx-dynamo", ("traced", "scripted", "onnx-dynamo"))
     names = ["naive", "default", "int8", "fp32-onnx", "torchscript", "batched"]
-    assert bench.runnable(names, manifest) == ["naive", "default", "torchscript", "batched"]
+    assert configurations.runnable(names, export) == ["naive", "default", "torchscript", "batched"]
     said = capsys.readouterr().out
     assert "skipping int8: this export has no onnx-int8" in said and "skipping fp32-onnx: the export serves" in said
-    assert bench.runnable(["fp32-onnx"], manifest) == ["fp32-onnx"]  # asked for alone, it runs
+    assert configurations.runnable(["fp32-onnx"], export) == ["fp32-onnx"]  # asked for alone, it runs
+
+
+def test_each_row_serves_the_decided_artifact_unless_its_configuration_names_one(capsys):
+    gated = manifest("onnx-dynamo", ("traced", "onnx-dynamo", "onnx-int8"),
+                     candidates={"onnx-int8": "accuracy gate failed: top-1 agreement 94.5 % < 98 %"})
+    assert configurations.served_kind("default", gated) == "onnx-dynamo"
+    assert configurations.served_kind("int8", gated) == "onnx-int8"
+    assert configurations.ungated_verdict("int8", gated) == "speed only, accuracy gate failed: top-1 agreement 94.5 % < 98 %"
+    assert "SPEED ONLY, NOT SERVABLE: onnx-int8" in capsys.readouterr().out
+    assert configurations.ungated_verdict("int8", manifest("onnx-int8", ("onnx-dynamo", "onnx-int8"))) is None

@@ -1,6 +1,11 @@
-"""The soak command's pure parts: reading hey's summary, memory growth, what counts as a problem."""
+"""The soak command's pure parts: reading hey's summary, memory growth, what counts as a problem; and which
+archive a measurement command serves."""
 
-from serving.soak import MAX_RSS_GROWTH, Slice, parse_hey, problems, rss_growth, table
+import pytest
+
+from serving.measure.command import MeasureError, archive_name
+from serving.measure.loadgen import parse_hey
+from serving.measure.soak import MAX_RSS_GROWTH, Slice, problems, rss_growth, table
 
 HEY = """
 Summary:
@@ -22,9 +27,9 @@ Error distribution:
 
 
 def test_parse_hey_counts_answers_failures_and_unanswered():
-    numbers = parse_hey(HEY)
-    assert numbers["requests"] == 247 and numbers["errors"] == 7
-    assert numbers["req_per_s"] == 24.6743 and numbers["p50_ms"] == 622.0 and numbers["p99_ms"] == 783.0
+    load = parse_hey(HEY)
+    assert load.requests == 247 and load.failed == 7
+    assert load.req_per_s == 24.6743 and load.p50_ms == pytest.approx(622.0) and load.p99_ms == pytest.approx(783.0)
 
 
 def slices(*rss_after_each):
@@ -71,6 +76,19 @@ Status code distribution:
 
 
 def test_with_fewer_than_100_answers_the_slowest_request_stands_in_for_p99():
-    numbers = parse_hey(FEW_ANSWERS)  # hey prints no 99% line below 100 answers
-    assert numbers["p99_ms"] == 4250.0 and numbers["p50_ms"] == 2900.0
-    assert numbers["requests"] == 76 and numbers["errors"] == 0
+    load = parse_hey(FEW_ANSWERS)  # hey prints no 99% line below 100 answers
+    assert load.p99_ms is None and load.p99_or_slowest_ms() == pytest.approx(4250.0)
+    assert load.p50_ms == pytest.approx(2900.0) and load.requests == 76 and load.failed == 0
+
+
+def test_the_archive_measured_is_the_one_asked_for_or_the_stores_only_one(tmp_path):
+    with pytest.raises(MeasureError, match="no archive.*python -m export"):
+        archive_name(tmp_path, None)
+    (tmp_path / "resnet18.mar").write_bytes(b"x")
+    assert archive_name(tmp_path, None) == "resnet18"  # named after the model, found, not assumed
+    (tmp_path / "resnet50.mar").write_bytes(b"x")
+    with pytest.raises(MeasureError, match="resnet18.mar, resnet50.mar: pass --model NAME"):
+        archive_name(tmp_path, None)
+    assert archive_name(tmp_path, "resnet50") == "resnet50"
+    with pytest.raises(MeasureError, match="resnet34.mar not found"):
+        archive_name(tmp_path, "resnet34")
