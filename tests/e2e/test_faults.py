@@ -25,22 +25,20 @@ HANG_TIMEOUT_S = 3  # responseTimeout of the hanging worker's archive
 
 def ready_workers(settings) -> list[int]:
     try:
-        return faults.ready_pids(settings)
+        return workers.ready_pids(settings)
     except (requests.RequestException, ValueError, IndexError, KeyError):  # not listening / not registered yet
         return []
 
 
-def predict(settings, timeout=60) -> int:
-    try:
-        return requests.post(settings.predictions_url(), data=CAT.read_bytes(),
-                             headers={"Content-Type": "image/jpeg"}, timeout=timeout).status_code
-    except requests.RequestException:
-        return -1
+def served_settings(model_store, run_dir, model_name):
+    settings = on_free_ports(model_store, run_dir)
+    settings.model_name = model_name
+    settings.run_dir.mkdir(parents=True)
+    return settings
 
 
 def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(resnet18_export, tmp_path):
-    settings = server.on_free_ports(resnet18_export["model_store"], tmp_path / "run")
-    settings.run_dir.mkdir(parents=True)
+    settings = served_settings(resnet18_export["model_store"], tmp_path / "run", resnet18_export["model_name"])
     with server.running(settings, CAT):
         result = faults.kill_worker_under_load(settings, CAT, LOAD_THREADS)
     print("\n" + faults.summary(result))
@@ -52,11 +50,11 @@ def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(resnet18_e
     assert result.respawn_s <= faults.RESPAWN_LIMIT_S
     assert result.failed <= LOAD_THREADS  # at most the requests in flight at the kill
     assert result.requests_after_recovery > 0 and result.failed_after_recovery == 0
+    assert result.outcomes.get("HTTP 200", 0) == result.requests - result.failed  # every loss has its reason
 
 
 def test_a_killed_server_serves_again_from_the_same_store(resnet18_export, tmp_path):
-    settings = server.on_free_ports(resnet18_export["model_store"], tmp_path / "run")
-    settings.run_dir.mkdir(parents=True)
+    settings = served_settings(resnet18_export["model_store"], tmp_path / "run", resnet18_export["model_name"])
     process = server.start(settings)
     try:
         server.wait_until_serving(settings, process, CAT)
@@ -65,16 +63,20 @@ def test_a_killed_server_serves_again_from_the_same_store(resnet18_export, tmp_p
     finally:
         server.stop(settings, process)
     with server.running(settings, CAT):
-        assert predict(settings) == 200
+        response = requests.post(settings.predictions_url(), data=CAT.read_bytes(),
+                                 headers={"Content-Type": "image/jpeg"}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert_same_answer(response.json(), expected_answer(resnet18_export["archive"], CAT.read_bytes()))
 
 
 def test_a_hanging_worker_is_answered_with_a_timeout_not_a_hung_client(resnet18_export, tmp_path):
     out = resnet18_export["out"]
     store = tmp_path / "store"
-    build_archive(out, load_manifest(out), store, "resnet", None,
-                  {"simulate_hang_s": 30, "responseTimeout": HANG_TIMEOUT_S, "minWorkers": 1, "maxWorkers": 1})
-    settings = server.on_free_ports(store, tmp_path / "run")
-    settings.run_dir.mkdir(parents=True)
+    archive = build_archive(out, Manifest.read(out), store, None, None,
+                            {"simulate_hang_s": 30, "responseTimeout": HANG_TIMEOUT_S, "minWorkers": 1,
+                             "maxWorkers": 1})
+    assert archive.name == resnet18_export["archive"].name  # named after the model
+    settings = served_settings(store, tmp_path / "run", resnet18_export["model_name"])
     process = server.start(settings)
     try:
         deadline = time.monotonic() + 180

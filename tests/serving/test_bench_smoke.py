@@ -23,7 +23,7 @@ def test_in_process_then_served_naive_and_default_write_their_files(resnet18_exp
                            "--repeats", "1", "--warmup", "1", "--min-seconds", "0", "--gemm-size", "256",
                            "--out", str(out))
     assert inprocess.returncode == 0, inprocess.stdout + inprocess.stderr
-    done = subprocess.run([sys.executable, "-m", "serving.bench", "--export-dir", str(resnet18_export["out"]),
+    done = subprocess.run([sys.executable, "-m", "serving", "bench", "--export-dir", str(resnet18_export["out"]),
                            "--configurations", "naive,default", "--concurrency", "1,2", "--duration", "2",
                            "--inprocess", str(out / "bench.json"), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
@@ -35,6 +35,7 @@ def test_in_process_then_served_naive_and_default_write_their_files(resnet18_exp
     assert [(r["configuration"], r["concurrency"]) for r in rows] == [("naive", 1), ("naive", 2),
                                                                       ("default", 1), ("default", 2)]
     assert all(r["requests"] > 0 and r["failed"] == 0 for r in rows)
+    assert {r["model"] for r in rows} == {resnet18_export["model_name"]}  # both archives named after the model
     default = [r for r in rows if r["configuration"] == "default"]
     # the handler's stage times were read from its log; the naive handler logs none
     assert all(set(r["stages_ms"]) >= {"decode", "preprocess", "inference", "encode"} for r in default)

@@ -18,7 +18,7 @@ import requests
 import yaml
 
 from examples.clients import kserve_v1_client, torchserve_client, v2_client
-from models.contract import Manifest
+from models.contract import Manifest, read_labels
 from serving.torchserve import server
 from tests.conftest import ROOT
 from tests.serving.schemas import parse_model_config, validate_inference_service, validate_kubernetes
@@ -99,7 +99,7 @@ def v2_exchange(triton_out, resnet18_export):
     response = {"model_name": name, "outputs": [{"name": "output", "datatype": "FP32",
                                                      "shape": list(logits.shape), "data": logits.flatten().tolist()}]}
     return {"tensor": tensor, "request": request, "response": response,
-            "labels": json.loads((resnet18_export["out"] / manifest.output.labels).read_text())}
+            "labels": read_labels(resnet18_export["out"] / manifest.output.labels)}
 
 
 def test_v2_client_speaks_what_tritonclient_speaks(v2_exchange):
@@ -123,9 +123,9 @@ def kserve_envelope_server(resnet18_export, tmp_path_factory):
     """Our TorchServe with KServe's v1 envelope switched on, as KServe's TorchServe runtime runs it."""
     run_dir = tmp_path_factory.mktemp("kserve-run")
     config = run_dir / "base.properties"
-    config.write_text(server.DEFAULT_CONFIG.read_text() + "\nservice_envelope=kserve\n")
-    settings = server.on_free_ports(resnet18_export["model_store"], run_dir)
-    settings.config = config
+    config.write_text(DEFAULT_CONFIG.read_text() + "\nservice_envelope=kserve\n")
+    settings = on_free_ports(resnet18_export["model_store"], run_dir)
+    settings.config, settings.model_name = config, resnet18_export["model_name"]
     process = server.start(settings)
     try:
         deadline = time.monotonic() + 200
@@ -148,12 +148,14 @@ def test_kserve_v1_client_against_the_kserve_envelope(kserve_envelope_server):
 
 
 def test_torchserve_client_and_the_v2_path_give_the_same_answer(resnet18_export, v2_exchange, tmp_path):
-    settings = server.on_free_ports(resnet18_export["model_store"], tmp_path / "run")
+    settings = on_free_ports(resnet18_export["model_store"], tmp_path / "run")
+    settings.model_name = resnet18_export["model_name"]
     settings.run_dir.mkdir(parents=True)
     with server.running(settings, CAT):
         answer = torchserve_client.predict(settings.inference_url, CAT, resnet18_export["model_name"])
+    assert_same_answer(answer, expected_answer(resnet18_export["archive"], CAT.read_bytes()))
     logits = v2_client.logits_from_v2(v2_exchange["response"], "output")[0]
     v2_top5 = v2_client.top_k(logits, v2_exchange["labels"])
-    assert [p["index"] for p in answer["predictions"]] == [p["index"] for p in v2_top5]
+    assert [(p["index"], p["label"]) for p in answer["predictions"]] == [(p["index"], p["label"]) for p in v2_top5]
     for served, v2 in zip(answer["predictions"], v2_top5):
         assert served["probability"] == pytest.approx(v2["probability"], abs=1e-5)
