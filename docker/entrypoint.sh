@@ -14,7 +14,7 @@ WEIGHTS="${WEIGHTS:-auto}"
 # Relative paths are taken from the caller's working directory, as `python -m export` does.
 MODEL_STORE="$(absolute "${MODEL_STORE:-model-store}")"
 ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$ARCH}")"
-TS_CONFIG="$(absolute "${TS_CONFIG:-$ROOT/serving/config.properties}")"
+TS_CONFIG="$(absolute "${TS_CONFIG:-$ROOT/serving/torchserve/config.properties}")"
 STOP_TIMEOUT="${STOP_TIMEOUT:-25}"  # below compose's stop_grace_period (30 s), after which Docker kills
 # Where the archive goes when MODEL_STORE is not writable (e.g. a bind mount Docker created as root).
 KEYS_DIR="$(absolute "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}")"

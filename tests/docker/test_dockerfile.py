@@ -41,8 +41,8 @@ OUT_OF_CONTEXT = ("artifacts/resnet50/model.traced.pt", "model-store/resnet.mar"
                   "models/__pycache__/resnet.cpython-311.pyc", ".pytest_cache/v/cache/lastfailed",
                   "tests/docker/test_dockerfile.py")
 # What the image needs from it besides the COPY sources themselves: files the code opens at run time.
-IN_CONTEXT = ("serving/config.properties", "docker/entrypoint.sh", "docker/healthcheck.sh", "runtime/base.py",
-              "models/errors.py", *(f"{package}/__init__.py" for package in PACKAGES))
+IN_CONTEXT = ("serving/torchserve/config.properties", "docker/entrypoint.sh", "docker/healthcheck.sh", "runtime/base.py",
+              "models/errors.py", *(f"{package.replace('.', '/')}/__init__.py" for package in PACKAGES))
 # pip/uv options that take a value (the value is not a requirement).
 PIP_OPTIONS_WITH_VALUE = {"-r", "-c", "-i", "-e", "-f", "-p", "--index-url", "--extra-index-url", "--python",
                           "--target", "--constraint", "--requirement", "--find-links"}
@@ -439,7 +439,7 @@ def test_dockerignore_check_catches_a_missing_pattern(tmp_path, removed):
     assert problems == [f".dockerignore lets {DOCKERIGNORE_LINES[removed]} into the build context"]
 
 
-@pytest.mark.parametrize("added", ["runtime", "models/errors.py", "serving/*.properties", "**/*.py"])
+@pytest.mark.parametrize("added", ["runtime", "models/errors.py", "serving/torchserve/*.properties", "**/*.py"])
 def test_dockerignore_check_catches_dropped_code(tmp_path, added):
     root = write_tree(tmp_path, OUT_OF_CONTEXT + IN_CONTEXT)
     problems = context_problems(root, dockerignore_patterns(DOCKERIGNORE.read_text()) + [added], ["runtime"])
