@@ -35,17 +35,18 @@ class ReplicaNumbers:
     source: str
 
 
-def replica_numbers(results: Path = BENCH_RESULTS) -> ReplicaNumbers:
-    """Per-replica throughput and the concurrency that saturates it, from the serving benchmark if run."""
+def replica_numbers(model: str, results: Path = BENCH_RESULTS) -> ReplicaNumbers:
+    """Per-replica throughput and the concurrency that saturates it, from the serving benchmark of this model
+    if it ran (its 'default' rows), else the figure measured in this project (said on the terminal)."""
     if results.is_file():
-        data = json.loads(results.read_text())
-        rows = data.get("rows", []) if isinstance(data, dict) else data  # a list of rows, or {"rows": [...]}
-        rows = [r for r in rows if isinstance(r, dict) and r.get("configuration") == "default" and r.get("req_per_s")]
+        rows = [r for r in json.loads(results.read_text()) if isinstance(r, dict) and r.get("model") == model
+                and r.get("configuration") == "default" and r.get("req_per_s")]
         if rows:
             best = max(r["req_per_s"] for r in rows)
             busy = min(r["concurrency"] for r in rows if r["req_per_s"] >= SATURATION * best)
-            return ReplicaNumbers(best, busy, f"{results} (configuration 'default')")
-        print(f"{results} has no 'default' rows with a throughput: using the figure measured in this project")
+            return ReplicaNumbers(best, busy, f"{results} ({model}, configuration 'default')")
+        print(f"{results} has no 'default' rows of {model} with a throughput (run `python -m serving bench` on "
+              "its export): using the figure measured in this project")
     return ReplicaNumbers(MEASURED_CPU_REPLICA_RPS, MEASURED_CPU_SATURATING_CONCURRENCY,
                           "measured in this project (README, Benchmarks), resnet50 on 2 CPU cores")
 

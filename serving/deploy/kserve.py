@@ -109,7 +109,7 @@ def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str
     if not archive.is_file():
         raise DeployError(f"{archive} not found: export {export_dir}'s model with `--model-store {model_store}` "
                           f"(it writes {archive.name}), or pass --model-store / --model-name")
-    numbers = replica_numbers()
+    numbers = replica_numbers(manifest.model.name)
     staging = fresh_output(Path(out), force)
     header = (f"# KServe InferenceService for {manifest.model.name} ({manifest.served_record().kind}) served by "
               f"TorchServe (written by "

@@ -81,8 +81,8 @@ def model_config(name: str, model_path: Path, kind: str, manifest: Manifest) -> 
         f"instance_group [ {{ count: 1, kind: {INSTANCE_KINDS[kind]} }} ]", ""])
 
 
-def triton_inference_service(name: str, storage_uri: str, kind: str) -> dict:
-    numbers = replica_numbers()
+def triton_inference_service(name: str, storage_uri: str, kind: str, model: str) -> dict:
+    numbers = replica_numbers(model)
     return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": {"name": f"{name}-triton", "annotations": {"vision-export/throughput-source": numbers.source}},
             "spec": {"predictor": {
@@ -109,6 +109,6 @@ def write_triton(out: Path, export_dir: Path, name: str | None = None, kind: str
         f"# Triton model configuration for {manifest.model.name} ({record.kind}), written by "
         f"`python -m serving triton`.\n" + model_config(name, version / "model.onnx", kind, manifest))
     (staging / "inferenceservice-triton.yaml").write_text(dump_yaml(
-        [triton_inference_service(name, storage_uri, kind)],
+        [triton_inference_service(name, storage_uri, kind, manifest.model.name)],
         "# KServe InferenceService on the Triton runtime; storageUri holds model_repository/ (docs/scaling.md).\n"))
     return publish(staging, Path(out))

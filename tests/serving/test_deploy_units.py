@@ -56,11 +56,21 @@ def test_triton_schema_rejects_an_unknown_field():
 
 def test_replica_numbers_come_from_the_benchmark_when_it_ran(tmp_path):
     results = tmp_path / "results.json"
-    results.write_text(json.dumps([{"configuration": "default", "concurrency": c, "req_per_s": r}
-                                   for c, r in ((1, 7.0), (2, 14.5), (4, 16.0), (8, 15.8))]))
-    numbers = replica_numbers(results)
+    rows = [{"configuration": "default", "model": "resnet18", "concurrency": c, "req_per_s": r}
+            for c, r in ((1, 7.0), (2, 14.5), (4, 16.0), (8, 15.8))]
+    results.write_text(json.dumps(rows + [{**rows[0], "model": "resnet50", "req_per_s": 99.0}]))
+    numbers = replica_numbers("resnet18", results)
     assert numbers.requests_per_s == 16.0 and numbers.saturating_concurrency == 2 and str(results) in numbers.source
-    assert replica_numbers(tmp_path / "absent.json").requests_per_s == MEASURED_CPU_REPLICA_RPS
+    assert replica_numbers("resnet50", results).requests_per_s == 99.0  # each model its own rows
+    assert replica_numbers("resnet18", tmp_path / "absent.json").requests_per_s == MEASURED_CPU_REPLICA_RPS
+
+
+def test_without_rows_of_this_model_the_fallback_is_said(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"configuration": "default", "model": "resnet50", "concurrency": 1,
+                                    "req_per_s": 9.0}]))
+    assert replica_numbers("resnet18", results).requests_per_s == MEASURED_CPU_REPLICA_RPS
+    assert "no 'default' rows of resnet18" in capsys.readouterr().out
 
 
 def test_triton_takes_the_served_artifact_decided_at_export():
