@@ -1,5 +1,5 @@
 # Two commands for a fresh machine:
-#   make run   set up .venv, export resnet50 (+ resnet.mar), serve it, send one curl, stop
+#   make run   set up .venv, export $(ARCH) (+ model-store/$(ARCH).mar), serve it, send one curl, stop
 #   make test  set up .venv and run every test (slow end-to-end ones included)
 SHELL := /bin/bash
 VENV ?= .venv
@@ -23,9 +23,9 @@ export: setup
 
 # The whole path: export -> serve -> one prediction with curl -> stop (also when curl fails).
 run: export
-	$(PY) -m serving --detach --inference-port $(PORT)
+	$(PY) -m serving --detach --models $(ARCH) --inference-port $(PORT)
 	trap '$(PY) -m serving stop' EXIT; \
-	curl -sS --fail-with-body -X POST http://127.0.0.1:$(PORT)/predictions/resnet \
+	curl -sS --fail-with-body -X POST http://127.0.0.1:$(PORT)/predictions/$(ARCH) \
 	     -H "Content-Type: image/jpeg" --data-binary @examples/cat.jpg; status=$$?; echo; exit $$status
 
 serve: setup
@@ -40,7 +40,7 @@ test-fast: setup
 # Both benchmarks in one run: in-process (every artifact, this machine's GEMM peak), then TorchServe under
 # hey for each configuration against the naive baseline; bench-results/{bench,results}.{md,json,png}.
 bench: setup
-	$(PY) -m serving.bench --export-dir artifacts/$(ARCH)
+	$(PY) -m serving bench --export-dir artifacts/$(ARCH)
 
 bench-inprocess: setup
 	$(PY) -m export bench artifacts/$(ARCH)
@@ -49,7 +49,7 @@ bench-inprocess: setup
 # in-process GPU benchmark, TorchServe on the GPU. Without CUDA: one line, exit 0.
 GPU_OUT ?= gpu-results
 gpu-check:
-	PYTHONPATH=. python3 -m serving.gpu_check $(GPU_OUT)
+	PYTHONPATH=. python3 -m serving gpu-check $(GPU_OUT)
 
 clean:
 	rm -rf artifacts model-store .serving bench-results

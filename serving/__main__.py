@@ -1,136 +1,44 @@
-"""`python -m serving`: start TorchServe on loopback with model-store/resnet.mar and wait for a real prediction.
+"""`python -m serving COMMAND`: serving's commands, each imported only when asked for (so `gpu-check` runs
+from a plain checkout, without the virtualenv's packages).
 
-  python -m serving              serve in the foreground; Ctrl-C stops TorchServe cleanly
-  python -m serving --detach     start, wait until a prediction succeeds, print the curl line, return
-  python -m serving stop         stop a server started with --detach
-  python -m serving config --out F   write config.properties with this machine's serving policy
-  python -m serving kserve OUT   KServe material (TorchServe runtime); triton OUT: a Triton repository
+  python -m serving [start]        TorchServe with every archive of model-store/, until Ctrl-C
+  python -m serving --detach       start, wait until each model answers, print the curl lines, return
+  python -m serving stop           stop a server started with --detach
+  python -m serving config --out F config.properties with this machine's serving policy
+  python -m serving kserve OUT     KServe material (TorchServe runtime); triton OUT: a Triton repository
+  python -m serving bench | soak | faults | gpu-check   measurements (serving/measure/)
 
-Workers, batching and threads are decided here, for the machine that serves (handlers/policy.py):
-one batching worker per GPU; on a CPU, a worker per core (at most 4), no batching, cores / workers threads.
+`python -m serving COMMAND --help` for each command's options.
 """
 
 from __future__ import annotations
 
-import argparse
-import signal
+import importlib
 import sys
-import time
-from pathlib import Path
 
-from export.cli import run_command
-from handlers.policy import ServingPolicy, machine_policy, this_machine, with_overrides
-from serving.torchserve import server
-from serving.torchserve.config import ServingError
-
-
-def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m serving", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", nargs="?", choices=("start", "stop", "config"), default="start",
-                        help="start (default), stop a detached server, or config: write the config.properties "
-                             "with this machine's serving policy to --out and print the policy")
-    parser.add_argument("--out", type=Path, default=None, help="where `config` writes config.properties")
-    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
-    parser.add_argument("--model-name", default="resnet")
-    parser.add_argument("--inference-port", type=int, default=8080)
-    parser.add_argument("--management-port", type=int, default=8081)
-    parser.add_argument("--metrics-port", type=int, default=8082)
-    parser.add_argument("--grpc-inference-port", type=int, default=7070)
-    parser.add_argument("--grpc-management-port", type=int, default=7071)
-    parser.add_argument("--run-dir", type=Path, default=Path(".serving"), help="logs and pid files (default: .serving)")
-    parser.add_argument("--config", type=Path, default=server.DEFAULT_CONFIG)
-    parser.add_argument("--timeout", type=float, default=server.READY_TIMEOUT_S)
-    parser.add_argument("--detach", action="store_true", help="leave the server running and return")
-    parser.add_argument("--token-auth", action="store_true",
-                        help="switch on TorchServe's token authorisation: clients send 'Authorization: Bearer KEY' "
-                             "with the keys TorchServe writes to RUN_DIR/key_file.json")
-    policy = parser.add_argument_group("serving policy (default: decided for this machine; pinned archive values win)")
-    policy.add_argument("--workers", type=int, default=None, help="workers (default: 1 per GPU, else 1 per core up to 4)")
-    policy.add_argument("--batch-size", type=int, default=None, help="TorchServe batchSize (default: 8 on GPU, 1 on CPU)")
-    policy.add_argument("--max-batch-delay", type=int, default=None, help="maxBatchDelay in ms (default: 50 on GPU)")
-    policy.add_argument("--threads", type=int, default=None, help="CPU threads per worker (default: cores / workers)")
-    return parser.parse_args(argv)
-
-
-def decide_policy(args) -> ServingPolicy:
-    for flag in ("workers", "batch_size", "threads"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise ServingError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    if args.max_batch_delay is not None and args.max_batch_delay < 0:
-        raise ServingError(f"--max-batch-delay must be 0 or more, got {args.max_batch_delay}")
-    gpus, cores = this_machine()
-    return with_overrides(machine_policy(gpus, cores), args.workers, args.batch_size, args.max_batch_delay,
-                          args.threads, cores)
-
-
-DEPLOY_TARGETS = ("kserve", "triton")
+# command: (module, function, whether the function is given the command's own name as argv[0])
+COMMANDS = {
+    "kserve": ("serving.deploy", "deploy", True),
+    "triton": ("serving.deploy", "deploy", True),
+    "bench": ("serving.measure.bench", "main", False),
+    "soak": ("serving.measure.soak", "main", False),
+    "faults": ("serving.measure.faults", "main", False),
+    "gpu-check": ("serving.measure.gpu_check", "main", False),
+}
+TORCHSERVE = ("serving.torchserve.cli", "main", True)  # start / stop / config, and no command at all
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in DEPLOY_TARGETS:  # deployment material: serving/deploy.py
-        from serving.deploy import deploy
-        return run_command(lambda: deploy(argv))
-    return run_command(lambda: serve(parse(argv)), interrupted="interrupted; TorchServe stopped")
-
-
-def serve(args) -> int:
-    settings = server.ServerSettings(
-        model_store=args.model_store, model_name=args.model_name, inference_port=args.inference_port,
-        management_port=args.management_port, metrics_port=args.metrics_port,
-        grpc_inference_port=args.grpc_inference_port, grpc_management_port=args.grpc_management_port,
-        run_dir=args.run_dir, config=args.config, token_auth=args.token_auth)
-    if args.action == "stop":
-        stopped = server.stop(settings)
-        print("TorchServe stopped" if stopped else f"no server running from {args.run_dir.absolute()}")
+    if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
+        print(__doc__)
         return 0
-    settings.policy = decide_policy(args)
-    if args.action == "config":
-        return write_config(settings, args.out)
-    process = server.start(settings)
-    print(f"TorchServe starting (logs: {settings.log_dir}; policy: {settings.policy.reason}, "
-          f"{settings.policy.threads_per_worker} thread(s) per worker); waiting for a real prediction ...", flush=True)
-    try:
-        first = server.wait_until_serving(settings, process, timeout=args.timeout)
-    except BaseException as error:
-        server.stop(settings, process)
-        if isinstance(error, ServingError):
-            error.add_note("TorchServe stopped")
-        raise
-    top = first["predictions"][0]
-    print(f"serving {first['model']} ({first['artifact']}) at {settings.predictions_url()}\n"
-          f"  example prediction: {top['label']} ({top['probability']:.3f})\n"
-          f"  try: {server.curl_line(settings)}\n"
-          f"  metrics: {settings.metrics_url}/metrics", flush=True)
-    if args.detach:
-        print("  stop with: python -m serving stop")
-        return 0
-    return serve_until_stopped(settings, process)
-
-
-def write_config(settings: server.ServerSettings, out: Path | None) -> int:
-    """For launchers that start TorchServe themselves (the container's entrypoint)."""
-    if out is None:
-        raise ServingError("`python -m serving config` needs --out PATH for the config.properties it writes")
-    from export.atomic import atomic_write_text
-    atomic_write_text(out, server.run_config_text(settings, settings.policy))
-    print(f"{out}: {settings.policy.reason}; {settings.policy.threads_per_worker} thread(s) per worker")
-    return 0
-
-
-def serve_until_stopped(settings: server.ServerSettings, process) -> int:
-    print("Ctrl-C to stop", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        while process.poll() is None:
-            time.sleep(0.5)
-        print(f"TorchServe exited with code {process.returncode}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        server.stop(settings, process)
-        print("\nTorchServe stopped")
-        return 0
+    module, function, with_name = COMMANDS.get(argv[0], TORCHSERVE) if argv else TORCHSERVE
+    command = getattr(importlib.import_module(module), function)
+    if module == "serving.deploy":  # the writers raise our errors; run_command turns them into exit codes
+        from export.cli import run_command
+        return run_command(lambda: command(argv))
+    return command(argv if with_name else argv[1:])
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ class ServingError(VisionExportError):
 @dataclass
 class ServerSettings:
     model_store: Path = DEFAULT_MODEL_STORE
-    model_name: str = "resnet50"
+    model_name: str = "resnet50"  # the model predictions_url() addresses; the only one served when models is empty
+    models: tuple[str, ...] = ()  # every model this server serves (python -m serving: every archive in the store)
     host: str = HOST
     inference_port: int = INFERENCE_PORT
     management_port: int = MANAGEMENT_PORT
@@ -80,8 +81,54 @@ class ServerSettings:
     def key_file(self) -> Path:
         return self.run_dir.absolute() / KEY_FILE
 
-    def predictions_url(self) -> str:
-        return f"{self.inference_url}/predictions/{self.model_name}"
+    def served_models(self) -> tuple[str, ...]:
+        return tuple(self.models) or (self.model_name,)
+
+    def predictions_url(self, model: str | None = None) -> str:
+        return f"{self.inference_url}/predictions/{model or self.model_name}"
+
+
+TOKEN_SWITCH = "disable_token_authorization"  # TorchServe's key; TS_DISABLE_TOKEN_AUTHORIZATION in the environment
+TOKEN_SWITCH_ENV = "TS_DISABLE_TOKEN_AUTHORIZATION"
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """key=value lines of a Java properties file as TorchServe reads ours (no continuation lines); the last wins."""
+    pairs = (line.split("=", 1) for line in Path(path).read_text().splitlines()
+             if "=" in line and not line.lstrip().startswith(("#", "!")))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def token_auth_switched_on(settings: ServerSettings, environ: dict) -> bool:
+    """Whether the TorchServe these settings start checks tokens: --token-auth, or TorchServe's own documented
+    switch, disable_token_authorization=false in the config file or TS_DISABLE_TOKEN_AUTHORIZATION=false in the
+    environment (which wins when the config enables environment overrides, as ours does)."""
+    if settings.token_auth:
+        return True
+    properties = read_properties(settings.config)
+    value = properties.get(TOKEN_SWITCH, "false")  # TorchServe's own default: tokens on
+    env_value = {**environ, **settings.extra_env}.get(TOKEN_SWITCH_ENV)
+    if env_value is not None and properties.get("enable_envvars_config", "false").lower() == "true":
+        value = env_value
+    return value.strip().lower() != "true"
+
+
+def archives_in(model_store: Path) -> list[str]:
+    """The models a store holds: NAME for every NAME.mar, sorted."""
+    return sorted(path.stem for path in Path(model_store).glob("*.mar"))
+
+
+def choose_models(model_store: Path, requested: list[str] | None) -> tuple[str, ...]:
+    """The requested models (each must have its archive), or every archive in the store."""
+    present = archives_in(model_store)
+    if not present:
+        raise ServingError(f"no archive (*.mar) in {Path(model_store).absolute()}: run `python -m export resnet` first "
+                           f"(it writes {model_store}/resnet50.mar), or pass --model-store the folder that holds yours")
+    missing = [name for name in requested or () if name not in present]
+    if missing:
+        raise ServingError(f"{', '.join(f'{name}.mar' for name in missing)} not in {model_store} (it holds "
+                           f"{', '.join(present)}): export it with `python -m export ... --model-store {model_store}`")
+    return tuple(requested or present)
 
 
 def free_port() -> int:
@@ -99,19 +146,19 @@ def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:
 
 
 def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
-    """The base config.properties plus this machine's serving policy for the model (TorchServe's per-model
+    """The base config.properties plus this machine's serving policy for each model (TorchServe's per-model
     `models=` settings; values pinned in the archive's model-config.yaml take precedence over them)."""
-    model = {settings.model_name: {settings.model_version: {
-        "defaultVersion": True, "marName": f"{settings.model_name}.mar",
-        **policy.model_config(), "responseTimeout": settings.response_timeout_s}}}
+    models = {name: {settings.model_version: {
+        "defaultVersion": True, "marName": f"{name}.mar",
+        **policy.model_config(), "responseTimeout": settings.response_timeout_s}} for name in settings.served_models()}
     store = Path(settings.model_store).absolute()
     allowed = (f"\n# Registration (if ever switched on) only from this model store: no URL downloads.\n"
                f"allowed_urls=file://{store}/[^/]*[.]mar\n")
-    token = ("\n# Token authorisation on (--token-auth): keys in key_file.json, in TorchServe's working folder.\n"
-             "disable_token_authorization=false\n") if settings.token_auth else ""
+    token = ("\n# Token authorisation on: keys in key_file.json, in TorchServe's working folder.\n"
+             f"{TOKEN_SWITCH}=false\n") if settings.token_auth else ""
     return (Path(settings.config).read_text().rstrip("\n")
             + f"\n\n# Serving policy decided on this machine by `python -m serving`: {policy.reason};"
-            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(model)}\n" + allowed + token)
+            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(models)}\n" + allowed + token)
 
 
 def write_run_config(settings: ServerSettings, policy: ServingPolicy) -> Path:

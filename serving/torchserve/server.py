@@ -24,7 +24,7 @@ from handlers.policy import THREADS_ENV, ServingPolicy
 # Settings, ports and timeouts live in config.py; the names callers reach through `server` are imported here.
 from serving.torchserve.config import (DEFAULT_CONFIG, EXAMPLE_IMAGE, KEY_FILE, READY_TIMEOUT_S, REQUEST_TIMEOUT_S,
                                        STOP_TIMEOUT_S, ServerSettings, ServingError, free_port, on_free_ports,
-                                       run_config_text, write_run_config)
+                                       run_config_text, token_auth_switched_on, write_run_config)
 from serving.torchserve.logs import exit_reason, load_failure
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def torchserve_command(settings: ServerSettings, config: Path) -> list[str]:
     return [executable, "--start", "--foreground", "--ncs",
             "--ts-config", str(Path(config).absolute()),
             "--model-store", str(Path(settings.model_store).absolute()),
-            "--models", f"{settings.model_name}={settings.model_name}.mar"]
+            "--models", *(f"{name}={name}.mar" for name in settings.served_models())]
 
 
 SOCKET_PATH_MAX = 100  # sun_path holds 107 bytes; leave room for ".ts.sock.NNNNN"
@@ -74,15 +74,19 @@ def server_env(settings: ServerSettings, policy: ServingPolicy) -> dict:
 
 
 def start(settings: ServerSettings) -> subprocess.Popen:
-    archive = Path(settings.model_store) / f"{settings.model_name}.mar"
-    if not archive.is_file():
-        raise ServingError(f"{archive} not found: run `python -m export resnet` first (it writes the archive)")
+    """Start TorchServe with every model of the settings; whether tokens are checked is resolved here, once
+    (--token-auth, or TorchServe's own switch in the config file or the environment)."""
+    for name in settings.served_models():
+        archive = Path(settings.model_store) / f"{name}.mar"
+        if not archive.is_file():
+            raise ServingError(f"{archive} not found: run `python -m export resnet` first (it writes the archive)")
     run_dir = settings.run_dir.absolute()
-    if (run_dir / PID_FILE).exists() and _alive(_read_pgid(run_dir)):
+    if _alive(_read_pgid(run_dir)):
         raise ServingError(f"a server started from {run_dir} is still running: `python -m serving stop` first")
+    settings.token_auth = token_auth_switched_on(settings, os.environ)
     settings.log_dir.mkdir(parents=True, exist_ok=True)
-    for old in settings.log_dir.glob("*.log"):
-        old.unlink()
+    for old in [*settings.log_dir.glob("*.log"), settings.key_file]:
+        old.unlink(missing_ok=True)  # a previous run's key file would not open this run's server
     policy = settings.effective_policy()
     config = write_run_config(settings, policy)
     console = open(settings.log_dir / "console.log", "ab")
@@ -95,45 +99,65 @@ def start(settings: ServerSettings) -> subprocess.Popen:
     return process
 
 
+class KeysNotWritten(ServingError):
+    """Token authorisation is on and TorchServe has not (yet) written a readable key file."""
+
+
 def auth_headers(settings: ServerSettings, api: str = "inference") -> dict:
-    """{"Authorization": "Bearer <key>"} for the inference or management API when token auth is on."""
+    """{"Authorization": "Bearer <key>"} for the inference or management API when token auth is on; {} when off."""
     if not settings.token_auth:
         return {}
-    path = settings.run_dir.absolute() / KEY_FILE
     try:
-        return {"Authorization": f"Bearer {json.loads(path.read_text())[api]['key']}"}
-    except (OSError, ValueError, KeyError):  # not written yet: TorchServe is still starting
-        return {}
+        keys = json.loads(settings.key_file.read_text())
+    except FileNotFoundError as error:
+        raise KeysNotWritten(f"token authorisation is on but TorchServe has not written {settings.key_file}") from error
+    except json.JSONDecodeError as error:  # TorchServe writes it in place: caught mid-write, or damaged
+        raise KeysNotWritten(f"{settings.key_file} is not JSON ({error})") from error
+    if api not in keys or "key" not in keys[api]:
+        raise ServingError(f"{settings.key_file} has no {api} key (it holds {', '.join(keys)})")
+    return {"Authorization": f"Bearer {keys[api]['key']}"}
 
 
 def wait_until_serving(settings: ServerSettings, process: subprocess.Popen | None, image: Path = EXAMPLE_IMAGE,
-                       timeout: float = READY_TIMEOUT_S) -> dict:
-    """Block until a real prediction succeeds; raise ServingError with the log's reason otherwise."""
+                       timeout: float = READY_TIMEOUT_S) -> dict[str, dict]:
+    """Block until every served model has answered a real prediction: {model: its answer}. A server that exits,
+    a model that cannot load or the timeout raise ServingError with what the logs say."""
+    body, deadline = Path(image).read_bytes(), time.monotonic() + timeout
+    return {name: poll_for_prediction(settings.predictions_url(name), body, lambda: auth_headers(settings),
+                                      deadline, process, settings.log_dir)
+            for name in settings.served_models()}
+
+
+def poll_for_prediction(url: str, body: bytes, headers, deadline: float, process: subprocess.Popen | None,
+                        log_dir: Path) -> dict:
+    """The one readiness loop: POST the image to url until it answers 200 (its JSON returned). headers() is
+    asked each time (keys appear once TorchServe has written them); process is what must stay alive, log_dir
+    where TorchServe's logs say why a model will not load."""
     import requests
-    body = Path(image).read_bytes()
-    deadline = time.monotonic() + timeout
     last = "no answer yet"
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise ServingError(f"TorchServe exited with code {process.returncode}: {exit_reason(settings.log_dir)}")
-        failure = load_failure(settings.log_dir)
+            raise ServingError(f"TorchServe exited with code {process.returncode}: {exit_reason(log_dir)}")
+        failure = load_failure(log_dir)
         if failure:
             raise ServingError(f"the model failed to load: {failure}")
         try:
-            response = requests.post(settings.predictions_url(), data=body, timeout=REQUEST_TIMEOUT_S,
-                                     headers={"Content-Type": "image/jpeg", **auth_headers(settings)})
+            response = requests.post(url, data=body, timeout=REQUEST_TIMEOUT_S,
+                                     headers={"Content-Type": "image/jpeg", **headers()})
             if response.status_code == 200:
                 return response.json()
             last = f"HTTP {response.status_code}: {response.text[:200]}"
-        except requests.RequestException as error:
-            last = type(error).__name__
+        except KeysNotWritten as error:
+            last = str(error)
+        except requests.RequestException as error:  # not listening yet, or a worker still loading
+            last = f"{type(error).__name__}: {error}"[:300]
         time.sleep(1.0)
-    raise ServingError(f"no successful prediction within {timeout:.0f}s (last: {last}); {exit_reason(settings.log_dir)}")
+    raise ServingError(f"no successful prediction from {url} in time (last: {last}); {exit_reason(log_dir)}")
 
 
 @contextlib.contextmanager
 def running(settings: ServerSettings, image: Path = EXAMPLE_IMAGE, timeout: float = READY_TIMEOUT_S):
-    """A TorchServe that has answered a real prediction, stopped (whole process group) on exit."""
+    """A TorchServe whose every model has answered a real prediction, stopped (whole process group) on exit."""
     process = start(settings)
     try:
         wait_until_serving(settings, process, image, timeout)
@@ -156,6 +180,7 @@ def stop(settings: ServerSettings, process: subprocess.Popen | None = None, time
             process.poll()
         time.sleep(0.3)
     if _group_alive(pgid):
+        log.warning("TorchServe (process group %d) still running %.0f s after SIGTERM: SIGKILL", pgid, timeout)
         _signal_group(pgid, signal.SIGKILL)
     if process is not None:
         process.wait(timeout=10)
@@ -164,10 +189,15 @@ def stop(settings: ServerSettings, process: subprocess.Popen | None = None, time
 
 
 def _read_pgid(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
+    """The process group our pid file names; None when there is no pid file (no server started from run_dir)."""
+    path = run_dir / PID_FILE
+    if not path.exists():
         return None
+    text = path.read_text().strip()
+    if not text.isdigit():
+        raise ServingError(f"{path} holds {text[:40]!r}, not a process id: if no TorchServe runs from {run_dir}, "
+                           "delete the file")
+    return int(text)
 
 
 def _alive(pid: int | None) -> bool:
@@ -175,32 +205,33 @@ def _alive(pid: int | None) -> bool:
         return False
     try:
         os.kill(pid, 0)
-        return True
-    except OSError:
+    except ProcessLookupError:
         return False
+    except PermissionError:  # it exists, under another user: not ours to signal, but the pid is taken
+        return True
+    return True
 
 
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
-        return True
-    except OSError:
+    except ProcessLookupError:
         return False
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
-    except OSError:
-        pass
+    except ProcessLookupError:  # the group ended between the liveness check and this signal: nothing to stop
+        log.info("TorchServe's process group %d had already exited before %s", pgid, signal.Signals(sig).name)
 
 
-def curl_line(settings: ServerSettings, image: Path = EXAMPLE_IMAGE) -> str:
+def curl_line(settings: ServerSettings, model: str | None = None, image: Path = EXAMPLE_IMAGE) -> str:
     try:
         shown = Path(image).resolve().relative_to(Path.cwd())
-    except ValueError:
+    except ValueError:  # the image is outside the working folder: show its full path
         shown = image
-    token = (f' -H "Authorization: Bearer <inference key from {settings.run_dir / KEY_FILE}>"'
-             if settings.token_auth else "")
-    return (f'curl -X POST {settings.predictions_url()} -H "Content-Type: image/jpeg"{token} '
+    token = (f' -H "Authorization: Bearer <inference key from {settings.key_file}>"' if settings.token_auth else "")
+    return (f'curl -X POST {settings.predictions_url(model)} -H "Content-Type: image/jpeg"{token} '
             f"--data-binary @{shown}")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from handlers.policy import GPU_BATCH_SIZE, machine_policy
-from serving.__main__ import decide_policy, parse
-from serving.torchserve.server import ServerSettings, ServingError, run_config_text
+from serving.torchserve.cli import decide_policy, parse
+from serving.torchserve.config import ServerSettings, ServingError, run_config_text
 from tests.conftest import ROOT
 
 
@@ -41,12 +41,41 @@ def test_command_line_overrides_and_their_validation():
         decide_policy(parse(["--workers", "0"]))
 
 
-def test_config_action_writes_the_file_and_needs_out(tmp_path):
-    out = tmp_path / "config.properties"
-    done = subprocess.run([sys.executable, "-m", "serving", "config", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+def serving_command(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "serving", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def store_with(folder, *names: str):
+    """A model store holding NAME.mar files: `config` only lists the store, it does not open the archives."""
+    folder.mkdir()
+    for name in names:
+        (folder / f"{name}.mar").write_bytes(b"")
+    return folder
+
+
+def test_config_action_writes_every_archive_of_the_store_and_needs_out(tmp_path):
+    store, out = store_with(tmp_path / "store", "resnet18", "resnet50"), tmp_path / "config.properties"
+    done = serving_command("config", "--model-store", str(store), "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert models_setting(out.read_text())["resnet"]["1.0"]["minWorkers"] >= 1
-    missing = subprocess.run([sys.executable, "-m", "serving", "config"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120)
+    models = models_setting(out.read_text())
+    assert sorted(models) == ["resnet18", "resnet50"] and models["resnet18"]["1.0"]["marName"] == "resnet18.mar"
+    assert all(setting["1.0"]["minWorkers"] >= 1 for setting in models.values())
+    missing = serving_command("config", "--model-store", str(store))
     assert missing.returncode == 1 and "needs --out PATH" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_models_chooses_among_the_archives_and_names_the_missing_one(tmp_path):
+    store, out = store_with(tmp_path / "store", "resnet18", "resnet50"), tmp_path / "config.properties"
+    done = serving_command("config", "--model-store", str(store), "--models", "resnet50", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert list(models_setting(out.read_text())) == ["resnet50"]
+    absent = serving_command("config", "--model-store", str(store), "--models", "resnet50,vgg16", "--out", str(out))
+    assert absent.returncode == 1 and "vgg16.mar not in" in absent.stderr and "resnet18, resnet50" in absent.stderr
+
+
+def test_an_empty_store_says_to_export_first(tmp_path):
+    store = store_with(tmp_path / "store")
+    done = serving_command("--model-store", str(store), "--detach")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "no archive (*.mar) in" in done.stderr and "run `python -m export resnet` first" in done.stderr

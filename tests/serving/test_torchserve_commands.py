@@ -1,0 +1,33 @@
+"""`python -m serving`'s command table: every command resolves to its function, imported only when asked
+for, so `python -m serving gpu-check` runs without the virtualenv's packages."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from serving.__main__ import COMMANDS, TORCHSERVE
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "start"])
+def test_every_command_names_a_function_that_exists(command):
+    module, function, _ = COMMANDS.get(command, TORCHSERVE)
+    assert callable(getattr(importlib.import_module(module), function)), f"{module}:{function}"
+
+
+def test_the_dispatcher_imports_no_command_until_one_is_asked_for():
+    code = ("import sys; before = set(sys.modules); import serving.__main__; "
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
+            "('torch', 'export', 'handlers', 'requests', 'serving') and m not in ('serving', 'serving.__main__')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command, usage", [("bench", "python -m serving bench"), ("kserve", "kserve"),
+                                            ("stop", "python -m serving")])
+def test_help_of_a_command_is_its_own(command, usage):
+    done = subprocess.run([sys.executable, "-m", "serving", command, "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and usage in done.stdout, done.stdout + done.stderr
