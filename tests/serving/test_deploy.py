@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -20,6 +19,8 @@ import yaml
 from examples.clients import kserve_v1_client, torchserve_client, v2_client
 from models.contract import Manifest, read_labels
 from serving.torchserve import server
+from serving.torchserve.config import DEFAULT_CONFIG, on_free_ports
+from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 from tests.serving.schemas import parse_model_config, validate_inference_service, validate_kubernetes
 
