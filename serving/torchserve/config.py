@@ -156,9 +156,12 @@ def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
                f"allowed_urls=file://{store}/[^/]*[.]mar\n")
     token = ("\n# Token authorisation on: keys in key_file.json, in TorchServe's working folder.\n"
              f"{TOKEN_SWITCH}=false\n") if settings.token_auth else ""
+    load = ",".join(f"{name}={name}.mar" for name in settings.served_models())
     return (Path(settings.config).read_text().rstrip("\n")
             + f"\n\n# Serving policy decided on this machine by `python -m serving`: {policy.reason};"
-            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(models)}\n" + allowed + token)
+            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(models)}\n"
+            + f"# Registered at start (TorchServe reads them from model_store).\nload_models={load}\n"
+            + allowed + token)
 
 
 def write_run_config(settings: ServerSettings, policy: ServingPolicy) -> Path:

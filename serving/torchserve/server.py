@@ -37,8 +37,7 @@ def torchserve_command(settings: ServerSettings, config: Path) -> list[str]:
         raise ServingError("torchserve is not installed: pip install -e '.[serving]' (see README)")
     return [executable, "--start", "--foreground", "--ncs",
             "--ts-config", str(Path(config).absolute()),
-            "--model-store", str(Path(settings.model_store).absolute()),
-            "--models", *(f"{name}={name}.mar" for name in settings.served_models())]
+            "--model-store", str(Path(settings.model_store).absolute())]  # models: load_models in the config
 
 
 SOCKET_PATH_MAX = 100  # sun_path holds 107 bytes; leave room for ".ts.sock.NNNNN"

@@ -61,6 +61,7 @@ def test_config_action_writes_every_archive_of_the_store_and_needs_out(tmp_path)
     models = models_setting(out.read_text())
     assert sorted(models) == ["resnet18", "resnet50"] and models["resnet18"]["1.0"]["marName"] == "resnet18.mar"
     assert all(setting["1.0"]["minWorkers"] >= 1 for setting in models.values())
+    assert "load_models=resnet18=resnet18.mar,resnet50=resnet50.mar" in out.read_text().splitlines()
     missing = serving_command("config", "--model-store", str(store))
     assert missing.returncode == 1 and "needs --out PATH" in missing.stderr and "Traceback" not in missing.stderr
 
@@ -70,6 +71,7 @@ def test_models_chooses_among_the_archives_and_names_the_missing_one(tmp_path):
     done = serving_command("config", "--model-store", str(store), "--models", "resnet50", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert list(models_setting(out.read_text())) == ["resnet50"]
+    assert "load_models=resnet50=resnet50.mar" in out.read_text().splitlines()
     absent = serving_command("config", "--model-store", str(store), "--models", "resnet50,vgg16", "--out", str(out))
     assert absent.returncode == 1 and "vgg16.mar not in" in absent.stderr and "resnet18, resnet50" in absent.stderr
 

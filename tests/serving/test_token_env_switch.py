@@ -59,12 +59,18 @@ def test_without_a_key_file_the_headers_say_which_file_is_missing(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_environment_switch_serves_with_the_key_and_refuses_anonymous_requests(resnet18_export, tmp_path):
+@pytest.mark.parametrize("switch", ["environment", "config file"])
+def test_the_documented_switch_serves_with_the_key_and_refuses_anonymous_requests(resnet18_export, tmp_path, switch):
     run_dir, ports = tmp_path / "run", [str(free_port()) for _ in range(5)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), SWITCH: "false"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(SWITCH, None)
     args = ["--model-store", str(resnet18_export["model_store"]), "--run-dir", str(run_dir),
             "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
             "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4]]
+    if switch == "environment":
+        env[SWITCH] = "false"
+    else:
+        args += ["--config", str(config_with(tmp_path, "disable_token_authorization=false"))]
     started = subprocess.run([sys.executable, "-m", "serving", *args, "--detach"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=400)
     try:
@@ -75,7 +81,7 @@ def test_the_environment_switch_serves_with_the_key_and_refuses_anonymous_reques
                                   model_name=resnet18_export["model_name"])
         body, jpeg = CAT.read_bytes(), {"Content-Type": "image/jpeg"}
         anonymous = requests.post(settings.predictions_url(), data=body, headers=jpeg, timeout=60)
-        # TorchServe 0.12 refuses a request without a key with 400 "Token Authorization failed" (not 401)
+        # TorchServe 0.12 refuses a request without the key as a bad request (400), not 401
         assert anonymous.status_code == 400 and "Token Authorization failed" in anonymous.text, anonymous.text
         allowed = requests.post(settings.predictions_url(), data=body, timeout=60,
                                 headers={**jpeg, **server.auth_headers(settings)})
