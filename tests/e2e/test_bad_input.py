@@ -113,12 +113,13 @@ CASES = {
 @pytest.fixture(scope="module")
 def serving(resnet18_export, tmp_path_factory):
     settings = server.on_free_ports(resnet18_export["model_store"], tmp_path_factory.mktemp("bad-input"))
+    settings.model_name = resnet18_export["model_name"]
     with server.running(settings, CAT):
         yield settings
 
 
 def worker_pids(settings) -> list[int]:
-    workers = requests.get(f"{settings.management_url}/models/resnet", timeout=10).json()[0]["workers"]
+    workers = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=10).json()[0]["workers"]
     assert all(w["status"] == "READY" for w in workers)
     return sorted(w["pid"] for w in workers)
 
@@ -128,7 +129,8 @@ def pids_before(serving):
     """Every worker READY first: readiness means one prediction succeeded, others may still be loading."""
     deadline = time.monotonic() + 180
     while True:
-        workers = requests.get(f"{serving.management_url}/models/resnet", timeout=10).json()[0]["workers"]
+        workers = requests.get(f"{serving.management_url}/models/{serving.model_name}",
+                               timeout=10).json()[0]["workers"]
         if workers and all(w["status"] == "READY" for w in workers):
             return sorted(w["pid"] for w in workers)
         assert time.monotonic() < deadline, f"workers never all READY: {workers}"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from export.archive import build_archive
-from export.manifest import load_manifest
+from models.contract import Manifest
 from serving.torchserve.server import free_port
 from tests.conftest import ROOT
 
@@ -31,9 +31,10 @@ def rewrite_member(archive: Path, name: str, change) -> None:
             target.writestr(member, data)
 
 
-def serve_detached(store: Path, run_dir: Path) -> subprocess.CompletedProcess:
+def serve_detached(store: Path, run_dir: Path, model_name: str) -> subprocess.CompletedProcess:
     ports = [str(free_port()) for _ in range(5)]
-    args = ["--model-store", str(store), "--run-dir", str(run_dir), "--inference-port", ports[0],
+    args = ["--model-store", str(store), "--models", model_name, "--run-dir", str(run_dir),
+            "--inference-port", ports[0],
             "--management-port", ports[1], "--metrics-port", ports[2], "--grpc-inference-port", ports[3],
             "--grpc-management-port", ports[4], "--detach", "--timeout", "200"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -47,10 +48,10 @@ def serve_detached(store: Path, run_dir: Path) -> subprocess.CompletedProcess:
 
 def test_a_tampered_archive_is_refused_with_the_file_and_both_hashes(resnet18_export, tmp_path):
     out = resnet18_export["out"]
-    manifest = load_manifest(out)
+    manifest = Manifest.read(out)
     store = tmp_path / "store"
-    archive = build_archive(out, manifest, store, "resnet")
-    served = manifest.artifacts[manifest.serving["default_artifact"]]
+    archive = build_archive(out, manifest, store)
+    served = manifest.served_record()
     tampered = {}
 
     def flip_last_byte(data: bytes) -> bytes:
@@ -58,21 +59,21 @@ def test_a_tampered_archive_is_refused_with_the_file_and_both_hashes(resnet18_ex
         tampered["sha256"] = hashlib.sha256(changed).hexdigest()
         return changed
 
-    rewrite_member(archive, served["path"], flip_last_byte)
-    result = serve_detached(store, tmp_path / "run")
+    rewrite_member(archive, served.path, flip_last_byte)
+    result = serve_detached(store, tmp_path / "run", archive.stem)
     assert result.returncode == 1, result.stdout + result.stderr
     refusal = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
     assert "the model failed to load: REFUSING TO SERVE: integrity check failed" in refusal
-    assert f"{served['path']}: sha256 {tampered['sha256']} but the manifest records {served['sha256']}" in refusal
+    assert f"{served.path}: sha256 {tampered['sha256']} but the manifest records {served.sha256}" in refusal
     assert "TorchServe stopped" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_truncated_archive_fails_fast_with_a_reason(resnet18_export, tmp_path):
     out = resnet18_export["out"]
     store = tmp_path / "store"
-    archive = build_archive(out, load_manifest(out), store, "resnet")
+    archive = build_archive(out, Manifest.read(out), store)
     archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
-    result = serve_detached(store, tmp_path / "run")
+    result = serve_detached(store, tmp_path / "run", archive.stem)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "TorchServe could not open resnet.mar: java.io.EOFException" in result.stderr
+    assert f"TorchServe could not open {archive.name}: java.io.EOFException" in result.stderr
     assert "Traceback" not in result.stderr

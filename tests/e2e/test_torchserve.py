@@ -1,5 +1,6 @@
 """A real TorchServe (Java frontend, Python worker) on 127.0.0.1 with free ports, serving the .mar that
-`python -m export resnet` built, answering real HTTP."""
+`python -m export resnet` built, answering real HTTP. Every answer is compared with the same artifact run
+in-process through handlers.core on the same image (tests/answers.py)."""
 
 from __future__ import annotations
 
@@ -18,17 +19,20 @@ import requests
 from PIL import Image
 
 from export.archive import build_archive
-from export.manifest import load_manifest
+from models.contract import Manifest
 from serving.torchserve import server
 from serving.torchserve.server import free_port
+from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
 
 
-def _settings(model_store: Path, run_dir: Path) -> server.ServerSettings:
-    return server.on_free_ports(model_store, run_dir)
+def _settings(model_store: Path, run_dir: Path, model_name: str) -> server.ServerSettings:
+    settings = server.on_free_ports(model_store, run_dir)
+    settings.model_name = model_name
+    return settings
 
 
 def _no_process_mentions(text: str) -> bool:
@@ -39,10 +43,22 @@ def _no_process_mentions(text: str) -> bool:
 @pytest.fixture(scope="module")
 def serving(resnet18_export, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("serving")
-    settings = _settings(resnet18_export["model_store"], run_dir)
+    settings = _settings(resnet18_export["model_store"], run_dir, resnet18_export["model_name"])
     with server.running(settings, CAT):
         yield settings
     assert _no_process_mentions(str(run_dir)), "TorchServe processes survived stop()"
+
+
+@pytest.fixture(scope="module")
+def expect(resnet18_export):
+    """image bytes (, topk) -> the answer the archive's artifact gives in-process, computed once per image."""
+    answers = {}
+
+    def answer(image: bytes, topk: int = 5) -> dict:
+        if (image, topk) not in answers:
+            answers[image, topk] = expected_answer(resnet18_export["archive"], image, topk)
+        return answers[image, topk]
+    return answer
 
 
 def _post(settings, data, headers=None, files=None, timeout=60):
@@ -55,36 +71,37 @@ def _image(fmt: str, mode="RGB", size=(320, 240)) -> bytes:
     return buffer.getvalue()
 
 
-def _assert_top5(response):
+def _assert_answer(response, expected: dict) -> dict:
+    """200, and the answer the same artifact gives in-process on the same image."""
     assert response.status_code == 200, response.text
     body = response.json()
-    assert len(body["predictions"]) == 5 and body["model"] == "resnet18"
-    for item in body["predictions"]:
-        assert isinstance(item["label"], str) and 0 <= item["index"] < 1000 and 0 < item["probability"] <= 1
+    assert_same_answer(body, expected)
     return body
 
 
-def test_raw_jpeg(serving):
-    _assert_top5(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}))
+def test_raw_jpeg(serving, expect):
+    body = _assert_answer(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}), expect(CAT.read_bytes()))
+    assert body["model"] == "resnet18" and len(body["predictions"]) == 5
 
 
-def test_raw_png_and_webp(serving):
-    _assert_top5(_post(serving, _image("PNG"), {"Content-Type": "image/png"}))
-    _assert_top5(_post(serving, _image("WEBP"), {"Content-Type": "image/webp"}))
+def test_raw_png_and_webp(serving, expect):
+    for fmt in ("PNG", "WEBP"):
+        _assert_answer(_post(serving, _image(fmt), {"Content-Type": f"image/{fmt.lower()}"}), expect(_image(fmt)))
 
 
-def test_base64_json(serving):
+def test_base64_json(serving, expect):
     payload = {"data": base64.b64encode(CAT.read_bytes()).decode()}
-    _assert_top5(requests.post(serving.predictions_url(), json=payload, timeout=60))
+    _assert_answer(requests.post(serving.predictions_url(), json=payload, timeout=60), expect(CAT.read_bytes()))
     payload["topk"] = 3
     response = requests.post(serving.predictions_url(), json=payload, timeout=60)
-    assert len(response.json()["predictions"]) == 3
+    _assert_answer(response, expect(CAT.read_bytes(), 3))
 
 
-def test_multipart_form_file(serving):
-    _assert_top5(_post(serving, None, files={"image": ("cat.jpg", CAT.read_bytes(), "image/jpeg")}))
+def test_multipart_form_file(serving, expect):
+    files = {"image": ("cat.jpg", CAT.read_bytes(), "image/jpeg")}
+    _assert_answer(_post(serving, None, files=files), expect(CAT.read_bytes()))
     response = _post(serving, {"topk": "2"}, files={"photo": ("cat.jpg", CAT.read_bytes(), "image/jpeg")})
-    assert response.status_code == 200 and len(response.json()["predictions"]) == 2
+    _assert_answer(response, expect(CAT.read_bytes(), 2))
 
 
 def test_same_image_same_answer_in_any_encoding(serving):
@@ -93,21 +110,21 @@ def test_same_image_same_answer_in_any_encoding(serving):
     assert raw == form
 
 
-def test_topk_header(serving):
+def test_topk_header(serving, expect):
     response = _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg", "X-TopK": "10"})
-    assert len(response.json()["predictions"]) == 10
+    _assert_answer(response, expect(CAT.read_bytes(), 10))
 
 
 @pytest.mark.parametrize("body,code", [
     (b"this is not an image", 415),
     (CAT.read_bytes()[:3000], 400),  # a real JPEG cut short
 ])
-def test_bad_input_is_a_4xx_json_error_and_the_worker_survives(serving, body, code):
+def test_bad_input_is_a_4xx_json_error_and_the_worker_survives(serving, expect, body, code):
     workers_before = _worker_pids(serving)
     response = _post(serving, body, {"Content-Type": "image/jpeg"})
     assert response.status_code == code
     assert response.json()["code"] == code and response.json()["error"]
-    _assert_top5(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}))
+    _assert_answer(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}), expect(CAT.read_bytes()))
     assert _worker_pids(serving) == workers_before
 
 
@@ -123,7 +140,8 @@ def test_metrics_endpoint_shows_the_handlers_stage_times(serving):
     text = requests.get(f"{serving.metrics_url}/metrics", timeout=10).text
     assert "ts_inference_requests_total" in text and "# TYPE" in text
     for metric in ("DecodeTime", "PreprocessTime", "InferenceTime", "EncodeTime"):
-        line = next(l for l in text.splitlines() if l.startswith(metric + "{") and 'ModelName="resnet"' in l)
+        line = next(l for l in text.splitlines()
+                    if l.startswith(metric + "{") and f'ModelName="{serving.model_name}"' in l)
         assert float(line.rsplit(" ", 1)[1]) >= 0.0  # present on the Prometheus endpoint, in milliseconds
 
 
@@ -142,31 +160,35 @@ def batching_server(resnet18_export, tmp_path_factory):
     store = tmp_path_factory.mktemp("batch-store")
     out = resnet18_export["out"]
     one_batching_worker = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 4, "maxBatchDelay": 3000}
-    build_archive(out, load_manifest(out), store, "resnet", config_overrides=one_batching_worker)
-    settings = _settings(store, tmp_path_factory.mktemp("batch-run"))
+    archive = build_archive(out, Manifest.read(out), store, config_overrides=one_batching_worker)
+    settings = _settings(store, tmp_path_factory.mktemp("batch-run"), archive.stem)
     with server.running(settings, CAT):
         yield settings
 
 
-def test_one_bad_image_in_a_batch_gets_its_own_error(batching_server):
+def test_one_bad_image_in_a_batch_gets_its_own_error(batching_server, expect):
     bodies = [CAT.read_bytes(), b"garbage, not an image", _image("PNG"), _image("BMP")]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(lambda b: _post(batching_server, b, {"Content-Type": "image/jpeg"}), bodies))
     assert [r.status_code for r in responses] == [200, 415, 200, 200]
     assert responses[1].json() == {"code": 415, "error": responses[1].json()["error"]}
+    for body, response in zip(bodies, responses):  # batched, each row still gets its own image's answer
+        if response.status_code == 200:
+            _assert_answer(response, expect(body))
     log = (batching_server.log_dir / "model_log.log").read_text()
     assert "batch of 4:" in log, "the four requests were not served as one batch"
 
 
 def test_a_model_that_cannot_load_fails_fast_with_the_handlers_error(resnet18_export, tmp_path):
     store = tmp_path / "store"
-    good = build_archive(resnet18_export["out"], load_manifest(resnet18_export["out"]), store, "resnet")
-    _rewrite_member(good, "model-config.yaml", lambda text: text.replace("artifact: ", "artifact: missing-"))
-    settings = _settings(store, tmp_path / "run")
+    good = build_archive(resnet18_export["out"], Manifest.read(resnet18_export["out"]), store)
+    # a setting the handler does not know (the served artifact was once chosen here; the manifest decides now)
+    _rewrite_member(good, "model-config.yaml", lambda text: text.replace("handler:\n", "handler:\n  artifact: scripted\n"))
+    settings = _settings(store, tmp_path / "run", good.stem)
     process = server.start(settings)
     started = time.monotonic()
     try:
-        with pytest.raises(server.ServingError, match="is not in the manifest"):
+        with pytest.raises(server.ServingError, match="model-config.yaml handler: unknown artifact"):
             server.wait_until_serving(settings, process, CAT, timeout=200)
         assert time.monotonic() - started < 120
     finally:
@@ -186,6 +208,7 @@ def _rewrite_member(archive: Path, name: str, change) -> None:
 def test_serving_command_detach_then_stop(resnet18_export, tmp_path):
     ports = [str(free_port()) for _ in range(5)]
     args = ["--model-store", str(resnet18_export["model_store"]), "--run-dir", str(tmp_path / "run"),
+            "--models", resnet18_export["model_name"],
             "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
             "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -193,7 +216,7 @@ def test_serving_command_detach_then_stop(resnet18_export, tmp_path):
                              capture_output=True, text=True, timeout=300)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
-        assert f"curl -X POST http://127.0.0.1:{ports[0]}/predictions/resnet" in started.stdout
+        assert f"curl -X POST http://127.0.0.1:{ports[0]}/predictions/resnet18 " in started.stdout
         assert requests.get(f"http://127.0.0.1:{ports[0]}/ping", timeout=10).status_code == 200
     finally:
         stopped = subprocess.run([sys.executable, "-m", "serving", "stop", "--run-dir", str(tmp_path / "run")],
