@@ -4,6 +4,7 @@ TorchServe too."""
 
 from __future__ import annotations
 
+import argparse
 import signal
 from pathlib import Path
 
@@ -17,8 +18,16 @@ class MeasureError(VisionExportError):
     """A measurement command cannot run as asked; the message says what to give instead."""
 
 
+def load_command_parser(command: str, description: str, out: str) -> argparse.ArgumentParser:
+    """`python -m serving COMMAND`'s parser with the options every load command shares (soak, faults)."""
+    parser = argparse.ArgumentParser(prog=f"python -m serving {command}", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    load_command_options(parser, out)
+    return parser
+
+
 def load_command_options(parser, out: str) -> None:
-    """The options every load command against a local TorchServe shares (soak, faults)."""
+    """The options every load command against a local TorchServe shares."""
     parser.add_argument("--model-store", type=Path, default=Path("model-store"))
     parser.add_argument("--model", default=None,
                         help="the archive NAME.mar to serve (default: the store's only archive)")

@@ -12,7 +12,6 @@ request after recovery failed. tests/e2e/test_faults.py runs the same measuremen
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -28,7 +27,7 @@ import requests
 
 from export.atomic import atomic_write_text
 from models.errors import VisionExportError
-from serving.measure.command import load_command_options, load_command_settings, run_load_command
+from serving.measure.command import load_command_parser, load_command_settings, run_load_command
 from serving.measure.workers import ready_pids, wait_all_ready
 from serving.torchserve import server
 from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
@@ -149,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving faults", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    load_command_options(parser, out="fault-results")
+    parser = load_command_parser("faults", __doc__, out="fault-results")
     parser.add_argument("--clients", type=int, default=4, help="threads sending back to back (default 4)")
     args = parser.parse_args(argv)
     if args.clients < 1:

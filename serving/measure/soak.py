@@ -12,7 +12,6 @@ MAX_RSS_GROWTH or more after the first (warm-up) slice.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -24,7 +23,7 @@ from export.atomic import atomic_write_text
 from models.errors import VisionExportError
 from serving.torchserve import server
 from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
-from serving.measure.command import load_command_options, load_command_settings, run_load_command
+from serving.measure.command import load_command_parser, load_command_settings, run_load_command
 from serving.measure.loadgen import require_hey, run_hey
 from serving.measure.workers import wait_all_ready, workers
 
@@ -135,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    load_command_options(parser, out="soak-results")
+    parser = load_command_parser("soak", __doc__, out="soak-results")
     parser.add_argument("--duration", type=int, default=300, help="seconds of load (default 300)")
     parser.add_argument("--slice", type=int, default=15, help="seconds per measured slice (default 15)")
     parser.add_argument("--concurrency", type=int, default=16)
