@@ -299,12 +299,19 @@ class HandlerConfig:
     simulate_hang_s: float = 0.0  # tests of TorchServe's response timeout only
 
     def __post_init__(self):
-        if not 1 <= int(self.topk) <= 100:
+        topk, threads = _number(self.topk, int, "topk"), _number(self.threads, int, "threads")
+        hang = _number(self.simulate_hang_s, float, "simulate_hang_s")
+        if not 1 <= topk <= 100:
             raise ContractError(f"handler.topk must be from 1 to 100, got {self.topk}")
-        if self.threads is not None and int(self.threads) < 1:
+        if threads is not None and threads < 1:
             raise ContractError(f"handler.threads must be at least 1 (or absent), got {self.threads}")
-        if float(self.simulate_hang_s) < 0:
+        if hang < 0:
             raise ContractError(f"handler.simulate_hang_s must be >= 0, got {self.simulate_hang_s}")
+        object.__setattr__(self, "topk", topk)
+        object.__setattr__(self, "threads", threads)
+        object.__setattr__(self, "simulate_hang_s", hang)
+        if not isinstance(self.fp16, bool):
+            raise ContractError(f"handler.fp16 must be true or false, got {self.fp16!r}")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -316,6 +323,15 @@ class HandlerConfig:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in _plain(self).items() if v is not None}
+
+
+def _number(value: Any, kind: type, name: str):
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ContractError(f"handler.{name} must be a number, got {value!r}") from None
 
 
 def read_labels(path: str | Path) -> dict[int, str]:

@@ -72,6 +72,8 @@ def test_a_model_without_an_image_contract_cannot_be_served_by_the_image_handler
     ({"artifact": "traced"}, "unknown artifact"),
     ({"topk": 0}, "topk must be from 1 to 100"),
     ({"threads": 0}, "threads must be at least 1"),
+    ({"topk": "abc"}, "topk must be a number, got 'abc'"),
+    ({"fp16": "yes"}, "fp16 must be true or false"),
 ])
 def test_handler_settings_are_checked(settings, problem):
     with pytest.raises(ContractError, match=problem):
