@@ -61,7 +61,7 @@ class StageTimes:
             self.ms[stage] += (time.perf_counter() - start) * 1000
 
     def line(self, size: int) -> str:
-        """The line `python -m serving.bench` parses (serving/bench.py STAGE_LINE): keep its form."""
+        """The line `python -m serving bench` parses (STAGE_LINE in serving/measure/): keep its form."""
         return f"batch of {size}: " + " ".join(f"{s}={self.ms[s]:.2f}ms" for s in STAGES)
 
 
@@ -124,7 +124,7 @@ class ImageClassifierCore:
         threads = worker_threads(config.threads, threads)
         # torch's own pool runs the resize and crop even when ONNX Runtime runs the model; left at every core
         # it competes with the other workers' inference. Pinned to the worker's share, served resnet50 (fp32
-        # ONNX, 2 workers) went from 13.5 to 15.8 req/s at concurrency 8 (python -m serving.bench, one run).
+        # ONNX, 2 workers) went from 13.5 to 15.8 req/s at concurrency 8 (python -m serving bench, one run).
         torch.set_num_threads(threads)
         precision = run_precision(record, config, device)
         backend = open_artifact(record.format, folder / record.path,

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # serving.bench reads STAGES here
+from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # serving.measure reads STAGES here
 from handlers.decode import image_bytes, requested_topk
 from handlers.policy import THREADS_ENV
 from models.errors import VisionExportError

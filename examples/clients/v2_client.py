@@ -4,7 +4,7 @@ Triton runs the graph only, so this client does the JPEG -> tensor step itself w
 function (handlers.core.input_row: the project's decoding and the export's preprocessing contract, read from
 manifest.json with models.contract); normalisation is inside the graph.
 
-    PYTHONPATH=. python examples/clients/v2_client.py examples/cat.jpg --url http://127.0.0.1:8000 \\
+    python -m examples.clients.v2_client examples/cat.jpg --url http://127.0.0.1:8000 \\
         --manifest artifacts/resnet50/manifest.json
 """
 
