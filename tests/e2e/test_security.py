@@ -14,7 +14,9 @@ import pytest
 import requests
 
 from serving.torchserve import server
-from serving.torchserve.server import free_port
+from serving.torchserve.config import DEFAULT_CONFIG, free_port
+from tests.answers import assert_same_answer, expected_answer
+from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -34,7 +36,7 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def test_the_shipped_config_binds_loopback_and_bounds_sizes():
-    config = dict(line.split("=", 1) for line in server.DEFAULT_CONFIG.read_text().splitlines()
+    config = dict(line.split("=", 1) for line in DEFAULT_CONFIG.read_text().splitlines()
                   if "=" in line and not line.startswith("#"))
     for key in ("inference_address", "management_address", "metrics_address"):
         assert config[key].startswith("http://127.0.0.1:")
@@ -46,6 +48,7 @@ def test_the_shipped_config_binds_loopback_and_bounds_sizes():
 @pytest.fixture(scope="module")
 def default_server(resnet18_export, tmp_path_factory):
     settings = server.on_free_ports(resnet18_export["model_store"], tmp_path_factory.mktemp("secure"))
+    settings.model_name = resnet18_export["model_name"]
     with server.running(settings, CAT):
         yield settings
 
@@ -64,6 +67,7 @@ def test_registering_a_model_from_a_url_is_refused(default_server):
 def test_with_the_model_api_on_only_the_local_model_store_may_register(resnet18_export, tmp_path):
     settings = server.on_free_ports(resnet18_export["model_store"], tmp_path / "run")
     settings.run_dir.mkdir(parents=True)
+    settings.model_name = resnet18_export["model_name"]
     settings.extra_env = {"TS_ENABLE_MODEL_API": "true"}
     with server.running(settings, CAT):
         response = requests.post(f"{settings.management_url}/models",
@@ -86,20 +90,22 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
     try:
         assert started.returncode == 0, started.stdout + started.stderr  # its readiness check used the key
         assert "Authorization: Bearer <inference key" in started.stdout
+        name = resnet18_export["model_name"]
         settings = server.ServerSettings(inference_port=ports[0], management_port=ports[1], run_dir=run_dir,
-                                         token_auth=True)
+                                         token_auth=True, model_name=name)
         body, jpeg = CAT.read_bytes(), {"Content-Type": "image/jpeg"}
         anonymous = requests.post(settings.predictions_url(), data=body, headers=jpeg, timeout=30)
         assert anonymous.status_code == 400 and "Token Authorization failed" in anonymous.text
-        anonymous_management = requests.get(f"{settings.management_url}/models/resnet", timeout=30)
+        anonymous_management = requests.get(f"{settings.management_url}/models/{name}", timeout=30)
         assert anonymous_management.status_code == 400 and "Token Authorization failed" in anonymous_management.text
         wrong_key = requests.post(settings.predictions_url(), data=body, timeout=30,
                                   headers={**jpeg, **server.auth_headers(settings, "management")})
         assert wrong_key.status_code == 400  # the management key is not an inference key
         allowed = requests.post(settings.predictions_url(), data=body, timeout=30,
                                 headers={**jpeg, **server.auth_headers(settings)})
-        assert allowed.status_code == 200 and len(allowed.json()["predictions"]) == 5
-        managed = requests.get(f"{settings.management_url}/models/resnet", timeout=30,
+        assert allowed.status_code == 200, allowed.text
+        assert_same_answer(allowed.json(), expected_answer(resnet18_export["archive"], body))
+        managed = requests.get(f"{settings.management_url}/models/{name}", timeout=30,
                                headers=server.auth_headers(settings, "management"))
         assert managed.status_code == 200 and managed.json()[0]["workers"]
     finally:
@@ -108,7 +114,7 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
 
 @pytest.mark.skipif(shutil.which("hey") is None, reason="the load generator hey is not installed")
 def test_the_benchmark_works_with_token_authorisation(resnet18_export, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "serving.bench", "--export-dir", str(resnet18_export["out"]),
+    done = subprocess.run([sys.executable, "-m", "serving", "bench", "--export-dir", str(resnet18_export["out"]),
                            "--configurations", "default", "--requests", "10", "--concurrency", "1",
                            "--inprocess", "none", "--token-auth", "--out", str(tmp_path / "bench")], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
