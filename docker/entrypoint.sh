@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Serve the exported ResNet with TorchServe: export it first when the model store has no resnet.mar, then
-# run TorchServe in the foreground until SIGTERM/SIGINT, which stops its Java frontend and Python workers.
+# Serve every archive of the model store with TorchServe: export the configured model first when the store has
+# no MODEL.mar, then run TorchServe in the foreground until SIGTERM/SIGINT, which stops its Java frontend and
+# Python workers.
 # Runs in the image (docker/Dockerfile) and natively from a checkout; every path and address comes from env.
 set -euo pipefail
 
@@ -9,11 +10,12 @@ absolute() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python}"
-ARCH="${ARCH:-resnet50}"
+MODEL="${MODEL:-resnet50}"  # the archive that must be there: MODEL.mar, served at /predictions/MODEL
+ARCH="${ARCH:-$MODEL}"      # the ResNet exported as MODEL when it is not (set it to name an export yourself)
 WEIGHTS="${WEIGHTS:-auto}"
 # Relative paths are taken from the caller's working directory, as `python -m export` does.
 MODEL_STORE="$(absolute "${MODEL_STORE:-model-store}")"
-ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$ARCH}")"
+ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$MODEL}")"
 TS_CONFIG="$(absolute "${TS_CONFIG:-$ROOT/serving/torchserve/config.properties}")"
 STOP_TIMEOUT="${STOP_TIMEOUT:-25}"  # below compose's stop_grace_period (30 s), after which Docker kills
 # Where the archive goes when MODEL_STORE is not writable (e.g. a bind mount Docker created as root).
@@ -77,7 +79,7 @@ run() {
   return "$status"
 }
 
-if [[ ! -f "$MODEL_STORE/resnet.mar" ]]; then
+if [[ ! -f "$MODEL_STORE/$MODEL.mar" ]]; then
   mkdir -p "$MODEL_STORE" 2>/dev/null || true
   if [[ ! -w "$MODEL_STORE" ]]; then
     log "warning: $MODEL_STORE is not writable by uid $(id -u); using $FALLBACK_STORE instead." \
@@ -86,11 +88,12 @@ if [[ ! -f "$MODEL_STORE/resnet.mar" ]]; then
     mkdir -p "$MODEL_STORE"
   fi
 fi
-if [[ ! -f "$MODEL_STORE/resnet.mar" ]]; then
-  log "no resnet.mar in $MODEL_STORE: exporting $ARCH (weights: $WEIGHTS)"
+if [[ ! -f "$MODEL_STORE/$MODEL.mar" ]]; then
+  log "no $MODEL.mar in $MODEL_STORE: exporting $ARCH (weights: $WEIGHTS) as $MODEL"
   # From the project root so `-m export` imports this checkout's code whatever the working directory.
   run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" \
-    "$PYTHON" -m export resnet --arch "$ARCH" --weights "$WEIGHTS" --model-store "$MODEL_STORE" --out "$ARTIFACTS"
+    "$PYTHON" -m export resnet --arch "$ARCH" --name "$MODEL" --weights "$WEIGHTS" --model-store "$MODEL_STORE" \
+    --out "$ARTIFACTS"
 fi
 
 # TorchServe's launcher keeps its pid file, and Java its worker sockets and unpacked models, in the temp
@@ -98,19 +101,24 @@ fi
 runtime_dir="$(mktemp -d "${TMPDIR:-/tmp}/torchserve.XXXXXX")"
 trap 'rm -rf "$runtime_dir"' EXIT
 
-# Workers, batching and threads follow this machine (GPU or CPU), not the one that exported the archive.
+# Every archive of the store is registered (load_models in the written config), each with the serving policy
+# of this machine (GPU or CPU), not of the one that exported it.
 served_config="$runtime_dir/config.properties"
-(cd "$ROOT" && "$PYTHON" -m serving config --config "$TS_CONFIG" --out "$served_config") >&2
+(cd "$ROOT" && "$PYTHON" -m serving config --config "$TS_CONFIG" --model-store "$MODEL_STORE" --out "$served_config") >&2
 
-log "serving $MODEL_STORE/resnet.mar with $served_config (from $TS_CONFIG)"
+log "serving $(sed -n 's/^load_models=//p' "$served_config") from $MODEL_STORE with $served_config (from $TS_CONFIG)"
 serving=true
 status=0
 # `-m ts.model_server` is the `torchserve` command run by $PYTHON, which is then also the workers' Python.
 # TorchServe writes key_file.json (token authorisation, TS_DISABLE_TOKEN_AUTHORIZATION=false) in its working
 # folder: a known one, so the health check and clients can read the keys.
 mkdir -p "$KEYS_DIR"
+if [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]] \
+   || grep -qx 'disable_token_authorization=false' "$served_config"; then
+  log "token authorisation on: keys (inference, management) in $KEYS_DIR/key_file.json; anonymous requests are refused"
+fi
 run bash -c 'cd "$1" && shift && exec "$@"' _ "$KEYS_DIR" env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
   "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$served_config" \
-  --model-store "$MODEL_STORE" --models resnet=resnet.mar || status=$?
+  --model-store "$MODEL_STORE" || status=$?
 log "TorchServe exited with status $status"
 exit "$status"

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from handlers.policy import THREADS_ENV, ServingPolicy
-# Settings, ports and timeouts live in config.py; the names callers reach through `server` are imported here.
-from serving.torchserve.config import (DEFAULT_CONFIG, EXAMPLE_IMAGE, KEY_FILE, READY_TIMEOUT_S, REQUEST_TIMEOUT_S,
-                                       STOP_TIMEOUT_S, ServerSettings, ServingError, free_port, on_free_ports,
-                                       run_config_text, token_auth_switched_on, write_run_config)
+# Settings, ports and timeouts live in config.py; free_port and on_free_ports are also reached through `server`.
+from serving.torchserve.config import (EXAMPLE_IMAGE, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S,  # noqa: F401
+                                       ServerSettings, ServingError, free_port, on_free_ports, token_auth_switched_on,
+                                       write_run_config)
 from serving.torchserve.logs import exit_reason, load_failure
 
 log = logging.getLogger(__name__)

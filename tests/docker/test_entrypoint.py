@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import signal
@@ -15,7 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.torchserve.server import free_port
+from serving.torchserve import server as torchserve
+from serving.torchserve.config import ServerSettings, ServingError, free_port
+from tests.answers import assert_same_answer, expected_answer
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
@@ -23,6 +24,7 @@ HEALTHCHECK = ROOT / "docker" / "healthcheck.sh"
 EXPORT_AND_SERVE_TIMEOUT_S = 480  # resnet18 export (about a minute alone) plus TorchServe's start
 SERVE_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 60
+MODEL = "resnet18"  # the entrypoint's MODEL: resnet18.mar, exported as the ResNet of that name when missing
 
 pytestmark = pytest.mark.slow
 
@@ -61,10 +63,10 @@ class Entrypoint:
             folder.mkdir(exist_ok=True)
         self.ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc1", "grpc2")}
         self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("TS_")},
+            **{k: v for k, v in os.environ.items() if not k.startswith("TS_") and k not in ("MODEL", "ARCH")},
             "MODEL_STORE": str(self.model_store),
             "ARTIFACTS": str(self.artifacts),
-            "ARCH": "resnet18",
+            "MODEL": MODEL,
             "WEIGHTS": "random",
             "PYTHON": sys.executable,
             "TS_INFERENCE_ADDRESS": f"http://127.0.0.1:{self.ports['inference']}",
@@ -95,32 +97,21 @@ class Entrypoint:
             text += "\n--- ts_log.log (end) ---\n" + ts_log.read_text(errors="replace")[-4000:]
         return text[-8000:]
 
-    def keys(self) -> dict:
-        path = Path(self.env["TS_KEYS_DIR"]) / "key_file.json"
-        if not path.is_file():
-            return {}
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError:  # TorchServe is still writing it: no keys yet, the caller polls again
-            return {}
+    @property
+    def archive(self) -> Path:
+        return self.model_store / f"{MODEL}.mar"
 
-    def predict(self, timeout: float) -> dict:
-        url = f"{self.env['TS_INFERENCE_ADDRESS']}/predictions/resnet"
-        body, deadline, last = jpeg_bytes(), time.monotonic() + timeout, "no answer"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"the entrypoint exited ({self.process.returncode}) before serving:\n{self.output()}")
-            try:
-                token = self.keys().get("inference", {}).get("key")
-                headers = {"Content-Type": "image/jpeg", **({"Authorization": f"Bearer {token}"} if token else {})}
-                response = requests.post(url, data=body, headers=headers, timeout=30)
-                if response.status_code == 200:
-                    return response.json()
-                last = f"HTTP {response.status_code}: {response.text[:300]}"
-            except requests.RequestException as error:
-                last = type(error).__name__
-            time.sleep(1)
-        pytest.fail(f"no prediction within {timeout:.0f}s (last: {last}):\n{self.output()}")
+    def predict(self, timeout: float, model: str = MODEL) -> dict:
+        """server's readiness loop against the entrypoint: the first 200 answer, with the inference key from
+        TS_KEYS_DIR/key_file.json when token authorisation is on."""
+        keys = ServerSettings(run_dir=Path(self.env["TS_KEYS_DIR"]),
+                              token_auth=self.env.get("TS_DISABLE_TOKEN_AUTHORIZATION", "").lower() == "false")
+        url = f"{self.env['TS_INFERENCE_ADDRESS']}/predictions/{model}"
+        try:
+            return torchserve.poll_for_prediction(url, jpeg_bytes(), lambda: torchserve.auth_headers(keys),
+                                                  time.monotonic() + timeout, self.process, self.log_dir)
+        except ServingError as error:
+            pytest.fail(f"{error}\n{self.output()}")
 
     def healthcheck(self) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(HEALTHCHECK)], env=self.env, capture_output=True, text=True, timeout=30)
@@ -165,31 +156,30 @@ def entrypoint(tmp_path):
         instance.kill_everything()
 
 
-def assert_five_predictions(answer: dict) -> None:
-    predictions = answer["predictions"]
-    assert len(predictions) == 5, answer
-    for prediction in predictions:
-        assert isinstance(prediction["label"], str) and prediction["label"]
-        assert isinstance(prediction["index"], int)
-        assert isinstance(prediction["probability"], float) and 0.0 <= prediction["probability"] <= 1.0
+def assert_the_archives_answer(served: dict, archive: Path) -> None:
+    """The entrypoint's answer is the archive's own, run in this process on the same image."""
+    assert_same_answer(served, expected_answer(archive, jpeg_bytes()))
 
 
 def copy_archive(resnet18_export: dict, model_store: Path) -> None:
-    """The real resnet.mar of the session's export, as a model store a previous start left behind."""
+    """The real resnet18.mar of the session's export, as a model store a previous start left behind."""
     model_store.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(resnet18_export["model_store"] / "resnet.mar", model_store / "resnet.mar")
+    shutil.copy2(resnet18_export["archive"], model_store / f"{MODEL}.mar")
 
 
-def test_serves_an_existing_archive_without_exporting_and_stops_on_sigterm(entrypoint, resnet18_export):
+def test_serves_every_archive_of_the_store_without_exporting_and_stops_on_sigterm(entrypoint, resnet18_export):
     server = entrypoint()
     copy_archive(resnet18_export, server.model_store)
+    shutil.copy2(resnet18_export["archive"], server.model_store / "second.mar")  # another model of the store
     assert server.healthcheck().returncode != 0, "healthy before the server started"
 
     server.start()
-    assert_five_predictions(server.predict(SERVE_TIMEOUT_S))
+    assert_the_archives_answer(server.predict(SERVE_TIMEOUT_S), server.archive)
+    assert_the_archives_answer(server.predict(SERVE_TIMEOUT_S, "second"), server.model_store / "second.mar")
     health = server.healthcheck()
-    assert health.returncode == 0, health.stdout + health.stderr
-    assert not server.artifacts.exists(), "exported although the model store had resnet.mar"
+    assert health.returncode == 0 and "resnet18:" in health.stdout and "second:" in health.stdout, \
+        health.stdout + health.stderr
+    assert not server.artifacts.exists(), f"exported although the model store had {MODEL}.mar"
     assert processes_mentioning(str(server.model_store)), "no process serves this model store"
 
     assert server.stop() == 0, server.output()
@@ -201,8 +191,8 @@ def test_exports_into_an_empty_store_then_serves_and_stops_on_sigterm(entrypoint
     server = entrypoint()
     server.start()
     answer = server.predict(EXPORT_AND_SERVE_TIMEOUT_S)
-    assert_five_predictions(answer)
-    assert (server.model_store / "resnet.mar").is_file()
+    assert server.archive.is_file()
+    assert_the_archives_answer(answer, server.archive)
     assert (server.artifacts / "manifest.json").is_file()
     assert server.healthcheck().returncode == 0
 
@@ -220,7 +210,7 @@ def test_sigterm_during_the_export_stops_it(entrypoint):
         time.sleep(0.2)
     assert server.stop() == 128 + signal.SIGTERM, server.output()
     server.assert_nothing_left()
-    assert not (server.model_store / "resnet.mar").exists()
+    assert not server.archive.exists()
 
 
 def test_unwritable_model_store_falls_back_to_the_cache_folder(entrypoint, resnet18_export, tmp_path):
@@ -230,7 +220,7 @@ def test_unwritable_model_store_falls_back_to_the_cache_folder(entrypoint, resne
     server.model_store = tmp_path / "cache" / "vision-export" / "model-store"
     copy_archive(resnet18_export, server.model_store)
     server.start()
-    assert_five_predictions(server.predict(SERVE_TIMEOUT_S))
+    assert_the_archives_answer(server.predict(SERVE_TIMEOUT_S), server.archive)
     assert "not writable" in server.console.read_text()
     assert processes_mentioning(str(server.model_store)), "not serving the fallback store"
     assert server.stop() == 0, server.output()
@@ -241,8 +231,8 @@ def test_with_token_authorisation_the_entrypoint_serves_and_the_health_check_pas
     server = entrypoint(TS_DISABLE_TOKEN_AUTHORIZATION="false")
     copy_archive(resnet18_export, server.model_store)
     server.start()
-    assert_five_predictions(server.predict(SERVE_TIMEOUT_S))  # with the inference key
-    plain = requests.post(f"{server.env['TS_INFERENCE_ADDRESS']}/predictions/resnet", data=jpeg_bytes(),
+    assert_the_archives_answer(server.predict(SERVE_TIMEOUT_S), server.archive)  # with the inference key
+    plain = requests.post(f"{server.env['TS_INFERENCE_ADDRESS']}/predictions/{MODEL}", data=jpeg_bytes(),
                           headers={"Content-Type": "image/jpeg"}, timeout=30)
     assert plain.status_code == 400 and "Token Authorization failed" in plain.text
     health = server.healthcheck()
