@@ -26,6 +26,7 @@ COMMANDS = {
     "gpu-check": ("serving.measure.gpu_check", "main", False),
 }
 TORCHSERVE = ("serving.torchserve.cli", "main", True)  # start / stop / config, and no command at all
+TORCHSERVE_ACTIONS = ("start", "stop", "config")
 
 
 def main(argv=None) -> int:
@@ -33,6 +34,10 @@ def main(argv=None) -> int:
     if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
         print(__doc__)
         return 0
+    if argv and not argv[0].startswith("-") and argv[0] not in (*COMMANDS, *TORCHSERVE_ACTIONS):
+        print(f"python -m serving: unknown command {argv[0]!r}; choose from "
+              f"{', '.join((*TORCHSERVE_ACTIONS, *COMMANDS))} (python -m serving --help)", file=sys.stderr)
+        return 2
     module, function, with_name = COMMANDS.get(argv[0], TORCHSERVE) if argv else TORCHSERVE
     command = getattr(importlib.import_module(module), function)
     if module == "serving.deploy":  # the writers raise our errors; run_command turns them into exit codes

@@ -31,3 +31,10 @@ def test_help_of_a_command_is_its_own(command, usage):
     done = subprocess.run([sys.executable, "-m", "serving", command, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and usage in done.stdout, done.stdout + done.stderr
+
+
+def test_an_unknown_command_lists_every_command_without_importing_them():
+    done = subprocess.run([sys.executable, "-m", "serving", "nope"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "unknown command 'nope'" in done.stderr, done.stdout + done.stderr
+    assert all(command in done.stderr for command in ("start", "stop", "config", *COMMANDS)), done.stderr
