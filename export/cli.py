@@ -21,9 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for family in models.families():  # one command per model family of the registry
-        sub = commands.add_parser(family.name, help=f"{family.description}, plus ARCH.mar",
+        served_name = family.entry_name("ARCH")
+        sub = commands.add_parser(family.name, help=f"{family.description}, plus {served_name}.mar",
                                   description=f"Export {family.description} and package it as "
-                                              "model-store/ARCH.mar (served at /predictions/ARCH).")
+                                              f"model-store/{served_name}.mar (served at /predictions/{served_name}).")
         sub.set_defaults(command="family", family=family.name)
         sub.add_argument("--arch", default=family.default_arch, metavar="ARCH",
                          help=f"one of: {', '.join(family.archs)} (default: {family.default_arch})")

@@ -26,9 +26,9 @@ def family_command(args) -> int:
     import models
     entry = models.entry_of(args.family, args.arch)
     device, overrides = _device(args.device), _config_overrides(args)
-    out = args.out or Path("artifacts") / args.arch
+    out = args.out or Path("artifacts") / entry.name
     progress = Progress()
-    archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or args.arch, overrides)
+    archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides)
     result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
                                                                precision=precision_request(args), serve=args.serve),
                           progress)

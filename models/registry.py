@@ -96,6 +96,10 @@ class Family:
     archs: tuple[str, ...]
     default_arch: str
     weights_help: str = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
+    entry_prefix: str = ""  # registry name = prefix + arch (efficientnet --arch lite0 -> efficientnet-lite0)
+
+    def entry_name(self, arch: str) -> str:
+        return self.entry_prefix + arch
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
@@ -123,7 +127,7 @@ def names(family: str | None = None) -> list[str]:
 
 
 def register_family(family: Family) -> Family:
-    missing = [a for a in family.archs if a not in _REGISTRY]
+    missing = [a for a in family.archs if family.entry_name(a) not in _REGISTRY]
     if family.name in _FAMILIES or missing or family.default_arch not in family.archs:
         raise ValueError(f"family {family.name!r}: registered twice, or archs {missing} / default "
                          f"{family.default_arch!r} not registered")
@@ -147,4 +151,4 @@ def entry_of(family_name: str, arch: str) -> ModelEntry:
     chosen = family(family_name)
     if arch not in chosen.archs:
         raise UnknownModelError(f"unknown --arch {arch!r}; choose one of: {', '.join(chosen.archs)}")
-    return get(arch)
+    return get(chosen.entry_name(arch))

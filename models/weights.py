@@ -21,6 +21,7 @@ from models.registry import WeightsInfo
 
 RANDOM_SEED = 0
 REACHABILITY_TIMEOUT_S = 5.0
+RANDOM_NOTE = "seeded; BatchNorm running statistics and affine terms drawn (not the identity a fresh layer is)"
 CHOICES_HELP = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
 
 
@@ -33,6 +34,34 @@ def seeded(build: Callable[[], nn.Module], seed: int = RANDOM_SEED) -> nn.Module
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build()
+
+
+def draw_norm_statistics(module: nn.Module) -> None:
+    """Give every BatchNorm (and other running-statistics norm) trained-looking, non-identity values.
+
+    A fresh BatchNorm has running mean 0, variance 1, weight 1, bias 0: the identity, so an exporter that
+    folds it wrongly (wrong variance, epsilon or bias) would still pass parity. These draws make every
+    folded term matter, while keeping each layer's gain near 1 so deep networks stay numerically sane.
+    Draws from the caller's generator state (randomized() forks and seeds it)."""
+    for layer in module.modules():
+        if not isinstance(layer, nn.modules.batchnorm._NormBase):
+            continue
+        with torch.no_grad():
+            if layer.track_running_stats and layer.running_var is not None:
+                layer.running_mean.normal_(0.0, 0.2)
+                layer.running_var.uniform_(0.5, 2.0)
+            if layer.affine:
+                layer.weight.uniform_(0.6, 1.4)
+                layer.bias.normal_(0.0, 0.1)
+
+
+def randomized(build: Callable[[], nn.Module], choice: str) -> tuple[nn.Module, WeightsInfo]:
+    """`--weights random`: seeded parameters and normalisation statistics, recorded as such."""
+    def build_and_draw() -> nn.Module:
+        module = build()
+        draw_norm_statistics(module)
+        return module
+    return seeded(build_and_draw), WeightsInfo("random", choice, seed=RANDOM_SEED, note=RANDOM_NOTE)
 
 
 def cached_weights_path(url: str) -> Path:
@@ -69,11 +98,12 @@ def resolve_torchvision(build: Callable[..., nn.Module], weights_enum, choice: s
         unreachable = None if cached.exists() else download_unreachable_reason(weights_enum.url)
         if unreachable is None:
             return load_torchvision_pretrained(build, weights_enum), _imagenet_info(weights_enum, choice)
-        note = (f"ImageNet weights {weights_enum} are not cached ({cached}) and {weights_enum.url} is "
-                f"unreachable ({unreachable}): using seeded RANDOM weights, so predictions are meaningless")
-        return seeded(lambda: build(weights=None)), WeightsInfo("random", choice, seed=RANDOM_SEED, note=note)
+        module, info = randomized(lambda: build(weights=None), choice)
+        info.note = (f"ImageNet weights {weights_enum} are not cached ({cached}) and {weights_enum.url} is "
+                     f"unreachable ({unreachable}): using seeded RANDOM weights, so predictions are meaningless")
+        return module, info
     if choice == "random":
-        return seeded(lambda: build(weights=None)), WeightsInfo("random", choice, seed=RANDOM_SEED)
+        return randomized(lambda: build(weights=None), choice)
     module = seeded(lambda: build(weights=None))
     return module, load_state_dict_file(module, choice)
 
