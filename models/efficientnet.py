@@ -211,7 +211,7 @@ def _builder(arch: str):
             module = EfficientNetLite(variant)
             info = load_packaged(module, arch, weights)
         elif weights == "random":
-            module, info = randomized(lambda: EfficientNetLite(variant), weights)
+            module, info = randomized(lambda: EfficientNetLite(variant), weights, variant.resolution)
         else:
             module = seeded(lambda: EfficientNetLite(variant))
             info = load_state_dict_file(module, weights)

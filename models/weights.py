@@ -21,7 +21,8 @@ from models.registry import WeightsInfo
 
 RANDOM_SEED = 0
 REACHABILITY_TIMEOUT_S = 5.0
-RANDOM_NOTE = "seeded; BatchNorm running statistics and affine terms drawn (not the identity a fresh layer is)"
+RANDOM_NOTE = ("seeded; BatchNorm affine terms drawn and running statistics measured on seeded images "
+               "(not the identity a fresh layer is)")
 CHOICES_HELP = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
 
 
@@ -36,30 +37,55 @@ def seeded(build: Callable[[], nn.Module], seed: int = RANDOM_SEED) -> nn.Module
         return build()
 
 
-def draw_norm_statistics(module: nn.Module) -> None:
+STATISTICS_IMAGES = 8  # seeded images whose activations set the running statistics
+
+
+def draw_norm_statistics(module: nn.Module, input_size: int) -> None:
     """Give every BatchNorm (and other running-statistics norm) trained-looking, non-identity values.
 
     A fresh BatchNorm has running mean 0, variance 1, weight 1, bias 0: the identity, so an exporter that
-    folds it wrongly (wrong variance, epsilon or bias) would still pass parity. These draws make every
-    folded term matter, while keeping each layer's gain near 1 so deep networks stay numerically sane.
-    Draws from the caller's generator state (randomized() forks and seeds it)."""
-    for layer in module.modules():
-        if not isinstance(layer, nn.modules.batchnorm._NormBase):
-            continue
-        with torch.no_grad():
-            if layer.track_running_stats and layer.running_var is not None:
-                layer.running_mean.normal_(0.0, 0.2)
-                layer.running_var.uniform_(0.5, 2.0)
+    folds it wrongly (wrong variance, epsilon or bias) would still pass parity. Here the affine terms are
+    drawn (weight U(0.6, 1.4), bias N(0, 0.1)) and the running statistics are measured, as training does,
+    on seeded image-like inputs: they then match the activations each layer really sees, so the network
+    neither saturates nor collapses in eval mode (drawn statistics did, for EfficientNet-Lite: its logits
+    stopped depending on the image). Uses the caller's generator state (randomized() forks and seeds it)."""
+    norms = [layer for layer in module.modules() if isinstance(layer, nn.modules.batchnorm._NormBase)]
+    with torch.no_grad():
+        for layer in norms:
             if layer.affine:
                 layer.weight.uniform_(0.6, 1.4)
                 layer.bias.normal_(0.0, 0.1)
+        measured = [layer for layer in norms if layer.track_running_stats]
+        if not measured:
+            return
+        momenta = [layer.momentum for layer in measured]
+        for layer in measured:
+            layer.reset_running_stats()
+            layer.momentum = None  # a plain average over the batch
+        was_training = module.training
+        module.train()
+        module(_image_like(STATISTICS_IMAGES, input_size))
+        module.train(was_training)
+        for layer, momentum in zip(measured, momenta):
+            layer.momentum = momentum
 
 
-def randomized(build: Callable[[], nn.Module], choice: str) -> tuple[nn.Module, WeightsInfo]:
+def _image_like(count: int, size: int) -> torch.Tensor:
+    """Normalised inputs of both kinds models meet (parity sends both): smooth colour fields with fine noise,
+    as photographs mostly are, and white noise, which excites the first layers far more."""
+    smooth_count = count // 2
+    coarse = torch.randn(smooth_count, 3, max(2, size // 16), max(2, size // 16))
+    smooth = nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    smooth = smooth + 0.2 * torch.randn(smooth_count, 3, size, size)
+    noise = (torch.rand(count - smooth_count, 3, size, size) - 0.5) / 0.25  # uniform [0, 1] after ImageNet-like scaling
+    return torch.cat([smooth, noise])
+
+
+def randomized(build: Callable[[], nn.Module], choice: str, input_size: int = 224) -> tuple[nn.Module, WeightsInfo]:
     """`--weights random`: seeded parameters and normalisation statistics, recorded as such."""
     def build_and_draw() -> nn.Module:
         module = build()
-        draw_norm_statistics(module)
+        draw_norm_statistics(module, input_size)
         return module
     return seeded(build_and_draw), WeightsInfo("random", choice, seed=RANDOM_SEED, note=RANDOM_NOTE)
 
