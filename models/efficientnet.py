@@ -34,6 +34,7 @@ from torchvision.ops import Conv2dNormActivation
 
 from models.contract import ImageContract
 from models.preprocess import ImagePreprocess
+from models.probes import resize_probes
 from models.registry import BuiltModel, Family, InputSpec, ModelEntry, WeightsInfo, register, register_family
 from models.weights import WeightsError, load_state_dict_file, randomized, seeded
 
@@ -227,11 +228,7 @@ def imagenet_labels() -> list[str]:
 
 
 def _probe_inputs(size: int):
-    def probes():
-        generator = torch.Generator().manual_seed(1)
-        return {f"{size}x{size} (as traced)": torch.rand(2, 3, size, size, generator=generator),
-                f"{size + 96}x{size + 96} (resize branch)": torch.rand(2, 3, size + 96, size + 96, generator=generator)}
-    return probes
+    return lambda: resize_probes(size, size + 96)
 
 
 for _arch, _variant in VARIANTS.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torchvision
 
 from models.preprocess import ImagePreprocess
+from models.probes import resize_probes
 from models.contract import ImageContract
 from models.registry import BuiltModel, Family, InputSpec, ModelEntry, register, register_family
 from models.weights import resolve_torchvision
@@ -40,12 +41,7 @@ def _builder(arch: str):
 
 
 def _probe_inputs():
-    import torch
-    generator = torch.Generator().manual_seed(1)
-    return {
-        f"{INPUT_SIZE}x{INPUT_SIZE} (as traced)": torch.rand(2, 3, INPUT_SIZE, INPUT_SIZE, generator=generator),
-        f"{OTHER_SIZE}x{OTHER_SIZE} (resize branch)": torch.rand(2, 3, OTHER_SIZE, OTHER_SIZE, generator=generator),
-    }
+    return resize_probes(INPUT_SIZE, OTHER_SIZE)
 
 
 for _arch in RESNET_ARCHS:
