@@ -35,7 +35,8 @@ def test_flipped_top1_on_a_few_rows_counts_exactly():
     assert metrics["top1_agreement"] == pytest.approx(194 / 200)
     assert metrics["top5_agreement"] == 1.0  # fp32's answer is still second
     result = judge("onnx-int8", "int8", reference, candidate)
-    assert not result.passed and "top-1 agreement 97.0% < 98.0%" in result.failures[0]
+    confident = metrics["confident_images"]  # the gate counts top-1 where fp32 is confident
+    assert not result.passed and f"on the {confident} confident images < 98.0%" in result.failures[0]
 
 
 def test_small_noise_passes_and_noise_of_the_logit_spread_fails():
@@ -127,3 +128,26 @@ def test_variants_outside_the_preference_order_are_servable_only_on_request():
     assert decision.served == "onnx-dynamo" and "scripted-bf16" in decision.servable
     assert decision.candidates["scripted-bf16"].startswith("servable when asked for (--serve)")
     assert decide(candidates, SIZE, requested="scripted-bf16").served == "scripted-bf16"
+
+
+def test_top1_flips_where_fp32_nearly_ties_are_not_counted_but_top5_and_logit_error_still_are():
+    reference = torch.zeros(64, 10)
+    reference[:, 0] = 5.0  # confident: class 0 far ahead
+    reference[:8, 1] = 4.999  # 8 near-ties between classes 0 and 1
+    candidate = reference.clone()
+    candidate[:8, 1] = 5.001  # int8 flips exactly the near-ties
+    result = judge("onnx-int8", "int8", reference, candidate)
+    assert result.metrics["confident_images"] == 56 and result.metrics["top1_agreement"] == pytest.approx(56 / 64)
+    assert result.passed, result.failures
+    candidate[8:16, 0] = -5.0  # a confident answer lost from the top 5 still fails
+    assert not judge("onnx-int8", "int8", reference, candidate).passed
+
+
+def test_too_few_confident_images_count_top1_on_every_image():
+    reference = torch.zeros(64, 10)
+    reference[:, 0], reference[:, 1] = 1.0, 0.999  # nothing confident
+    candidate = reference.clone()
+    candidate[:8, 1] = 1.001
+    result = judge("onnx-int8", "int8", reference, candidate)
+    assert result.metrics["confident_images"] == 0
+    assert not result.passed and "on every image" in result.failures[0]
