@@ -6,6 +6,8 @@
                  QInt8, chosen on this machine by measurement: both are built, timed and gated, and the
                  fastest that passes the gate is kept (ORT documents S8S8 as its default; U8S8 is the one
                  whose kernels use u8 x s8 dot products on x86). Both numbers and the choice are recorded.
+                 When neither passes, export.int8_fallback puts the most damaging nodes back in fp32, one at a
+                 time, until the gate passes or its limit is reached (recorded in made_by.fp32_fallback).
   scripted-bf16  the scripted TorchScript artifact run under torch.autocast(bfloat16) (PyTorch's CPU autocast;
                  fast only on CPUs with native bf16: AVX512-BF16 or AMX).
   onnx-fp16      the fp32 ONNX converted to float16 (inputs and outputs stay float32) for ONNX Runtime's CUDA
@@ -226,7 +228,6 @@ class TensorReader:
 def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, reference: torch.Tensor,
                targets, progress) -> tuple[Variant, dict]:
     """Quantize `source` with both activation types; keep the fastest that passes the gate."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     work = stage / ".int8-work"
@@ -240,10 +241,7 @@ def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, re
         for activation in ACTIVATION_TYPES:
             started = time.perf_counter()
             path = work / f"int8-{activation}.onnx"
-            quantize_static(str(prepared), str(path), TensorReader(calibration.images, INPUT_NAME),
-                            quant_format=QuantFormat.QDQ, per_channel=True,
-                            activation_type=getattr(QuantType, activation), weight_type=QuantType.QInt8,
-                            calibrate_method=CalibrationMethod.MinMax, calibration_cache_path=ranges)
+            _quantize(prepared, path, calibration, activation, ranges)
             timings[f"quantize_{activation}_s"] = round(time.perf_counter() - started, 2)
             backend = open_artifact(INT8.format, path, RunOptions(), name=f"int8 {activation}")
             speed = images_per_s(backend, holdout.images[:1])
@@ -253,19 +251,60 @@ def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, re
                           f"{gate.verdict} (top-1 agreement {100 * gate.metrics['top1_agreement']:.1f}%)")
         chosen, why = choose_activation_type({a: (s, g.passed) for a, (_, s, g) in candidates.items()})
         path, speed, gate = candidates[chosen]
+        fallback = None
+        if not gate.passed:  # accuracy-aware: put the most damaging nodes back in fp32 (export.int8_fallback)
+            path, speed, gate, fallback = _fall_back(work, prepared, source, chosen, ranges, calibration, holdout,
+                                                     reference, targets, progress)
         shutil.move(str(path), str(stage / INT8.file_name))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     made_by = {"tool": "onnxruntime.quantization.quantize_static", "preprocessing": "quant_pre_process",
                "format": "QDQ", "per_channel": True, "weight_type": "QInt8", "activation_type": chosen,
                "calibrate_method": "MinMax", "calibration_images": len(calibration), "ranges": RANGES_FILE,
-               "timings": timings}
+               "timings": timings, "fp32_fallback": fallback}
     choice = {"chosen": chosen, "why": why,
               "measured": {a: {"images_per_s_batch1": round(s, 1), "gate": g.verdict,
-                               "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()}}
+                               "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()},
+              "fp32_fallback": fallback and {"nodes": [f"{r['node']} ({r['kind']})" for r in fallback["fp32_nodes"]],
+                                             "images_per_s_batch1": round(speed, 1), "gate": gate.verdict}}
     variant = Variant(INT8.name, stage / INT8.file_name, INT8.format, INT8.precision, "fp32", source.kind, made_by,
                       gate, speed)
     return variant, choice
+
+
+def _quantize(prepared: Path, path: Path, calibration: ImageSet, activation: str, ranges: Path,
+              extra_options: dict | None = None) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    quantize_static(str(prepared), str(path), TensorReader(calibration.images, INPUT_NAME),
+                    quant_format=QuantFormat.QDQ, per_channel=True, activation_type=getattr(QuantType, activation),
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                    calibration_cache_path=ranges, extra_options=extra_options)
+
+
+def _fall_back(work: Path, prepared: Path, source, activation: str, ranges: Path, calibration: ImageSet,
+               holdout: ImageSet, reference, targets, progress) -> tuple[Path, float, GateResult, dict]:
+    """Re-quantize (cached ranges) with activations kept explicit, put nodes back in fp32 until the gate passes
+    on the calibration images, then gate the result on the held-out images once."""
+    import onnx
+    from export import int8_fallback
+    explicit = work / f"int8-{activation}-explicit.onnx"
+    _quantize(prepared, explicit, calibration, activation, ranges, int8_fallback.QUANTIZE_OPTIONS)
+    fp32 = open_artifact(source.format, source.path, RunOptions(), name="fp32 source")
+    timing = work / "timing.onnx"
+
+    def speed(model) -> float:
+        int8_fallback.save(model, timing)
+        return images_per_s(open_artifact(INT8.format, timing, RunOptions(), name="int8 step"), holdout.images[:1])
+
+    model, fallback = int8_fallback.fall_back(onnx.load(str(explicit)), onnx.load(str(prepared)), calibration.images,
+                                              run_batches(fp32, calibration.images), INT8.name, INT8.precision,
+                                              speed, progress)
+    path = work / "int8-fallback.onnx"
+    int8_fallback.save(model, path)
+    backend = open_artifact(INT8.format, path, RunOptions(), name="int8 with fp32 fallback")
+    gate = judge(INT8.name, INT8.precision, reference, run_batches(backend, holdout.images), targets)
+    progress.step(f"int8 with {len(fallback.fp32_nodes)} fp32 node(s): held-out gate {gate.verdict}")
+    return path, images_per_s(backend, holdout.images[:1]), gate, fallback.record()
 
 
 def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str, str]:
