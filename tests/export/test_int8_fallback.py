@@ -1,0 +1,103 @@
+"""Accuracy-aware int8 (export/int8_fallback.py): the graph edit that puts nodes back in fp32 survives ONNX
+Runtime's own session optimisations, the ranking finds the node that does the damage, and EfficientNet-Lite0
+exported with --precision fp32,int8 passes the gate with its fp32 nodes recorded and is served as onnx-int8.
+Real ONNX Runtime quantization throughout."""
+
+from __future__ import annotations
+
+import zipfile
+
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from export import int8_fallback
+from export.precision import TensorReader
+from models.contract import Manifest
+from tests.conftest import run_export
+
+
+class TwoConvs(nn.Module):
+    """A depthwise convolution whose channels differ 1000x in scale, then a pointwise one: per-tensor int8
+    weights ruin the small channels, fp32 keeps them."""
+
+    def __init__(self):
+        super().__init__()
+        self.depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.pointwise = nn.Conv2d(4, 8, 1)
+        self.act = nn.ReLU6()
+        with torch.no_grad():
+            self.depthwise.weight.mul_(torch.tensor([1000.0, 1.0, 1.0, 0.001]).view(4, 1, 1, 1))
+
+    def forward(self, x):
+        return self.pointwise(self.act(self.depthwise(x))).mean(dim=(2, 3))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    base = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    module, images = TwoConvs().eval(), torch.rand(16, 4, 8, 8)
+    torch.onnx.export(module, images[:1], str(base / "fp32.onnx"), input_names=["input"], dynamo=False,
+                      dynamic_axes={"input": {0: "n"}})
+    quant_pre_process(str(base / "fp32.onnx"), str(base / "prepared.onnx"))
+    quantize_static(str(base / "prepared.onnx"), str(base / "int8.onnx"), TensorReader(images, "input"),
+                    quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, extra_options=int8_fallback.QUANTIZE_OPTIONS)
+    with torch.no_grad():
+        reference = module(images)
+    return {"qdq": onnx.load(str(base / "int8.onnx")), "prepared": onnx.load(str(base / "prepared.onnx")),
+            "images": images, "reference": reference}
+
+
+def test_nodes_are_named_by_kind_and_depthwise_is_told_apart(tiny):
+    kinds = int8_fallback.ranked_nodes(tiny["prepared"])
+    assert sorted(kinds.values()) == ["conv", "depthwise conv"]
+
+
+def test_reverted_nodes_stay_fp32_in_the_serving_session(tiny):
+    """ORT's WeightBiasQuantization re-quantizes a float Conv between Q/DQ pairs at load; the edit must not be
+    undone: the serving session (ORT_ENABLE_ALL) computes what the graph says (no optimisation)."""
+    import onnxruntime as ort
+    everything = set(int8_fallback.ranked_nodes(tiny["prepared"]))
+    reverted = int8_fallback.revert_to_fp32(tiny["qdq"], tiny["prepared"], everything)
+    onnx.checker.check_model(reverted)
+    served = int8_fallback.session_run(reverted, tiny["images"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    literal = ort.InferenceSession(reverted.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    as_written = torch.from_numpy(literal.run(None, {"input": tiny["images"].numpy()})[0])
+    assert (served - as_written).abs().max().item() < 1e-5
+    error = lambda out: (out - tiny["reference"]).abs().max().item()  # noqa: E731
+    assert error(served) < error(int8_fallback.session_run(tiny["qdq"], tiny["images"])) / 5
+    assert not any(n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized")
+                   for n in reverted.graph.node), "a reverted node still reads quantized weights"
+
+
+def test_the_ranking_puts_the_damaging_depthwise_first(tiny):
+    ranking = int8_fallback.rank_by_damage(tiny["qdq"], tiny["prepared"], tiny["images"], tiny["reference"])
+    assert [r["kind"] for r in ranking][0] == "depthwise conv"
+    assert ranking[0]["damage"] >= ranking[1]["damage"]
+
+
+@pytest.mark.slow
+def test_lite0_int8_passes_with_fp32_nodes_recorded_and_is_served(tmp_path):
+    out, store = tmp_path / "artifacts", tmp_path / "model-store"
+    result = run_export("efficientnet", "--arch", "lite0", "--out", str(out), "--model-store", str(store),
+                        "--precision", "fp32,int8")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    manifest = Manifest.read(out)
+    record = manifest.artifacts["onnx-int8"]
+    fallback = record.details["made_by"]["fp32_fallback"]
+    nodes = fallback["fp32_nodes"]
+    assert 1 <= len(nodes) <= int8_fallback.MAX_FP32_NODES and fallback["passed_on_calibration"]
+    assert any(n["kind"] == "depthwise conv" for n in nodes)
+    assert [s["fp32_nodes"] for s in fallback["steps"]] == list(range(1, len(nodes) + 1))
+    assert record.details["accuracy"]["passed"]
+    assert manifest.precision["int8_choice"]["fp32_fallback"]["gate"] == "passed"
+    assert manifest.decision().served == "onnx-int8"
+    with zipfile.ZipFile(store / "efficientnet-lite0.mar") as archive:
+        assert record.path in archive.namelist()
