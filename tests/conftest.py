@@ -1,4 +1,5 @@
-"""Shared fixtures. The expensive one, `resnet18_export`, runs the real export command once per session."""
+"""Shared fixtures. The expensive ones run the real export command once per session: `resnet18_export` (random
+weights) and `lite0_int8_export` (EfficientNet-Lite0's trained weights, fp32 and int8)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,17 @@ def resnet18_export(tmp_path_factory) -> dict:
     assert result.returncode == 0, result.stdout + result.stderr
     return {"out": out, "model_store": store, "archive": store / "resnet18.mar", "model_name": "resnet18",
             "stdout": result.stdout, "stderr": result.stderr}
+
+
+@pytest.fixture(scope="session")
+def lite0_int8_export(tmp_path_factory) -> dict:
+    """efficientnet-lite0, the packaged ImageNet weights, --precision fp32,int8 (gated, with its fp32
+    fallback): every artifact, the manifest and model-store/efficientnet-lite0.mar."""
+    from models.contract import Manifest
+    base = tmp_path_factory.mktemp("lite0-int8")
+    out, store = base / "artifacts", base / "model-store"
+    result = run_export("efficientnet", "--arch", "lite0", "--precision", "fp32,int8", "--out", str(out),
+                        "--model-store", str(store), timeout=1500)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {"out": out, "store": store, "archive": store / "efficientnet-lite0.mar", "model_name": "efficientnet-lite0",
+            "stdout": result.stdout, "manifest": Manifest.read(out)}

@@ -14,7 +14,6 @@ from runtime import RunOptions, open_artifact
 from runtime.images import decode_image, preprocess
 from serving.torchserve import server
 from tests.answers import assert_same_answer, expected_answer
-from tests.conftest import run_export
 from tests.photos import EXPECTED_CLASSES, photo_jpeg, top5_labels
 
 pytestmark = pytest.mark.slow
@@ -22,13 +21,8 @@ MODEL = "efficientnet-lite0"
 
 
 @pytest.fixture(scope="module")
-def lite0_export(tmp_path_factory) -> dict:
-    base = tmp_path_factory.mktemp("lite0")
-    out, store = base / "artifacts", base / "model-store"
-    result = run_export("efficientnet", "--arch", "lite0", "--precision", "fp32,int8", "--out", str(out),
-                        "--model-store", str(store), timeout=1500)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return {"out": out, "store": store, "archive": store / f"{MODEL}.mar", "manifest": Manifest.read(out)}
+def lite0_export(lite0_int8_export) -> dict:
+    return lite0_int8_export
 
 
 def test_the_export_is_of_the_trained_weights_with_their_transform(lite0_export):

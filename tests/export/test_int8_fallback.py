@@ -15,7 +15,6 @@ from torch import nn
 from export import int8_fallback
 from export.precision import TensorReader
 from models.contract import Manifest
-from tests.conftest import run_export
 
 
 class TwoConvs(nn.Module):
@@ -84,12 +83,8 @@ def test_the_ranking_puts_the_damaging_depthwise_first(tiny):
 
 
 @pytest.mark.slow
-def test_lite0_int8_passes_with_fp32_nodes_recorded_and_is_served(tmp_path):
-    out, store = tmp_path / "artifacts", tmp_path / "model-store"
-    result = run_export("efficientnet", "--arch", "lite0", "--out", str(out), "--model-store", str(store),
-                        "--precision", "fp32,int8")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    manifest = Manifest.read(out)
+def test_lite0_int8_passes_with_fp32_nodes_recorded_and_is_served(lite0_int8_export):
+    manifest, store = lite0_int8_export["manifest"], lite0_int8_export["store"]
     record = manifest.artifacts["onnx-int8"]
     fallback = record.details["made_by"]["fp32_fallback"]
     nodes = fallback["fp32_nodes"]
