@@ -207,15 +207,17 @@ def _pct(value: float) -> str:
 
 def render_table(results: list[GateResult]) -> str:
     lines = ["| artifact | precision | images | top-1 agree (confident) | top-5 agree | mean logit err (rel) | max logit err "
-             "| top-1 acc (fp32) | top-5 acc (fp32) | verdict |", "|" + "---|" * 10]
+             "| top-1 acc (fp32) | top-5 acc (fp32) | drop top-1 / top-5 (points) | verdict |", "|" + "---|" * 11]
     for r in results:
         m = r.metrics
         acc = m.get("accuracy")
         top1 = f"{acc['top1']:.2f}% ({m['fp32_accuracy']['top1']:.2f}%)" if acc else "-"
         top5 = f"{acc['top5']:.2f}% ({m['fp32_accuracy']['top5']:.2f}%)" if acc else "-"
+        drop = m.get("accuracy_drop_points")
+        drops = f"{drop['top1']:.2f} / {drop['top5']:.2f}" if drop else "-"
         lines.append(f"| {r.kind} | {r.precision} | {r.images} | {_pct(m['top1_agreement'])} "
                      f"({_confident(m)}) | {_pct(m['top5_agreement'])} | {m['mean_logit_error']:.3g} ({m['relative_logit_error']:.3f}) "
-                     f"| {m['max_logit_error']:.3g} | {top1} | {top5} | {'pass' if r.passed else 'FAIL: ' + '; '.join(r.failures)} |")
+                     f"| {m['max_logit_error']:.3g} | {top1} | {top5} | {drops} | {'pass' if r.passed else 'FAIL: ' + '; '.join(r.failures)} |")
     return "\n".join(lines)
 
 

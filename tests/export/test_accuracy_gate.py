@@ -67,6 +67,7 @@ def test_accuracy_and_its_drop_are_in_points_and_gate_the_variant():
     assert result.metrics["accuracy"]["top1"] == pytest.approx(98.5)
     assert result.metrics["accuracy_drop_points"]["top1"] == pytest.approx(1.5)
     assert any("drop 1.50 points > 1" in f for f in result.failures)
+    assert "| 98.50% (100.00%) | 98.50% (100.00%) | 1.50 / 1.50 | FAIL" in render_table([result])
 
 
 def test_every_precision_has_named_tolerances_and_fp16_is_stricter_than_int8():
