@@ -33,6 +33,16 @@ def resnet18_export(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
+def resnet18_unpacked(resnet18_export, tmp_path_factory) -> Path:
+    """resnet18.mar unpacked as TorchServe unpacks it: the folder the handler runs in."""
+    import zipfile
+    folder = tmp_path_factory.mktemp("unpacked")
+    with zipfile.ZipFile(resnet18_export["archive"]) as archive:
+        archive.extractall(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def lite0_int8_export(tmp_path_factory) -> dict:
     """efficientnet-lite0, the packaged ImageNet weights, --precision fp32,int8 (gated, with its fp32
     fallback): every artifact, the manifest and model-store/efficientnet-lite0.mar."""

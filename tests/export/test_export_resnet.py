@@ -1,7 +1,6 @@
 """`python -m export resnet` on resnet18 with random weights: every artifact, checked by loading it."""
 
 import hashlib
-import json
 import shutil
 import zipfile
 
@@ -12,7 +11,7 @@ import torch
 
 import models
 from export import kinds
-from models.contract import MANIFEST_NAME, SCHEMA_VERSION, HandlerConfig, Manifest, SchemaVersionError, read_labels
+from models.contract import MANIFEST_NAME, SCHEMA_VERSION, HandlerConfig, Manifest, read_labels
 from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
@@ -145,17 +144,6 @@ def test_manifest_records_the_serving_contract_and_no_training_mode_export(resne
     assert "traced" not in decision.servable and not decision.speed_only
     assert not [w for w in manifest.warnings if "training mode" in w["message"]]
     assert "onnx-dynamo" in manifest.exporter_output  # what the exporter printed is kept, not dropped
-
-
-def test_a_manifest_of_schema_1_is_refused_naming_both_versions(resnet18_export, tmp_path):
-    data = Manifest.read(resnet18_export["out"]).to_dict()
-    data["schema"] = 1
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
-    with pytest.raises(SchemaVersionError) as caught:
-        Manifest.read(tmp_path)
-    message = str(caught.value)
-    assert "version 1" in message and f"version {SCHEMA_VERSION}" in message and "re-run the export" in message
-    assert caught.value.found == 1
 
 
 def test_serving_the_diverging_traced_artifact_is_refused_and_leaves_no_archive(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import logging
 import shutil
-import zipfile
 from dataclasses import replace
 
 import pytest
@@ -35,11 +34,8 @@ def image(fmt="PNG", color=(30, 160, 90), size=(300, 200)) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def unpacked(resnet18_export, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("unpacked")
-    with zipfile.ZipFile(resnet18_export["archive"]) as archive:
-        archive.extractall(folder)
-    return folder
+def unpacked(resnet18_unpacked):
+    return resnet18_unpacked
 
 
 @pytest.fixture(scope="module")

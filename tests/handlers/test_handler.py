@@ -5,7 +5,6 @@ import io
 import json
 import logging
 import shutil
-import zipfile
 
 import pytest
 import torch
@@ -35,11 +34,8 @@ def _png() -> bytes:
 
 
 @pytest.fixture(scope="module")
-def model_dir(resnet18_export, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("unpacked")
-    with zipfile.ZipFile(resnet18_export["archive"]) as archive:
-        archive.extractall(folder)
-    return folder
+def model_dir(resnet18_unpacked):
+    return resnet18_unpacked
 
 
 def _context(model_dir, rows, headers=None, config_overrides=None):
