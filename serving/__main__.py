@@ -7,6 +7,7 @@ from a plain checkout, without the virtualenv's packages).
   python -m serving config --out F config.properties with this machine's serving policy
   python -m serving kserve OUT     KServe material (TorchServe runtime); triton OUT: a Triton repository
   python -m serving bench | soak | faults | gpu-check   measurements (serving/measure/)
+  python -m serving pipeline       the request path's ceiling in one process, per body size
 
 `python -m serving COMMAND --help` for each command's options.
 """
@@ -24,6 +25,7 @@ COMMANDS = {
     "soak": ("serving.measure.soak", "main", False),
     "faults": ("serving.measure.faults", "main", False),
     "gpu-check": ("serving.measure.gpu_check", "main", False),
+    "pipeline": ("serving.measure.pipeline", "main", False),
 }
 TORCHSERVE = ("serving.torchserve.cli", "main", True)  # start / stop / config, and no command at all
 TORCHSERVE_ACTIONS = ("start", "stop", "config")

@@ -1,0 +1,123 @@
+"""`python -m serving pipeline`: the request path's ceiling, measured in one process.
+
+    python -m examples.photo_sizes bodies/
+    python -m serving pipeline --export-dir artifacts/resnet50 --images bodies/
+
+For each body (an image file, or every image of a folder), it times the code each TorchServe worker runs,
+handlers.core's decode -> preprocess -> inference -> encode (`ImageClassifierCore.run_batch`), at one
+worker's thread budget under this machine's serving policy, and beside it the model alone on the same
+already-preprocessed rows. A served rate can be no better than the pipeline's, so every served figure of the
+same body has its ceiling here; where the pipeline row is far below the model-only one, the request path, not
+the model, is what to make faster. `workers x per worker` is an upper bound (the workers' threads never
+exceed the cores, but they share memory bandwidth). Writes pipeline.md and pipeline.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from export.atomic import atomic_write_text
+from handlers.core import STAGES, ImageClassifierCore, ImageRequest
+from handlers.policy import machine_policy, this_machine
+from runtime.images import RequestError
+from serving.measure.command import MeasureError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+WARMUP_RUNS = 2
+MIN_RUNS = 3
+
+
+def bodies(path: Path) -> list[Path]:
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise MeasureError(f"{path}: no image file there; pass a JPEG/PNG or a folder of them "
+                           "(python -m examples.photo_sizes DIR writes one)")
+    return files
+
+
+def timed(run, seconds: float) -> list[float]:
+    """Milliseconds per call: warm-up calls first, then calls until `seconds` have passed (MIN_RUNS at least)."""
+    for _ in range(WARMUP_RUNS):
+        run()
+    samples, deadline = [], time.perf_counter() + seconds
+    while len(samples) < MIN_RUNS or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def measure_body(core: ImageClassifierCore, path: Path, batch: int, seconds: float) -> dict:
+    data = path.read_bytes()
+    requests = [ImageRequest(data)] * batch
+    stage_ms = {stage: [] for stage in STAGES}
+
+    def pipeline():
+        result = core.run_batch(requests)
+        failed = [a for a in result.answers if isinstance(a, RequestError)]
+        if failed:
+            raise MeasureError(f"{path.name} is refused by the handler ({failed[0].code}: {failed[0].message})")
+        for stage in STAGES:
+            stage_ms[stage].append(result.times.ms[stage] / batch)
+
+    total = timed(pipeline, seconds)
+    image, _ = core.decode_request(ImageRequest(data))
+    rows = core.batch([core.preprocess(image)] * batch)
+    model = timed(lambda: core.predict(rows), seconds)
+    per_image, model_per_image = statistics.median(total) / batch, statistics.median(model) / batch
+    return {"body": path.name, "bytes": len(data), "shown": [int(image.shape[2]), int(image.shape[1])],
+            "batch": batch, "runs": len(total),
+            "stage_ms": {s: round(statistics.median(v), 2) for s, v in stage_ms.items()},
+            "pipeline_ms_per_image": round(per_image, 2), "model_ms_per_image": round(model_per_image, 2),
+            "pipeline_images_per_s": round(1000 / per_image, 1), "model_images_per_s": round(1000 / model_per_image, 1),
+            "pipeline_vs_model": round(model_per_image / per_image, 2)}
+
+
+def markdown(rows: list[dict], context: dict) -> str:
+    lines = [f"# Request-path ceiling: {context['model']} ({context['artifact']})", "",
+             f"One worker's budget: {context['threads']} thread(s), batch {context['batch']}; the policy runs "
+             f"{context['workers']} worker(s) on {context['cores']} core(s). Medians per image.", "",
+             "| body | shown | MB | decode ms | preprocess ms | inference ms | encode ms | pipeline images/s (x workers) "
+             "| model alone images/s | pipeline / model |", "|" + "---|" * 10]
+    for r in rows:
+        ms = r["stage_ms"]
+        lines.append(f"| {r['body']} | {r['shown'][0]}x{r['shown'][1]} | {r['bytes'] / 1e6:.2f} | {ms['decode']:.1f} "
+                     f"| {ms['preprocess']:.1f} | {ms['inference']:.1f} | {ms['encode']:.2f} "
+                     f"| {r['pipeline_images_per_s']:.1f} ({r['pipeline_images_per_s'] * context['workers']:.1f}) "
+                     f"| {r['model_images_per_s']:.1f} | {r['pipeline_vs_model']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from export.cli import run_command  # our errors become one line and an exit code
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export-dir", type=Path, default=Path("artifacts/resnet50"))
+    parser.add_argument("--images", type=Path, default=Path("examples/cat.jpg"), help="an image, or a folder of them")
+    parser.add_argument("--batch", type=int, default=None, help="rows per run (default: the policy's batch size)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per row (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/pipeline"))
+    args = parser.parse_args(argv)
+    gpus, cores = this_machine()
+    policy = machine_policy(gpus, cores)
+    core = ImageClassifierCore.from_folder(args.export_dir, device="cuda" if gpus else "cpu",
+                                           threads=policy.threads_per_worker)
+    batch = args.batch or policy.batch_size
+    files = bodies(args.images)
+    rows = [measure_body(core, path, batch, args.seconds) for path in files]
+    context = {"model": core.manifest.model.name, "artifact": core.record.kind, "threads": core.threads,
+               "batch": batch, "workers": policy.workers, "cores": cores, "export_dir": str(args.export_dir)}
+    report = markdown(rows, context)
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "pipeline.md", report)
+    atomic_write_text(args.out / "pipeline.json", json.dumps({"context": context, "rows": rows}, indent=2) + "\n")
+    print(report + f"\nwrote {args.out}/pipeline.md, pipeline.json")
+    return 0
