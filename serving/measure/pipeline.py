@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 from export.atomic import atomic_write_text
+from export.bench_peak import time_runs
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest
 from handlers.policy import machine_policy, this_machine
 from runtime.images import RequestError
@@ -39,18 +39,6 @@ def bodies(path: Path) -> list[Path]:
     return files
 
 
-def timed(run, seconds: float) -> list[float]:
-    """Milliseconds per call: warm-up calls first, then calls until `seconds` have passed (MIN_RUNS at least)."""
-    for _ in range(WARMUP_RUNS):
-        run()
-    samples, deadline = [], time.perf_counter() + seconds
-    while len(samples) < MIN_RUNS or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
-
-
 def measure_body(core: ImageClassifierCore, path: Path, batch: int, seconds: float) -> dict:
     data = path.read_bytes()
     requests = [ImageRequest(data)] * batch
@@ -64,14 +52,14 @@ def measure_body(core: ImageClassifierCore, path: Path, batch: int, seconds: flo
         for stage in STAGES:
             stage_ms[stage].append(result.times.ms[stage] / batch)
 
-    total = timed(pipeline, seconds)
+    total = time_runs(pipeline, WARMUP_RUNS, MIN_RUNS, seconds)
     image, _ = core.decode_request(ImageRequest(data))
     rows = core.batch([core.preprocess(image)] * batch)
-    model = timed(lambda: core.predict(rows), seconds)
+    model = time_runs(lambda: core.predict(rows), WARMUP_RUNS, MIN_RUNS, seconds)
     per_image, model_per_image = statistics.median(total) / batch, statistics.median(model) / batch
     return {"body": path.name, "bytes": len(data), "shown": [int(image.shape[2]), int(image.shape[1])],
             "batch": batch, "runs": len(total),
-            "stage_ms": {s: round(statistics.median(v), 2) for s, v in stage_ms.items()},
+            "stage_ms": {s: round(statistics.median(v[WARMUP_RUNS:]), 2) for s, v in stage_ms.items()},
             "pipeline_ms_per_image": round(per_image, 2), "model_ms_per_image": round(model_per_image, 2),
             "pipeline_images_per_s": round(1000 / per_image, 1), "model_images_per_s": round(1000 / model_per_image, 1),
             "pipeline_vs_model": round(model_per_image / per_image, 2)}
