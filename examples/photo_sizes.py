@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from export.atomic import atomic_write_bytes, atomic_write_text
+from export.calibration import sample_photo
 
 EXIF_ORIENTATION = 0x0112
 ROTATED_90_CW = 6  # the viewer turns the stored raster 90 degrees clockwise to show it upright
@@ -56,8 +57,7 @@ BODIES = (
 
 def upright_image(body: Body, rng: np.random.Generator) -> Image.Image:
     """The photograph centre-cropped to the body's aspect, resized to its shown size, with grain."""
-    import skimage.data
-    photo = Image.fromarray(np.ascontiguousarray(getattr(skimage.data, body.photo)()[..., :3]))
+    photo = Image.fromarray(sample_photo(body.photo))
     width, height = body.shown
     scale = min(photo.width / width, photo.height / height)
     crop_w, crop_h = round(width * scale), round(height * scale)

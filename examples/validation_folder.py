@@ -39,6 +39,7 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 from export.atomic import atomic_write_bytes
+from export.calibration import sample_photo
 
 DEFAULT_CROPS = 12
 DEFAULT_SEED = 0
@@ -58,8 +59,7 @@ class Written:
 
 
 def photo(name: str) -> Image.Image:
-    import skimage.data
-    return Image.fromarray(np.ascontiguousarray(getattr(skimage.data, name)())).convert("RGB")
+    return Image.fromarray(sample_photo(name))
 
 
 def random_resized_crop(image: Image.Image, rng: np.random.Generator) -> Image.Image:

@@ -200,7 +200,7 @@ def _default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
     names = CALIBRATION_PHOTOS if role == "calibration" else HOLDOUT_PHOTOS
     rows, sources = [], []
     for name in names:
-        photo = _photo(name)
+        photo = sample_photo(name)
         for crop_index, crop in enumerate(PHOTO_CROPS):
             if len(rows) < count:
                 rows.append(preprocess(decode_image(_png_bytes(_crop(photo, crop))), contract))
@@ -219,7 +219,8 @@ def _default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
     return ImageSet(torch.stack(rows), sources, origin)
 
 
-def _photo(name: str) -> np.ndarray:
+def sample_photo(name: str) -> np.ndarray:
+    """scikit-image's photograph `name` (installed offline) as uint8 RGB (H, W, 3); greyscale ones repeated."""
     import skimage.data
     array = getattr(skimage.data, name)()
     if array.ndim == 2:

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from export.calibration import sample_photo
+
 # skimage.data photograph -> ImageNet labels any of which counts (the three domestic-cat classes are one
 # answer: ImageNet's own annotators confuse them, and chelsea is a tabby-like cat of no clear breed).
 EXPECTED_CLASSES = {
@@ -19,8 +21,7 @@ EXPECTED_CLASSES = {
 
 
 def photo_array(name: str) -> np.ndarray:
-    import skimage.data
-    return np.ascontiguousarray(getattr(skimage.data, name)()[..., :3])
+    return sample_photo(name)
 
 
 def photo_tensor(name: str) -> torch.Tensor:
