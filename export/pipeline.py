@@ -29,6 +29,7 @@ from export.trace_vs_script import (CONCLUSION, ArtifactUnderTest, compact_table
 from export.warnings_log import WarningLog
 from models.contract import LABELS_NAME, ArtifactRecord, Manifest, ModelInfo, OutputRecord, ServingDecision
 from models.registry import ModelEntry
+from export.bench_peak import time_runs
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
 
@@ -350,17 +351,9 @@ def _write_reports(stage: Path, entry, labels, parity, paths, second_opinion) ->
 
 def measure_latency(backends: dict, example: torch.Tensor) -> dict[str, float]:
     """Median milliseconds per batch-1 call, for information (the served artifact is chosen by rule)."""
-    latency = {}
-    for kind, backend in backends.items():
-        for _ in range(LATENCY_WARMUP):
-            backend(example)
-        samples = []
-        for _ in range(LATENCY_RUNS):
-            start = time.perf_counter()
-            backend(example)
-            samples.append((time.perf_counter() - start) * 1000)
-        latency[kind] = round(statistics.median(samples), 3)
-    return latency
+    return {kind: round(statistics.median(time_runs(lambda: backend(example), LATENCY_WARMUP, LATENCY_RUNS,
+                                                    min_seconds=0)), 3)
+            for kind, backend in backends.items()}
 
 
 def divergence_warning(paths: dict) -> str | None:

@@ -30,6 +30,7 @@ import torch
 from export.accuracy import (GATE_BATCH, GateResult, judge, label_targets, report_markdown, render_table,
                              AccuracyGateError)
 from export.atomic import atomic_write_text
+from export.bench_peak import time_runs
 from export.calibration import DEFAULT_CALIBRATION_SAMPLES, ImageSet, calibration_set, holdout_set
 from export import kinds
 from export.errors import ExportError
@@ -363,14 +364,8 @@ def run_batches(backend: Backend, images: torch.Tensor, batch: int = GATE_BATCH)
 def images_per_s(backend: Backend, example: torch.Tensor) -> float:
     """Batch-1 images/s, median of single calls after a warm-up: recorded in the ladder, and chooses int8's
     activation type (the served artifact itself is chosen by the declared rule, never by timing)."""
-    for _ in range(SPEED_WARMUP):
-        backend(example)
-    samples = []
-    for _ in range(SPEED_RUNS):
-        started = time.perf_counter()
-        backend(example)
-        samples.append(time.perf_counter() - started)
-    return round(example.shape[0] / statistics.median(samples), 1)
+    milliseconds = time_runs(lambda: backend(example), SPEED_WARMUP, SPEED_RUNS, min_seconds=0)
+    return round(example.shape[0] * 1000 / statistics.median(milliseconds), 1)
 
 
 def _write_reports(stage: Path, report: PrecisionReport, labelled: bool) -> None:
