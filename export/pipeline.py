@@ -17,6 +17,7 @@ import torch
 from export import formats, kinds
 from export.archive import ArchiveRequest, PendingArchive, prepare_archive
 from export.atomic import atomic_write_text, ensure_free_space, staged_directory
+from export.bench_peak import time_runs
 from export.eval_check import prepare_for_export
 from export.manifest import file_record, write_manifest
 from export.precision import PrecisionReport, PrecisionRequest, build_variants
@@ -29,7 +30,6 @@ from export.trace_vs_script import (CONCLUSION, ArtifactUnderTest, compact_table
 from export.warnings_log import WarningLog
 from models.contract import LABELS_NAME, ArtifactRecord, Manifest, ModelInfo, OutputRecord, ServingDecision
 from models.registry import ModelEntry
-from export.bench_peak import time_runs
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
 
