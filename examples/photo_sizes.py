@@ -11,10 +11,9 @@ Writes, from scikit-image's photographs (installed offline), the sizes and forma
 | 12mp-sideways.jpg | 4032x3024, EXIF Orientation 6 | 3024x4032 | a phone photo taken upright: the sensor's raster stored sideways with the tag that turns it |
 | screenshot.png | 1600x1200 | 1600x1200 | a lossless upload |
 
-Phone-like JPEG: quality 90, 4:2:0 chroma. A photograph enlarged to 12 MP is smoother than a camera's, so
-seeded sensor grain is added before encoding: the file sizes (listed in sizes.json with every other fact)
-then land where phone JPEGs do (megabytes, not hundreds of kilobytes), which is what decoding cost follows.
-Same seed, same bytes. Every file is written atomically (a temporary file, then renamed).
+The photographs are export/phone_photos.py's (seeded grain, phone-like JPEG quality 90 4:2:0, the same ones
+the export's decode check measures draft decoding on); sizes.json lists every fact of every file. Same seed,
+same bytes. Every file is written atomically (a temporary file, then renamed).
 """
 
 from __future__ import annotations
@@ -29,12 +28,8 @@ import numpy as np
 from PIL import Image
 
 from export.atomic import atomic_write_bytes, atomic_write_text
-from export.calibration import sample_photo
+from export.phone_photos import phone_jpeg, png, upright_photo
 
-EXIF_ORIENTATION = 0x0112
-ROTATED_90_CW = 6  # the viewer turns the stored raster 90 degrees clockwise to show it upright
-JPEG_QUALITY = 90
-GRAIN_STD = 4.0  # in 0..255 levels: a phone sensor's noise after its denoiser, roughly
 INDEX_FILE = "sizes.json"
 
 
@@ -55,29 +50,9 @@ BODIES = (
 )
 
 
-def upright_image(body: Body, rng: np.random.Generator) -> Image.Image:
-    """The photograph centre-cropped to the body's aspect, resized to its shown size, with grain."""
-    photo = Image.fromarray(sample_photo(body.photo))
-    width, height = body.shown
-    scale = min(photo.width / width, photo.height / height)
-    crop_w, crop_h = round(width * scale), round(height * scale)
-    left, top = (photo.width - crop_w) // 2, (photo.height - crop_h) // 2
-    resized = photo.crop((left, top, left + crop_w, top + crop_h)).resize((width, height), Image.LANCZOS)
-    pixels = np.asarray(resized, dtype=np.float32) + rng.normal(0.0, GRAIN_STD, (height, width, 3))
-    return Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8))
-
-
-def encode(body: Body, image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    if body.format == "PNG":
-        image.save(buffer, format="PNG")
-        return buffer.getvalue()
-    exif = Image.Exif()
-    if body.sideways:  # store the raster turned back, so that Orientation 6 shows it upright
-        image = image.transpose(Image.Transpose.ROTATE_90)
-        exif[EXIF_ORIENTATION] = ROTATED_90_CW
-    image.save(buffer, format="JPEG", quality=JPEG_QUALITY, subsampling="4:2:0", exif=exif)
-    return buffer.getvalue()
+def encode(body: Body, rng: np.random.Generator) -> bytes:
+    image = upright_photo(body.photo, body.shown, rng)
+    return png(image) if body.format == "PNG" else phone_jpeg(image, sideways=body.sideways)
 
 
 def write_bodies(out: Path, seed: int = 0) -> list[dict]:
@@ -86,7 +61,7 @@ def write_bodies(out: Path, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     index = []
     for body in BODIES:
-        data = encode(body, upright_image(body, rng))
+        data = encode(body, rng)
         atomic_write_bytes(out / body.file, data)
         stored = Image.open(io.BytesIO(data)).size
         index.append({**asdict(body), "shown": list(body.shown), "stored": list(stored), "bytes": len(data), "seed": seed})

@@ -4,6 +4,12 @@ tools (calibration, accuracy checks) read image folders through the very same on
 
 Decoding is PIL's; EXIF orientation is honoured; every mode (grayscale, RGBA, palette, CMYK, 16-bit) becomes
 RGB. Resizing and cropping are torchvision's, called as weights.transforms() calls them.
+
+Two decode modes (models.contract.DECODE_MODES): "exact" decodes every pixel; "draft" lets libjpeg decode a
+large JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (PIL's `draft`) as long as both sides stay at least
+DRAFT_FACTOR times the resize, then resizes as usual. A 12 MP photo for a 232-pixel resize is decoded at
+1008x756; anything smaller than twice that floor (and every other format) is decoded exactly. The export
+measures what draft changes on real photos with the served artifact and records it (export/decode_check.py).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import warnings
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF  # the functions weights.transforms() itself calls
 
@@ -25,6 +31,11 @@ MAX_PIXELS = 40_000_000  # 40 megapixels: any camera photo; a decompression bomb
 MAX_SIDE = 12_000
 MIN_SIDE = 8
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO")
+DRAFT_FORMATS = ("JPEG", "MPO")  # libjpeg's DCT scaling: JPEG only
+# Draft decoding keeps both sides >= 2x the resize: the antialiased resize then still averages at least two
+# decoded pixels per output pixel, so the answer stays close to the exact one (measured per export, gated).
+DRAFT_FACTOR = 2
+EXIF_ORIENTATION = 0x0112
 
 
 class RequestError(VisionExportError):
@@ -39,15 +50,20 @@ class RequestError(VisionExportError):
         return {"code": self.code, "error": self.message}
 
 
-def decode_image(data: bytes) -> torch.Tensor:
-    """Bytes -> uint8 tensor (3, H, W), RGB, upright."""
+def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
+    """Bytes -> uint8 tensor (3, H, W), RGB, upright. With `draft_floor` (draft_floor(contract)), a large JPEG
+    is decoded at a reduced scale that keeps both sides >= draft_floor; without it, every pixel is decoded."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             _check_header(image)
             image.seek(0)  # animated GIF/WebP: the first frame
+            if draft_floor:
+                reduce_in_dct(image, draft_floor)
             image.load()
+            tag = orientation(image)  # EXIF is parsed here: a corrupt block is a bad request like bad pixels
+            rgb = to_rgb(image)
     except RequestError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -56,7 +72,34 @@ def decode_image(data: bytes) -> torch.Tensor:
         raise RequestError(415, "body is not an image PIL can read; send JPEG, PNG, WebP, BMP or GIF") from None
     except (OSError, ValueError, SyntaxError) as error:
         raise RequestError(400, f"image is corrupt or truncated: {error}") from None
-    return torch.from_numpy(np.array(to_rgb(ImageOps.exif_transpose(image)))).permute(2, 0, 1).contiguous()
+    return upright(torch.from_numpy(np.array(rgb)), tag).permute(2, 0, 1)
+
+
+def draft_floor(contract: ImageContract, decode: str | None = None) -> int | None:
+    """The smallest side a draft decode may leave for this contract, or None to decode exactly. `decode`
+    overrides the contract's mode (the handler's `decode: exact` setting)."""
+    return DRAFT_FACTOR * contract.resize if (decode or contract.decode) == "draft" else None
+
+
+def reduce_in_dct(image: Image.Image, floor: int) -> None:
+    """Ask libjpeg for the largest DCT scaling (1/2, 1/4, 1/8) keeping both sides >= floor; a no-op for other
+    formats and for images smaller than 2 * floor."""
+    if image.format in DRAFT_FORMATS and min(image.size) >= 2 * floor:
+        image.draft(None, (floor, floor))
+
+
+def orientation(image: Image.Image) -> int:
+    """The EXIF Orientation tag (1: stored upright)."""
+    return image.getexif().get(EXIF_ORIENTATION, 1)
+
+
+def upright(pixels: torch.Tensor, tag: int) -> torch.Tensor:
+    """(H, W, C) as stored -> as a viewer shows it; the same pixels ImageOps.exif_transpose gives, turned as a
+    tensor (one copy at most, where PIL's transpose is another full-size image)."""
+    turned = {2: lambda t: t.flip(1), 3: lambda t: t.flip(0, 1), 4: lambda t: t.flip(0),
+              5: lambda t: t.transpose(0, 1), 6: lambda t: t.transpose(0, 1).flip(1),
+              7: lambda t: t.transpose(0, 1).flip(0, 1), 8: lambda t: t.transpose(0, 1).flip(0)}.get(tag)
+    return turned(pixels) if turned else pixels
 
 
 def _check_header(image: Image.Image) -> None:
@@ -86,7 +129,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")  # RGB: no copy
 
 
 def preprocess(image: torch.Tensor, contract: ImageContract) -> torch.Tensor:
