@@ -13,6 +13,7 @@ calibration images. Every set records where each image came from (the manifest l
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import random
@@ -219,13 +220,17 @@ def _default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
     return ImageSet(torch.stack(rows), sources, origin)
 
 
+@functools.lru_cache(maxsize=None)
 def sample_photo(name: str) -> np.ndarray:
-    """scikit-image's photograph `name` (installed offline) as uint8 RGB (H, W, 3); greyscale ones repeated."""
+    """scikit-image's photograph `name` (installed offline) as uint8 RGB (H, W, 3), greyscale ones repeated;
+    read-only, as it is cached (reading one costs about half a second)."""
     import skimage.data
     array = getattr(skimage.data, name)()
     if array.ndim == 2:
         array = np.stack([array] * 3, axis=-1)
-    return np.ascontiguousarray(array[..., :3]).astype(np.uint8)
+    array = np.ascontiguousarray(array[..., :3]).astype(np.uint8)
+    array.setflags(write=False)
+    return array
 
 
 def _crop(photo: np.ndarray, crop: tuple[float, float, float, float]) -> np.ndarray:

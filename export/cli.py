@@ -8,6 +8,7 @@ from pathlib import Path
 
 from export import formats, kinds
 from export.errors import ParityError
+from models.contract import DECODE_MODES
 from models.errors import EXIT_ERROR, EXIT_INTERRUPTED, VisionExportError
 
 
@@ -126,6 +127,11 @@ def _archive_options(sub) -> None:
 
 
 def _serve_option(sub) -> None:
+    sub.add_argument("--decode", choices=DECODE_MODES, default="draft",
+                     help="draft: large JPEGs are decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (a 12 MP photo "
+                          "about 10x faster), kept at least twice the resize per side, if the export's decode check "
+                          "on phone-sized photos passes with the served artifact (else exact); exact: every pixel, "
+                          "always (default: %(default)s; manifest.json 'decode_check' has the numbers)")
     ranked = ", ".join(kinds.serving_preference())
     sub.add_argument("--serve", default=None, metavar="KIND", choices=kinds.names(),
                      help=f"kind to serve instead of the rule's choice, among those that pass parity, the accuracy "

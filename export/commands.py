@@ -30,7 +30,8 @@ def family_command(args) -> int:
     progress = Progress()
     archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides)
     result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
-                                                               precision=precision_request(args), serve=args.serve),
+                                                               precision=precision_request(args), serve=args.serve,
+                                                               decode=args.decode),
                           progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
@@ -46,7 +47,8 @@ def module_command(args) -> int:
     progress = Progress()
     archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
     result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
-                                               precision=precision_request(args), serve=args.serve), progress)
+                                               precision=precision_request(args), serve=args.serve,
+                                               decode=args.decode), progress)
     _print_serving(result, progress)
     _print_files(out, progress)
     return 0

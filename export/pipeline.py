@@ -18,6 +18,7 @@ from export import formats, kinds
 from export.archive import ArchiveRequest, PendingArchive, prepare_archive
 from export.atomic import atomic_write_text, ensure_free_space, staged_directory
 from export.bench_peak import time_runs
+from export.decode_check import record_decode_check
 from export.eval_check import prepare_for_export
 from export.manifest import file_record, write_manifest
 from export.precision import PrecisionReport, PrecisionRequest, build_variants
@@ -67,6 +68,7 @@ class ExportOptions:
     archive: ArchiveRequest | None = None  # also build NAME.mar, committed only with the export
     serve: str | None = None  # --serve: a kind to serve instead of the rule's first choice (same conditions)
     precision: PrecisionRequest = field(default_factory=PrecisionRequest)  # int8/bf16/fp16 variants, gated
+    decode: str = "draft"  # --decode: draft where the decode check passes (export/decode_check.py), or exact
 
 
 @dataclass
@@ -188,6 +190,8 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     if (stage / EXPORT_LOG).is_file():
         files.append(EXPORT_LOG)
     manifest.refused = refused
+    with timed("decode_check"):
+        record_decode_check(stage, manifest, serving, options.device, options.decode, progress.step)
     manifest.files = {name: file_record(stage, name) for name in files}
     manifest.parity = {"passed": not parity.failures, "summary": parity.summary(),
                        "reference_evaluator": second_opinion}

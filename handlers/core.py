@@ -28,7 +28,8 @@ from handlers.policy import machine_policy, this_machine
 from models.contract import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
 from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
 from runtime.base import Backend
-from runtime.images import RequestError, decode_image, preprocess
+from runtime.gpu_decode import NvjpegDecoder
+from runtime.images import RequestError, decode_image, draft_floor, preprocess
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ class BatchResult:
 
 
 def input_row(image: bytes, contract: ImageContract) -> torch.Tensor:
-    """Image bytes -> the model's input row (float32 (3, crop) in [0, 1]); clients without the core use it too."""
-    return preprocess(decode_image(image), contract)
+    """Image bytes -> the model's input row (float32 (3, crop) in [0, 1]), decoded as the contract says;
+    clients without the core use it too."""
+    return preprocess(decode_image(image, draft_floor(contract)), contract)
 
 
 def worker_threads(pinned: int | None, offered: int | None) -> int:
@@ -107,6 +109,11 @@ class ImageClassifierCore:
         self.device = device
         self.threads = threads
         self.contract = manifest.input.image_contract()
+        self.draft_floor = draft_floor(self.contract, config.decode)  # None: every pixel decoded
+        # On a GPU, JPEGs are decoded there (nvJPEG) where the export's decode check allowed draft: its pixels,
+        # like draft's, are not the exact decode's. Elsewhere, or with decode: exact, on the CPU.
+        self.gpu_decoder = (NvjpegDecoder(device, self.contract) if self.draft_floor and torch.device(device).type
+                            == "cuda" else None)
 
     # ------------------------------------------------------------ setup
     @classmethod
@@ -130,18 +137,22 @@ class ImageClassifierCore:
         backend = open_artifact(record.format, folder / record.path,
                                 RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
         core = cls(manifest, record, backend, labels, config, str(device), threads)
-        logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s",
-                    manifest.model.name, record.kind, device, threads, precision, core.contract.resize,
-                    "x".join(map(str, core.contract.crop)))
+        logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s, "
+                    "decode %s", manifest.model.name, record.kind, device, threads, precision, core.contract.resize,
+                    "x".join(map(str, core.contract.crop)), core.decode_mode())
         return core
 
     # ------------------------------------------------------------ the request's life
-    def decode_request(self, request: ImageRequest) -> tuple[torch.Tensor, int]:
-        k = self.config.topk if request.topk is None else checked_topk(request.topk)
-        return decode_image(request.image), k
+    def decode(self, image: bytes) -> torch.Tensor:
+        return decode_image(image, self.draft_floor)
+
+    def decode_mode(self) -> str:
+        if self.gpu_decoder and self.gpu_decoder.available:
+            return "nvJPEG on the GPU (CPU draft for other bodies)"
+        return f"draft (JPEG sides kept >= {self.draft_floor})" if self.draft_floor else "exact"
 
     def preprocess(self, image: torch.Tensor) -> torch.Tensor:
-        return preprocess(image, self.contract)
+        return preprocess(image.to(self.device), self.contract)
 
     @staticmethod
     def batch(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -168,22 +179,43 @@ class ImageClassifierCore:
         default); a row that cannot be read or decoded gets its own RequestError, the others are answered."""
         times = StageTimes()
         answers: list = [None] * len(rows)
-        ready: list[tuple[int, torch.Tensor, int]] = []
+        requests: list[tuple[int, ImageRequest, int]] = []
         for index, row in enumerate(rows):
             try:
-                with times.measure("decode"):
-                    image, k = self.decode_request(read(index, row) if read else row)
-                with times.measure("preprocess"):
-                    ready.append((index, self.preprocess(image), k))
+                request = read(index, row) if read else row
+                requests.append((index, request, self.config.topk if request.topk is None else checked_topk(request.topk)))
             except RequestError as error:
                 answers[index] = error
-            except Exception as error:  # our bug, not the client's: 500 with the reason, logged with its traceback
-                logger.exception("unexpected failure decoding request %d", index)
-                answers[index] = RequestError(500, f"internal error while decoding: {type(error).__name__}: {error}")
+            except Exception as error:  # the engine's row could not be read: our bug, not the client's
+                answers[index] = internal_error("reading", error)
+        ready = []
+        for (index, _, k), row in zip(requests, self.prepare([r.image for _, r, _ in requests], times)):
+            if isinstance(row, RequestError):
+                answers[index] = row
+            else:
+                ready.append((index, row, k))
         if ready:
             self._predict_into(answers, ready, times)
         logger.info(times.line(len(rows)))
         return BatchResult(answers, times)
+
+    def prepare(self, images: list[bytes], times: StageTimes) -> list:
+        """Each image's input row, or its RequestError: the GPU decoder's batch where there is one, else row by row."""
+        prepare_one = lambda image: self._prepare_one(image, times)  # noqa: E731
+        if self.gpu_decoder and images:
+            return self.gpu_decoder(images, prepare_one, times.measure)
+        return [prepare_one(image) for image in images]
+
+    def _prepare_one(self, image: bytes, times: StageTimes):
+        try:
+            with times.measure("decode"):
+                decoded = self.decode(image)
+            with times.measure("preprocess"):
+                return self.preprocess(decoded)
+        except RequestError as error:
+            return error
+        except Exception as error:  # our bug, not the client's
+            return internal_error("decoding", error)
 
     def _predict_into(self, answers: list, ready: list, times: StageTimes) -> None:
         try:
@@ -204,6 +236,12 @@ class ImageClassifierCore:
         if isinstance(result, RequestError):
             raise result
         return result
+
+
+def internal_error(stage: str, error: Exception) -> RequestError:
+    """A 500 for this row with the reason; logged with its traceback (called inside the except block)."""
+    logger.exception("unexpected failure %s a request", stage)
+    return RequestError(500, f"internal error while {stage}: {type(error).__name__}: {error}")
 
 
 def labels_of(folder: Path, manifest: Manifest) -> dict[int, str]:

