@@ -8,6 +8,7 @@ from a plain checkout, without the virtualenv's packages).
   python -m serving kserve OUT     KServe material (TorchServe runtime); triton OUT: a Triton repository
   python -m serving bench | soak | faults | gpu-check   measurements (serving/measure/)
   python -m serving pipeline       the request path's ceiling in one process, per body size
+  python -m serving decoders       JPEG decoders compared (PIL exact/draft, torchvision) per body size
 
 `python -m serving COMMAND --help` for each command's options.
 """
@@ -26,6 +27,7 @@ COMMANDS = {
     "faults": ("serving.measure.faults", "main", False),
     "gpu-check": ("serving.measure.gpu_check", "main", False),
     "pipeline": ("serving.measure.pipeline", "main", False),
+    "decoders": ("serving.measure.decoders", "main", False),
 }
 TORCHSERVE = ("serving.torchserve.cli", "main", True)  # start / stop / config, and no command at all
 TORCHSERVE_ACTIONS = ("start", "stop", "config")
