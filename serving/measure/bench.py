@@ -100,9 +100,9 @@ def torchserve_served(name: str, export_dir: Path, manifest: Manifest, files: li
 @contextlib.contextmanager
 def litserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scratch: Path):
     folder = scratch / LITSERVE
-    with bench_peer.running(export_dir, folder, EXAMPLE_IMAGE) as url:
+    with bench_peer.running(export_dir, folder, EXAMPLE_IMAGE) as peer:
         wire = {path.name: (bench_peer.form_body(path, folder), bench_peer.FORM_CONTENT_TYPE) for path in files}
-        yield Served(LITSERVE, url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest))
+        yield Served(LITSERVE, peer.url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest))
 
 
 def bench_configuration(name: str, export_dir: Path, manifest: Manifest, files: list[Path], levels: list[int],

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
@@ -94,14 +95,20 @@ def stop(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> None:
     process.wait()
 
 
+@dataclass(frozen=True)
+class Peer:
+    url: str  # its /predict
+    process: subprocess.Popen  # the leader of its process group
+
+
 @contextlib.contextmanager
 def running(export_dir: Path, run_dir: Path, ready_body: Path):
-    """A LitServe peer of the export that has answered a real prediction: yields its /predict URL."""
+    """A LitServe peer of the export that has answered a real prediction, stopped with its group on exit."""
     port = free_port()
     url = f"http://{HOST}:{port}/predict"
     process = start(export_dir, port, run_dir)
     try:
         wait_until_ready(url, form_body(ready_body, run_dir), process, run_dir)
-        yield url
+        yield Peer(url, process)
     finally:
         stop(process)

@@ -45,13 +45,14 @@ def at_target(rows: list[dict], names: tuple[str, ...], body: str | None, precis
 
 
 def versus_model(row: dict | None, best: dict[str, dict[int, float]], precision: str, body: str | None,
-                 threshold: float, needs: str) -> list[Target]:
+                 threshold: float, missing: str) -> list[Target]:
     """served / the model alone at batch 8 of the row's precision, and the row's p99 / p50."""
     label = f"{precision} served at c={TARGET_CONCURRENCY} on {body or 'the body'}"
     model = best.get(precision, {}).get(TARGET_CONCURRENCY)
     if row is None or model is None:
+        missing = missing if row is None else f"the in-process benchmark's {precision} batch {TARGET_CONCURRENCY}"
         return [Target(f"{label} / {precision} model alone at batch {TARGET_CONCURRENCY}", None, threshold, None,
-                       f"not measured: {needs}"),
+                       f"not measured: needs {missing}"),
                 Target(f"{label}: p99 / p50", None, TARGET_TAIL_RATIO, None, "not measured", at_most=True)]
     label = f"{precision} served ({row['configuration']}) at c={TARGET_CONCURRENCY} on {body}"
     value = ratio(row["req_per_s"], model)
@@ -91,9 +92,9 @@ def evaluate(rows: list[dict], best: dict[str, dict[int, float]], files: list[Pa
     fp32 = at_target(rows, FP32_ROWS, photo, "fp32")
     int8 = at_target(rows, INT8_ROWS, example, "int8")
     return (versus_model(fp32, best, "fp32", photo, TARGET_12MP_FP32,
-                         "--images with a 12 MP photo (python -m examples.photo_sizes), default at c=8, the "
-                         "in-process benchmark")
+                         f"an fp32 row ({' or '.join(FP32_ROWS)}) at concurrency {TARGET_CONCURRENCY}"
+                         if photo else "a 12 MP photo in --images (python -m examples.photo_sizes DIR writes one)")
             + versus_model(int8, best, "int8", example, TARGET_EXAMPLE_INT8,
-                           f"an int8 export (--precision fp32,int8), --images with {example}, int8 at c=8, the "
-                           "in-process benchmark")
+                           f"an int8 row ({' or '.join(INT8_ROWS)}: export --precision fp32,int8) on {example} at "
+                           f"concurrency {TARGET_CONCURRENCY}")
             + [no_errors(rows)] + ahead_of_peer(rows))

@@ -111,7 +111,11 @@ def test_issue_20_targets_from_the_rows_of_one_run(tmp_path):
     assert targets["ours (default) / LitServe peer at c=8 on cat.jpg"].met is False
     unmeasured = bench_targets.evaluate(rows[:1], {"fp32": {8: 20.0}}, files[:1], "cat.jpg")
     assert all(t.met is None for t in unmeasured if "served" in t.name or "LitServe" in t.name)
-    assert "not measured: --images with a 12 MP photo" in unmeasured[0].detail
+    assert "not measured: needs a 12 MP photo in --images" in unmeasured[0].detail
+    no_c8 = bench_targets.evaluate([_row("default", "12mp.jpg", 4.0, c=4)], {"fp32": {8: 20.0}}, files, "cat.jpg")
+    assert "needs an fp32 row (default or fp32-onnx) at concurrency 8" in no_c8[0].detail
+    no_model = bench_targets.evaluate(rows, {}, files, "cat.jpg")
+    assert "needs the in-process benchmark's fp32 batch 8" in no_model[0].detail
 
 
 def test_an_error_in_one_of_our_rows_fails_the_no_errors_target():
