@@ -200,7 +200,7 @@ def chart(rows: list[dict], best_inprocess: dict[int, float], path: Path) -> Non
         axis.set_title(f"served requests/s at concurrency {level} (one run; black tick: pipeline ceiling)",
                        fontsize=9)
         axis.set_ylabel("requests / second")
-        axis.legend(fontsize=7, ncol=3)
+        axis.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.12))
         axis.grid(alpha=0.3, axis="y")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -212,32 +212,19 @@ def bar_group(axis, rows: list[dict]) -> None:
     names = list(dict.fromkeys(r["configuration"] for r in rows))
     width = 0.8 / len(names)
     for n, name in enumerate(names):
-        for r in (r for r in rows if r["configuration"] == name):
+        for i, r in enumerate(r for r in rows if r["configuration"] == name):
             x = bodies.index(r.get("body", "—")) + (n - (len(names) - 1) / 2) * width
-            axis.bar(x, r["req_per_s"], width, color=f"C{n}", label=name if r is first_of(rows, name) else None,
+            axis.bar(x, r["req_per_s"], width, color=f"C{n}", label=None if i else name,
                      hatch="//" if name == NAIVE else None)
             if r.get("pipeline_ceiling"):
                 axis.plot([x - width / 2, x + width / 2], [r["pipeline_ceiling"]] * 2, color="black", linewidth=1.5)
     axis.set_xticks(range(len(bodies)), bodies, fontsize=8)
 
 
-def first_of(rows: list[dict], name: str) -> dict:
-    return next(r for r in rows if r["configuration"] == name)
-
-
 def ungated_note(rows: list[dict]) -> str:
     gates = sorted({f"`{r['configuration']}`: {r['gate']}" for r in rows if r.get("gate")})
     return ("Rows marked *speed only* served a variant that failed its accuracy gate, to measure its speed; "
             "`python -m serving` and the export's archive never serve it. " + "; ".join(gates) + "\n\n") if gates else ""
-
-
-def render_markdown(rows: list[dict], targets: list[Target], descriptions: dict[str, str], header: str) -> str:
-    described = "\n".join(f"- `{n}`: {text}" for n, text in descriptions.items())
-    return (f"{header}\n\n{described}\n\n## Per size\n\n{sizes_table(rows)}\n\n{SIZES_NOTE}\n\n"
-            f"## Where the time goes\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
-            f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler and "
-            f"the LitServe peer log no stages.\n\n{ungated_note(rows)}## Targets (issues 10, 11 and 20)\n\n"
-            f"{targets_table(targets)}\n")
 
 
 SIZES_NOTE = ("*pipeline ceiling*: `python -m serving pipeline`'s request path (our handler's decode, "
@@ -247,3 +234,12 @@ SIZES_NOTE = ("*pipeline ceiling*: `python -m serving pipeline`'s request path (
               "in-process throughput of the model alone (bench.md) at the largest batch <= the concurrency, of the "
               "row's precision. `mix` rows send every body at once (one hey per body, the clients split between "
               "them); their latencies are the largest of the bodies' percentiles, an upper bound (`≤`).")
+
+
+def render_markdown(rows: list[dict], targets: list[Target], descriptions: dict[str, str], header: str) -> str:
+    described = "\n".join(f"- `{n}`: {text}" for n, text in descriptions.items())
+    return (f"{header}\n\n{described}\n\n## Per size\n\n{sizes_table(rows)}\n\n{SIZES_NOTE}\n\n"
+            f"## Where the time goes\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
+            f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler and "
+            f"the LitServe peer log no stages.\n\n{ungated_note(rows)}## Targets (issues 10, 11 and 20)\n\n"
+            f"{targets_table(targets)}\n")

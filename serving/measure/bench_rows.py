@@ -109,7 +109,8 @@ def row(served: Served, body: str, concurrency: int, plan: LoadPlan) -> dict:
         composition = {body: load.requests}
     measured = {"configuration": served.name, "body": body, **served.facts, "concurrency": concurrency,
                 "duration_s": plan.duration_s, "requests": load.requests, "req_per_s": load.req_per_s,
-                "p50_ms": load.p50_ms, "p90_ms": load.p90_ms, "p99_ms": load.p99_ms, "failed": load.failed,
+                "p50_ms": load.p50_ms, "p90_ms": load.p90_ms, "p99_ms": load.p99_ms, "slowest_ms": load.slowest_ms,
+                "failed": load.failed,
                 "stages_ms": stages, "bodies": composition}
     print(report.progress_line(f"{served.name} {body}", measured), flush=True)
     return measured

@@ -118,6 +118,15 @@ def test_issue_20_targets_from_the_rows_of_one_run(tmp_path):
     assert "needs the in-process benchmark's fp32 batch 8" in no_model[0].detail
 
 
+def test_the_tail_target_falls_back_on_the_slowest_request_only_where_that_proves_it():
+    assert bench_targets.tail_target(_row("default", "a.jpg", 5.0, 100, 190), "t").met is True
+    assert bench_targets.tail_target(_row("default", "a.jpg", 5.0, 100, 210), "t").met is False
+    few = _row("default", "a.jpg", 5.0, 100, None, slowest_ms=180.0)
+    assert bench_targets.tail_target(few, "t").met is True and "slowest 180 ms" in bench_targets.tail_target(few, "t").detail
+    unproven = bench_targets.tail_target({**few, "slowest_ms": 400.0}, "t")
+    assert unproven.met is None and "a longer --duration" in unproven.detail
+
+
 def test_an_error_in_one_of_our_rows_fails_the_no_errors_target():
     target = bench_targets.no_errors([_row("default", "a.jpg", 5.0, failed=1), _row("litserve", "a.jpg", 5.0)])
     assert (target.value, target.met) == (1, False) and "1 of 100 requests" in target.detail
