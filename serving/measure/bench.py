@@ -142,7 +142,7 @@ def pipeline_ceilings(args, manifest: Manifest, names: list[str], files: list[Pa
     gpus, cores = this_machine()
     policy = machine_policy(gpus, cores)
     ceilings = bench_ceiling.measure(args.export_dir, manifest, [served_kind(n, manifest) for n in names], files,
-                                     policy, args.pipeline_seconds)
+                                     policy, args.pipeline_seconds, "cuda" if gpus else "cpu")
     bench_ceiling.write(ceilings, manifest, policy, cores, args.out)
     return ceilings
 

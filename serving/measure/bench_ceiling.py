@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from export.atomic import atomic_write_text
-from handlers.core import ImageClassifierCore, labels_of, run_precision
+from handlers.core import REBUILD, ImageClassifierCore, labels_of, run_precision
 from handlers.policy import ServingPolicy
 from models.contract import HandlerConfig, Manifest
-from runtime import RunOptions, open_artifact
+from runtime import RunOptions, open_artifact, verify_file
 from serving.measure import pipeline
 
 DEFAULT_SECONDS = 3.0  # timed seconds per body and artifact (pipeline.py's default)
@@ -47,23 +47,24 @@ class Ceilings:
         return sum(composition.values()) / sum(n / ceilings[body] for body, n in composition.items())
 
 
-def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int) -> ImageClassifierCore:
-    """handlers.core's request path with the artifact `kind` of the export, on the CPU with `threads`."""
+def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int, device: str) -> ImageClassifierCore:
+    """handlers.core's request path with the artifact `kind` of the export, on `device` with `threads`."""
     record, config = manifest.artifacts[kind], HandlerConfig.from_dict(None)
+    verify_file(export_dir / record.path, record.sha256, REBUILD)
     torch.set_num_threads(threads)
     backend = open_artifact(record.format, export_dir / record.path,
-                            RunOptions(device="cpu", threads=threads, precision=run_precision(record, config, "cpu")),
+                            RunOptions(device=device, threads=threads, precision=run_precision(record, config, device)),
                             name=record.kind)
-    return ImageClassifierCore(manifest, record, backend, labels_of(export_dir, manifest), config, "cpu", threads)
+    return ImageClassifierCore(manifest, record, backend, labels_of(export_dir, manifest), config, device, threads)
 
 
 def measure(export_dir: Path, manifest: Manifest, kinds: list[str], files: list[Path], policy: ServingPolicy,
-            seconds: float) -> Ceilings:
+            seconds: float, device: str = "cpu") -> Ceilings:
     per_kind = {}
     for kind in dict.fromkeys(kinds):
         print(f"pipeline ceiling of {kind} ({policy.threads_per_worker} thread(s) x {policy.workers} worker(s)):",
               flush=True)
-        core = core_for(export_dir, manifest, kind, policy.threads_per_worker)
+        core = core_for(export_dir, manifest, kind, policy.threads_per_worker, device)
         per_kind[kind] = {}
         for path in files:
             row = pipeline.measure_body(core, path, policy.batch_size, seconds)

@@ -2,8 +2,9 @@
 
 hey sends one body per process. The mix row runs one hey per body at the same time, for the same duration,
 with the concurrency split between them (8 clients over 4 bodies: 2 each; a remainder goes to the first
-bodies; measured only where there are at least as many clients as bodies). Its requests, errors and req/s are
-the sums of the processes' (exact: every hey runs the same window). Its p50/p90/p99 are the largest of the
+bodies; measured only where there are at least as many clients as bodies, and only with --duration: a fixed
+--requests count would end the processes at different times). Its requests, errors and req/s are the sums of
+the processes' (exact: every hey runs the same window). Its p50/p90/p99 are the largest of the
 processes' percentiles, an upper bound of the merged distribution's (at most q % of each body's requests are
 slower than its own q-th percentile, so at most q % of all are slower than the largest): the table marks them
 with `<=`. `bodies` records how many requests each body had, so the mix's pipeline ceiling is taken for the
@@ -116,12 +117,12 @@ def row(served: Served, body: str, concurrency: int, plan: LoadPlan) -> dict:
     return measured
 
 
-def bodies_at(served: Served, concurrency: int) -> list[str]:
-    """Each body, then the mix where there are several bodies and at least one client for each."""
+def bodies_at(served: Served, concurrency: int, plan: LoadPlan) -> list[str]:
+    """Each body, then the mix where there are several bodies, a client for each and a duration to share."""
     names = list(served.wire)
-    return names + ([MIX] if 1 < len(names) <= concurrency else [])
+    return names + ([MIX] if 1 < len(names) <= concurrency and plan.duration_s else [])
 
 
 def load_rows(served: Served, levels: list[int], plan: LoadPlan) -> list[dict]:
     warm(served, max(levels))
-    return [row(served, body, level, plan) for level in levels for body in bodies_at(served, level)]
+    return [row(served, body, level, plan) for level in levels for body in bodies_at(served, level, plan)]

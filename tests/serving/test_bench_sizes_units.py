@@ -54,12 +54,14 @@ def test_the_mix_splits_the_clients_and_adds_up_with_latency_upper_bounds():
     assert composition == {"a.jpg": 100, "b.png": 20}
 
 
-def test_a_mix_row_is_measured_only_with_several_bodies_and_a_client_for_each():
+def test_a_mix_row_is_measured_only_with_several_bodies_a_client_for_each_and_a_duration():
     served = bench_rows.Served("default", "u", 60, {"a.jpg": None, "b.png": None, "c.jpg": None})
-    assert bench_rows.bodies_at(served, 8) == ["a.jpg", "b.png", "c.jpg", "mix"]
-    assert bench_rows.bodies_at(served, 2) == ["a.jpg", "b.png", "c.jpg"]
+    timed = bench_rows.LoadPlan(20, None)
+    assert bench_rows.bodies_at(served, 8, timed) == ["a.jpg", "b.png", "c.jpg", "mix"]
+    assert bench_rows.bodies_at(served, 2, timed) == ["a.jpg", "b.png", "c.jpg"]
+    assert bench_rows.bodies_at(served, 8, bench_rows.LoadPlan(None, 50)) == ["a.jpg", "b.png", "c.jpg"]
     one = bench_rows.Served("default", "u", 60, {"a.jpg": None})
-    assert bench_rows.bodies_at(one, 8) == ["a.jpg"]
+    assert bench_rows.bodies_at(one, 8, timed) == ["a.jpg"]
 
 
 def test_a_rows_pipeline_ceiling_is_its_bodys_or_its_mixs_composition():
