@@ -1,30 +1,37 @@
-"""Throughput and latency of the served model under load, per serving configuration, against an honest
-baseline and the in-process ceiling measured in the same run.
+"""Throughput and latency of the served model under load, per serving configuration and per image body,
+against an honest baseline, a peer, and the ceilings measured in the same run.
 
-  python -m serving bench [--export-dir artifacts/resnet50] [--duration 20] [--concurrency 1,4,8,16]
-                          [--configurations naive,default,...] [--inprocess run|none|bench.json]
+  python -m serving bench [--export-dir artifacts/resnet50] [--images examples/cat.jpg,bodies/] [--duration 20]
+                          [--concurrency 1,4,8,16] [--configurations naive,default,...,litserve]
+                          [--inprocess run|none|bench.json] [--pipeline run|none] [--pipeline-seconds 3]
 
-1. In-process (unless --inprocess none or a bench.json is given): `python -m export bench` on the same
+1. Model alone (unless --inprocess none or a bench.json is given): `python -m export bench` on the same
    export, at the serving thread count and all cores, with this machine's GEMM peak (bench.md/json/png).
-2. For each configuration (bench_configurations.py) it builds an archive from the export folder, named after
-   the model, starts a real TorchServe on free loopback ports and drives it with `hey` (serving/measure/
-   loadgen.py) for a fixed duration at each concurrency (or a fixed count with --requests). `naive` is the
-   baseline: the traced TorchScript behind a handler written as TorchServe's documentation teaches
-   (naive_handler.py), TorchServe's default worker count, no thread tuning, no batching.
-3. Where the time goes: our handler logs decode/preprocess/inference/encode per batch (model_log.log, the
+2. Pipeline ceiling (unless --pipeline none): `python -m serving pipeline`'s request path per body for each
+   artifact a configuration serves, at one worker's thread budget x the policy's workers (pipeline.md/json,
+   bench_ceiling.py).
+3. Served: for each configuration (bench_configurations.py) a real server on free loopback ports, driven by
+   `hey` (loadgen.py) for a fixed duration (or a fixed count with --requests) at each concurrency, one row per
+   body (--images: files and folders, comma-separated; each sent with its own Content-Type) and, with several
+   bodies, a `mix` row that sends them all at once (bench_rows.py says how). `naive` is the baseline: the
+   traced TorchScript behind a handler written as TorchServe's documentation teaches (naive_handler.py),
+   TorchServe's default worker count, no thread tuning, no batching. `litserve` is the peer: the same artifact
+   and preprocessing behind a minimal LitServe server (peer_litserve.py, bench_peer.py).
+4. Where the time goes: our handler logs decode/preprocess/inference/encode per batch (model_log.log, the
    same numbers as its Prometheus metrics); the medians per request of each row sit beside its throughput.
-Prints a table and writes results.md (with ratios to the naive row at the same concurrency and to the best
-in-process throughput at the largest measured batch <= the concurrency), results.json, targets.json and
-throughput.png (bench_report.py). Numbers from one run on a shared machine: compare rows of the same run only.
+Prints the tables and writes results.md (per body: served req/s beside its pipeline ceiling and the model
+alone, with ratios to both; ratios to naive), results.json, targets.json (issues 10, 11, 20) and
+throughput.png (bench_report.py, bench_targets.py). Numbers from one run on a shared machine: compare rows of
+the same run only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,37 +42,25 @@ from handlers.policy import machine_policy, this_machine
 from models.contract import MANIFEST_NAME, Manifest
 from models.errors import VisionExportError
 from serving.torchserve import server
-from serving.torchserve.config import EXAMPLE_IMAGE, ServerSettings, on_free_ports
+from serving.torchserve.config import EXAMPLE_IMAGE, REQUEST_TIMEOUT_S, ServerSettings, on_free_ports
 from serving.deploy.common import DEFAULT_EXPORT_DIR
-from serving.measure import bench_report as report
-from serving.measure.bench_configurations import (CONFIGURATIONS, CORES, NAIVE, NAIVE_CONFIG, build_naive_archive,
-                                                  naive_policy, runnable, served_kind, ungated_verdict)
+from serving.measure import bench_ceiling, bench_peer, bench_report as report, bench_targets, pipeline
+from serving.measure.bench_configurations import (CONFIGURATIONS, CORES, LITSERVE, NAIVE, NAIVE_CONFIG,
+                                                  build_naive_archive, naive_policy, runnable, served_kind,
+                                                  ungated_verdict)
+from serving.measure.bench_rows import LoadPlan, Served, load_rows, raw_wire
 from serving.measure.command import run_load_command
-from serving.measure.loadgen import require_hey, run_hey
+from serving.measure.loadgen import require_hey
 
 DEFAULT_DURATION_S = 20
 DEFAULT_LEVELS = "1,4,8,16"
-WARMUP_REQUESTS_PER_CLIENT = 2
-LOG_FLUSH_S = 1.0  # the frontend copies worker stdout into model_log.log asynchronously
 
 
 class BenchError(VisionExportError):
     """The benchmark cannot run as asked; the message says which option and what to give."""
 
 
-# ------------------------------------------------------------------ one configuration, served and loaded
-def log_size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
-
-
-def read_from(path: Path, offset: int) -> str:
-    if not path.exists():  # no batch was logged (the naive handler logs none)
-        return ""
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        return handle.read().decode(errors="replace")
-
-
+# ------------------------------------------------------------------ one configuration, served
 def prepare_server(name: str, export_dir: Path, manifest: Manifest, scratch: Path,
                    token_auth: bool) -> ServerSettings:
     configuration = CONFIGURATIONS[name]
@@ -86,35 +81,40 @@ def prepare_server(name: str, export_dir: Path, manifest: Manifest, scratch: Pat
     return settings
 
 
-def bench_configuration(name: str, export_dir: Path, manifest: Manifest, image: Path, levels: list[int],
-                        scratch: Path, duration_s: int | None, requests: int | None,
-                        token_auth: bool = False) -> list[dict]:
-    settings = prepare_server(name, export_dir, manifest, scratch, token_auth)
+def row_facts(name: str, manifest: Manifest) -> dict:
+    kind = served_kind(name, manifest)
     gate = ungated_verdict(name, manifest)
-    precision = manifest.artifacts[served_kind(name, manifest)].precision
-    model_log = settings.log_dir / "model_log.log"
-    rows = []
-    with server.running(settings, image):
-        headers = server.auth_headers(settings)
-        timeout = settings.response_timeout_s  # a request may take as long as TorchServe lets a worker take
-        run_hey(settings.predictions_url(), image, max(levels), timeout,
-                requests=WARMUP_REQUESTS_PER_CLIENT * max(levels), headers=headers)
-        for level in levels:
-            time.sleep(LOG_FLUSH_S)
-            offset = log_size(model_log)
-            load = run_hey(settings.predictions_url(), image, level, timeout, duration_s, requests, headers)
-            time.sleep(LOG_FLUSH_S)
-            stages = report.stage_medians(report.parse_stage_lines(read_from(model_log, offset)))
-            row = {"configuration": name, "model": manifest.model.name, "precision": precision,
-                   "concurrency": level, "duration_s": duration_s, "requests": load.requests,
-                   "req_per_s": load.req_per_s, "p50_ms": load.p50_ms, "p90_ms": load.p90_ms, "p99_ms": load.p99_ms,
-                   "failed": load.failed, "stages_ms": stages, **({"gate": gate} if gate else {})}
-            print(report.progress_line(name, row), flush=True)
-            rows.append(row)
-    return rows
+    return {"model": manifest.model.name, "precision": manifest.artifacts[kind].precision, "artifact": kind,
+            **({"gate": gate} if gate else {})}
 
 
-# ------------------------------------------------------------------ in-process reference
+@contextlib.contextmanager
+def torchserve_served(name: str, export_dir: Path, manifest: Manifest, files: list[Path], scratch: Path,
+                      token_auth: bool):
+    settings = prepare_server(name, export_dir, manifest, scratch, token_auth)
+    with server.running(settings, EXAMPLE_IMAGE):
+        yield Served(name, settings.predictions_url(), settings.response_timeout_s, raw_wire(files),
+                     server.auth_headers(settings), settings.log_dir / "model_log.log", row_facts(name, manifest))
+
+
+@contextlib.contextmanager
+def litserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scratch: Path):
+    folder = scratch / LITSERVE
+    with bench_peer.running(export_dir, folder, EXAMPLE_IMAGE) as peer:
+        wire = {path.name: (bench_peer.form_body(path, folder), bench_peer.FORM_CONTENT_TYPE) for path in files}
+        yield Served(LITSERVE, peer.url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest))
+
+
+def bench_configuration(name: str, export_dir: Path, manifest: Manifest, files: list[Path], levels: list[int],
+                        scratch: Path, plan: LoadPlan, token_auth: bool = False) -> list[dict]:
+    """Every body (and the mix) at every concurrency against one configuration, started and stopped here."""
+    served = (litserve_served(export_dir, manifest, files, scratch) if name == LITSERVE
+              else torchserve_served(name, export_dir, manifest, files, scratch, token_auth))
+    with served as target:
+        return load_rows(target, levels, plan)
+
+
+# ------------------------------------------------------------------ the ceilings beside the served rows
 def inprocess_report(source: str, export_dir: Path, out: Path) -> inprocess.Report | None:
     if source == "none":
         return None
@@ -136,21 +136,49 @@ def best_fp32_peak_fraction(result: inprocess.Report | None) -> float | None:
     return max(fractions) if fractions else None
 
 
+def pipeline_ceilings(args, manifest: Manifest, names: list[str], files: list[Path]) -> bench_ceiling.Ceilings | None:
+    if args.pipeline == "none":
+        return None
+    gpus, cores = this_machine()
+    policy = machine_policy(gpus, cores)
+    ceilings = bench_ceiling.measure(args.export_dir, manifest, [served_kind(n, manifest) for n in names], files,
+                                     policy, args.pipeline_seconds, "cuda" if gpus else "cpu")
+    bench_ceiling.write(ceilings, manifest, policy, cores, args.out)
+    return ceilings
+
+
 # ------------------------------------------------------------------ entry point
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m serving bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export-dir", type=Path, default=DEFAULT_EXPORT_DIR)
-    parser.add_argument("--image", type=Path, default=EXAMPLE_IMAGE)
+    parser.add_argument("--images", "--image", dest="images", default=str(EXAMPLE_IMAGE),
+                        help="the bodies to send: image files and folders of them, comma-separated (default: the "
+                             "example JPEG; python -m examples.photo_sizes DIR writes the sizes users send)")
     parser.add_argument("--duration", type=int, default=DEFAULT_DURATION_S, help="seconds per row (default 20)")
     parser.add_argument("--requests", type=int, default=None, help="a fixed count per row instead of --duration")
     parser.add_argument("--concurrency", default=DEFAULT_LEVELS)
     parser.add_argument("--configurations", default=",".join(CONFIGURATIONS))
     parser.add_argument("--inprocess", default="run",
                         help="run (default: the in-process benchmark first, same export), none, or a bench.json")
+    parser.add_argument("--pipeline", choices=("run", "none"), default="run",
+                        help="run (default): measure each body's pipeline ceiling first; none: leave it out")
+    parser.add_argument("--pipeline-seconds", type=float, default=bench_ceiling.DEFAULT_SECONDS,
+                        help="timed seconds per body and artifact of the pipeline ceiling (default %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--token-auth", action="store_true", help="serve with token authorisation on")
     return parser.parse_args(argv)
+
+
+def image_files(spec: str) -> list[Path]:
+    """--images: every image of the files and folders named, once each (rows are keyed by file name)."""
+    files = [path for part in spec.split(",") if part.strip() for path in pipeline.bodies(Path(part.strip()))]
+    names = [path.name for path in files]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise BenchError(f"--images names {', '.join(twice)} more than once; rows are named after the file, "
+                         "so give each body once")
+    return files
 
 
 def check(args) -> tuple[list[int], list[str]]:
@@ -167,38 +195,64 @@ def check(args) -> tuple[list[int], list[str]]:
         raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGURATIONS)}")
     if not levels or min(levels) < 1 or args.duration < 1 or (args.requests is not None and args.requests < 1):
         raise BenchError("--concurrency, --duration and --requests must be at least 1")
+    if LITSERVE in names and not bench_peer.installed():
+        raise BenchError("the litserve configuration needs LitServe: pip install -e '.[dev]' (or pip install "
+                         "litserve python-multipart), or leave litserve out of --configurations")
     require_hey()  # after the options, so a typo is reported on machines without hey too
     return levels, names
+
+
+def describe(names: list[str]) -> dict[str, str]:
+    described = {name: CONFIGURATIONS[name].description for name in names}
+    if LITSERVE in described:
+        described[LITSERVE] += f" (litserve {bench_peer.litserve_version()})"
+    return described
 
 
 def _main(argv) -> int:
     args = parse_args(argv)
     levels, names = check(args)
+    files = image_files(args.images)
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest.read(args.export_dir)
     names = runnable(names, manifest)
     measured = inprocess_report(args.inprocess, args.export_dir, args.out)
     best = {precision: {b: r.images_per_s for b, r in inprocess.best_rows(measured.rows, precision=precision).items()}
             for precision in ("fp32", "int8")} if measured else {}
+    ceilings = pipeline_ceilings(args, manifest, names, files)
+    descriptions = describe(names)
     for name in names:
-        print(f"{name}: {CONFIGURATIONS[name].description}", flush=True)
+        print(f"{name}: {descriptions[name]}", flush=True)
+    plan = LoadPlan(None if args.requests else args.duration, args.requests)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
         for name in names:
-            rows += bench_configuration(name, args.export_dir, manifest, args.image, levels, Path(scratch),
-                                        None if args.requests else args.duration, args.requests, args.token_auth)
-    report.add_ratios(rows, best)
-    targets = report.evaluate_targets(rows, best.get("fp32", {}), best_fp32_peak_fraction(measured))
+            rows += bench_configuration(name, args.export_dir, manifest, files, levels, Path(scratch), plan,
+                                        args.token_auth)
+    report.add_ratios(rows, best, ceilings.of_row if ceilings else None)
+    write_results(args, manifest, rows, targets_of(rows, best, measured, files), descriptions, best.get("fp32", {}))
+    return 0
+
+
+def targets_of(rows: list[dict], best: dict, measured, files: list[Path]) -> list[report.Target]:
+    """Issues 10 and 11's on the example's rows (or the first body's), then issue 20's on every row."""
+    example = EXAMPLE_IMAGE.name if any(path.name == EXAMPLE_IMAGE.name for path in files) else files[0].name
+    on_example = [r for r in rows if r["body"] == example]
+    return (report.evaluate_targets(on_example, best.get("fp32", {}), best_fp32_peak_fraction(measured))
+            + bench_targets.evaluate(rows, best, files, example))
+
+
+def write_results(args, manifest: Manifest, rows: list[dict], targets: list, descriptions: dict[str, str],
+                  best_fp32: dict[int, float]) -> None:
     per_row = f"{args.requests} requests" if args.requests else f"{args.duration} s"
     header = (f"# Serving benchmark: {manifest.model.name} ({manifest.weights.get('kind', 'unrecorded')} weights), "
               f"{CORES} cores, {per_row} per row, hey")
-    atomic_write_text(args.out / "results.md", report.render_markdown(rows, targets, names, header))
+    atomic_write_text(args.out / "results.md", report.render_markdown(rows, targets, descriptions, header))
     atomic_write_text(args.out / "results.json", json.dumps(rows, indent=2))
     atomic_write_text(args.out / "targets.json", json.dumps([asdict(t) for t in targets], indent=2))
-    report.chart(rows, best.get("fp32", {}), args.out / "throughput.png")
-    print("\n" + report.table(rows) + "\n\n" + report.targets_table(targets)
+    report.chart(rows, best_fp32, args.out / "throughput.png")
+    print("\n" + report.sizes_table(rows) + "\n\n" + report.table(rows) + "\n\n" + report.targets_table(targets)
           + f"\n\nwrote {args.out}/results.md, results.json, targets.json, throughput.png")
-    return 0
 
 
 def main(argv=None) -> int:

@@ -18,6 +18,7 @@ CORES = os.cpu_count() or 1
 NAIVE = "naive"
 DEFAULT = "default"
 INT8 = "int8"
+LITSERVE = "litserve"  # the peer: not TorchServe (bench_peer.py, peer_litserve.py)
 NAIVE_HANDLER = Path(__file__).resolve().parent / "naive_handler.py"
 NAIVE_ARTIFACT = "traced"
 # TorchServe's own defaults for a CPU host (ConfigManager.getDefaultWorkers: a worker per processor when
@@ -55,6 +56,9 @@ CONFIGURATIONS = {
     "oversubscribed": Configuration("our handler with TorchServe-like threading: a worker per core, each using "
                                     "every core, no batching", None,
                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES}),
+    LITSERVE: Configuration("the peer a user would pick instead: the export's served artifact and the same "
+                            "preprocessing behind a minimal LitServe server (serving/measure/peer_litserve.py: ONNX "
+                            "Runtime with 1 intra-op thread, 2 workers), sent each image as a multipart form file"),
 }
 
 NAIVE_CONFIG = """# TorchServe with its defaults, on loopback only (the naive baseline of python -m serving bench)

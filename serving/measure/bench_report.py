@@ -19,6 +19,7 @@ TARGET_INT8_REQ_PER_S = 100  # issue 11: the int8 artifact served at concurrency
 TARGET_TAIL_RATIO = 2.0  # ... with p99 <= 2 x p50
 STAGE_LINE = re.compile(r"batch of (\d+): (.*)$")
 STAGE_VALUE = re.compile(r"(\w+)=([\d.]+)ms")
+MIX = "mix"  # the body name of the rows that send every body at once (bench_rows.py)
 
 
 @dataclass
@@ -63,16 +64,21 @@ def ratio(value: float, reference: float | None) -> float | None:
     return value / reference if reference else None
 
 
-def add_ratios(rows: list[dict], best_by_precision: dict[str, dict[int, float]]) -> list[dict]:
-    """Each row gains vs_naive (same concurrency) and vs_inprocess (the best in-process row of the served
-    artifact's precision at the largest batch <= the concurrency: an int8 row is held to int8's ceiling)."""
-    naive = {r["concurrency"]: r["req_per_s"] for r in rows if r["configuration"] == NAIVE}
+def add_ratios(rows: list[dict], best_by_precision: dict[str, dict[int, float]], ceiling=None) -> list[dict]:
+    """Each row gains vs_naive (same body and concurrency), vs_inprocess (the model alone: the best in-process
+    row of the served artifact's precision at the largest batch <= the concurrency; an int8 row is held to
+    int8's ceiling) and, given ceiling(row) -> images/s or None, pipeline_ceiling and vs_pipeline."""
+    naive = {(r.get("body"), r["concurrency"]): r["req_per_s"] for r in rows if r["configuration"] == NAIVE}
     for row in rows:
         best_inprocess = best_by_precision.get(row.get("precision", "fp32"), {})
         batch = inprocess_batch_for(row["concurrency"], sorted(best_inprocess))
-        row["vs_naive"] = ratio(row["req_per_s"], naive.get(row["concurrency"]))
+        row["vs_naive"] = ratio(row["req_per_s"], naive.get((row.get("body"), row["concurrency"])))
         row["inprocess_batch"] = batch
-        row["vs_inprocess"] = ratio(row["req_per_s"], best_inprocess.get(batch)) if batch else None
+        row["inprocess_per_s"] = best_inprocess.get(batch) if batch else None
+        row["vs_inprocess"] = ratio(row["req_per_s"], row["inprocess_per_s"])
+        if ceiling is not None:
+            row["pipeline_ceiling"] = ceiling(row)
+            row["vs_pipeline"] = ratio(row["req_per_s"], row["pipeline_ceiling"])
     return rows
 
 
@@ -121,19 +127,43 @@ def cell(value: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def table(rows: list[dict]) -> str:
+    """Where the time goes: every row with p90, the ratio to naive and the handler's stage medians."""
     stage_headers = " | ".join(f"{s} ms" for s in STAGES)
-    lines = [f"| configuration | c | req/s | p50 ms | p90 ms | p99 ms | errors | × naive | × in-process (batch) | "
-             f"{stage_headers} | batch |", "|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|"]
+    lines = [f"| body | configuration | c | req/s | p50 ms | p90 ms | p99 ms | errors | × naive | × in-process (batch) | "
+             f"{stage_headers} | batch |", "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|"]
     for r in rows:
         stages = r.get("stages_ms") or {}
         inprocess_cell = (f"{r['vs_inprocess']:.2f} ({r['inprocess_batch']})" if r.get("vs_inprocess") is not None
                           else "—")
-        name = r["configuration"] + (" (speed only, gate failed)" if r.get("gate") else "")
-        lines.append(f"| {name} | {r['concurrency']} | {r['req_per_s']:.1f} | {cell(r['p50_ms'], '{:.0f}')} | "
-                     f"{cell(r['p90_ms'], '{:.0f}')} | {cell(r['p99_ms'], '{:.0f}')} | {r['failed']} | "
+        lines.append(f"| {r.get('body', '—')} | {row_name(r)} | {r['concurrency']} | {r['req_per_s']:.1f} | "
+                     f"{latency(r, 'p50_ms')} | {latency(r, 'p90_ms')} | {latency(r, 'p99_ms')} | {r['failed']} | "
                      f"{cell(r.get('vs_naive'))} | "
                      f"{inprocess_cell} | " + " | ".join(cell(stages.get(s), "{:.1f}") for s in STAGES)
                      + f" | {cell(stages.get('batch'), '{:.0f}')} |")
+    return "\n".join(lines)
+
+
+def row_name(row: dict) -> str:
+    return row["configuration"] + (" (speed only, gate failed)" if row.get("gate") else "")
+
+
+def latency(row: dict, key: str) -> str:
+    """Milliseconds; a mix row's are the largest of its bodies' percentiles, an upper bound: marked <=."""
+    value = cell(row.get(key), "{:.0f}")
+    return f"≤{value}" if row.get("body") == MIX and row.get(key) is not None else value
+
+
+def sizes_table(rows: list[dict]) -> str:
+    """The per-size table: each served row beside the pipeline ceiling of its body and the model alone."""
+    lines = ["| body | configuration | c | served req/s | p50 ms | p99 ms | errors | pipeline ceiling | "
+             "model-only (batch) | served / pipeline | served / model |", "|" + "---|" * 11]
+    for r in rows:
+        model = (f"{r['inprocess_per_s']:.1f} ({r['inprocess_batch']})" if r.get("inprocess_per_s") is not None
+                 else "—")
+        lines.append(f"| {r.get('body', '—')} | {row_name(r)} | {r['concurrency']} | {r['req_per_s']:.1f} | "
+                     f"{latency(r, 'p50_ms')} | {latency(r, 'p99_ms')} | {r['failed']} | "
+                     f"{cell(r.get('pipeline_ceiling'), '{:.1f}')} | {model} | {cell(r.get('vs_pipeline'))} | "
+                     f"{cell(r.get('vs_inprocess'))} |")
     return "\n".join(lines)
 
 
@@ -154,28 +184,41 @@ def progress_line(name: str, row: dict) -> str:
 
 
 def chart(rows: list[dict], best_inprocess: dict[int, float], path: Path) -> None:
+    """Per concurrency, a group of bars per body (one per configuration), each bar with its pipeline ceiling
+    as a black tick and the best fp32 model-only rate at the compared batch as a dotted line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(7.5, 4.2))
-    for name in dict.fromkeys(r["configuration"] for r in rows):
-        mine = [r for r in rows if r["configuration"] == name]
-        axis.plot([r["concurrency"] for r in mine], [r["req_per_s"] for r in mine], marker="o", label=name,
-                  linestyle="--" if name == NAIVE else "-")
-    for batch, value in best_inprocess.items():
-        axis.axhline(value, color="grey", linewidth=0.8, linestyle=":")
-        axis.annotate(f"in-process best fp32, batch {batch}", (axis.get_xlim()[0], value), fontsize=7, color="grey",
-                      va="bottom")
-    axis.set_xlabel("concurrent clients")
-    axis.set_ylabel("requests / second")
-    axis.set_title("TorchServe throughput by configuration (one run)")
-    axis.set_xscale("log", base=2)
-    axis.set_ylim(bottom=0)
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
+    levels = sorted({r["concurrency"] for r in rows})
+    figure, axes = plt.subplots(len(levels), 1, figsize=(9, 3.6 * len(levels)), squeeze=False)
+    for axis, level in zip(axes[:, 0], levels):
+        bar_group(axis, [r for r in rows if r["concurrency"] == level])
+        batch = inprocess_batch_for(level, sorted(best_inprocess))
+        if batch:
+            axis.axhline(best_inprocess[batch], color="grey", linewidth=0.8, linestyle=":",
+                         label=f"model alone, best fp32, batch {batch}")
+        axis.set_title(f"served requests/s at concurrency {level} (one run; black tick: pipeline ceiling)",
+                       fontsize=9)
+        axis.set_ylabel("requests / second")
+        axis.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+        axis.grid(alpha=0.3, axis="y")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def bar_group(axis, rows: list[dict]) -> None:
+    bodies = list(dict.fromkeys(r.get("body", "—") for r in rows))
+    names = list(dict.fromkeys(r["configuration"] for r in rows))
+    width = 0.8 / len(names)
+    for n, name in enumerate(names):
+        for i, r in enumerate(r for r in rows if r["configuration"] == name):
+            x = bodies.index(r.get("body", "—")) + (n - (len(names) - 1) / 2) * width
+            axis.bar(x, r["req_per_s"], width, color=f"C{n}", label=None if i else name,
+                     hatch="//" if name == NAIVE else None)
+            if r.get("pipeline_ceiling"):
+                axis.plot([x - width / 2, x + width / 2], [r["pipeline_ceiling"]] * 2, color="black", linewidth=1.5)
+    axis.set_xticks(range(len(bodies)), bodies, fontsize=8)
 
 
 def ungated_note(rows: list[dict]) -> str:
@@ -184,8 +227,19 @@ def ungated_note(rows: list[dict]) -> str:
             "`python -m serving` and the export's archive never serve it. " + "; ".join(gates) + "\n\n") if gates else ""
 
 
-def render_markdown(rows: list[dict], targets: list[Target], names: list[str], header: str) -> str:
-    described = "\n".join(f"- `{n}`: {CONFIGURATIONS[n].description}" for n in names)
-    return (f"{header}\n\n{described}\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
-            f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler logs "
-            f"no stages.\n\n{ungated_note(rows)}## Targets (issue 10)\n\n{targets_table(targets)}\n")
+SIZES_NOTE = ("*pipeline ceiling*: `python -m serving pipeline`'s request path (our handler's decode, "
+              "preprocess, inference, encode in one process) for the artifact the row serves and the same body, at "
+              "one worker's thread budget, times the serving policy's workers, measured in this run (pipeline.md); "
+              "for `mix` the ceiling of the same composition of bodies the row served. *model-only*: the best "
+              "in-process throughput of the model alone (bench.md) at the largest batch <= the concurrency, of the "
+              "row's precision. `mix` rows send every body at once (one hey per body, the clients split between "
+              "them); their latencies are the largest of the bodies' percentiles, an upper bound (`≤`).")
+
+
+def render_markdown(rows: list[dict], targets: list[Target], descriptions: dict[str, str], header: str) -> str:
+    described = "\n".join(f"- `{n}`: {text}" for n, text in descriptions.items())
+    return (f"{header}\n\n{described}\n\n## Per size\n\n{sizes_table(rows)}\n\n{SIZES_NOTE}\n\n"
+            f"## Where the time goes\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
+            f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler and "
+            f"the LitServe peer log no stages.\n\n{ungated_note(rows)}## Targets (issues 10, 11 and 20)\n\n"
+            f"{targets_table(targets)}\n")

@@ -9,6 +9,7 @@ GPU check imports this on machines without the project's virtual environment (in
 from __future__ import annotations
 
 import concurrent.futures
+import mimetypes
 import re
 import shutil
 import subprocess
@@ -23,7 +24,13 @@ from models.errors import VisionExportError
 HEY = "hey"
 HEY_MISSING = "the load generator `hey` is not installed: apt-get install hey"
 SPAWN_MARGIN_S = 60  # on top of the load's own length, before a hung hey is stopped
-CONTENT_TYPE = "image/jpeg"
+CONTENT_TYPE = "image/jpeg"  # when a body's file name says nothing else
+
+
+def content_type(body: Path) -> str:
+    """The Content-Type a client sends with this file (image/png for a PNG); image/jpeg when unknown."""
+    guessed, _ = mimetypes.guess_type(str(body))
+    return guessed if guessed and guessed.startswith("image/") else CONTENT_TYPE
 
 
 class LoadError(VisionExportError):
@@ -73,23 +80,25 @@ def parse_hey(output: str) -> Load:
 
 
 def hey_command(url: str, image: Path, concurrency: int, request_timeout_s: float, duration_s: int | None = None,
-                requests: int | None = None, headers: dict | None = None) -> list[str]:
-    """POST the image for duration_s seconds, or exactly `requests` times."""
+                requests: int | None = None, headers: dict | None = None, mime: str | None = None) -> list[str]:
+    """POST the image for duration_s seconds, or exactly `requests` times, with Content-Type `mime` (default:
+    content_type(image))."""
     if (duration_s is None) == (requests is None):
         raise ValueError("give either duration_s or requests")
-    command = [HEY, "-c", str(concurrency), "-t", str(int(request_timeout_s)), "-m", "POST", "-T", CONTENT_TYPE,
-               "-D", str(image)]
+    command = [HEY, "-c", str(concurrency), "-t", str(int(request_timeout_s)), "-m", "POST",
+               "-T", mime or content_type(Path(image)), "-D", str(image)]
     command += ["-z", f"{duration_s}s"] if requests is None else ["-n", str(requests)]
     command += [part for name, value in (headers or {}).items() for part in ("-H", f"{name}: {value}")]
     return command + [url]
 
 
 def run_hey(url: str, image: Path, concurrency: int, request_timeout_s: float, duration_s: int | None = None,
-            requests: int | None = None, headers: dict | None = None, limit_s: float | None = None) -> Load:
+            requests: int | None = None, headers: dict | None = None, limit_s: float | None = None,
+            mime: str | None = None) -> Load:
     """Run hey to the end and read its summary; limit_s bounds the whole run (default: the load's own
     length plus a request timeout and SPAWN_MARGIN_S)."""
     require_hey()
-    command = hey_command(url, image, concurrency, request_timeout_s, duration_s, requests, headers)
+    command = hey_command(url, image, concurrency, request_timeout_s, duration_s, requests, headers, mime)
     bound = limit_s or (duration_s or 0) + request_timeout_s * (1 + (requests or 0)) + SPAWN_MARGIN_S
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=bound)

@@ -108,8 +108,8 @@ def test_results_table_shows_ratios_and_stage_medians_and_dashes_where_there_are
                                                          "encode": 0.2, "batch": 1, "batches": 300}}]
     report.add_ratios(rows, {"fp32": {8: 20.0}})
     text = report.table(rows)
-    assert "| naive | 8 | 4.0 | 1900 | 2500 | — | 0 | 1.00 | 0.20 (8) | — | — | — | — | — |" in text
-    assert "| default | 8 | 18.0 | 430 | 610 | 990 | 1 | 4.50 | 0.90 (8) | 2.0 | 4.0 | 95.0 | 0.2 | 1 |" in text
+    assert "| — | naive | 8 | 4.0 | 1900 | 2500 | — | 0 | 1.00 | 0.20 (8) | — | — | — | — | — |" in text
+    assert "| — | default | 8 | 18.0 | 430 | 610 | 990 | 1 | 4.50 | 0.90 (8) | 2.0 | 4.0 | 95.0 | 0.2 | 1 |" in text
 
 
 def test_bad_options_are_errors_that_say_what_to_give(tmp_path):
