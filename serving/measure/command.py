@@ -5,9 +5,11 @@ TorchServe too."""
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 from pathlib import Path
 
+from export.atomic import atomic_write_text
 from models.errors import VisionExportError
 from serving.torchserve.config import EXAMPLE_IMAGE, ServerSettings, on_free_ports
 
@@ -16,6 +18,14 @@ INTERRUPTED = "interrupted; TorchServe stopped"
 
 class MeasureError(VisionExportError):
     """A measurement command cannot run as asked; the message says what to give instead."""
+
+
+def write_tables(out: Path, stem: str, markdown: str, context: dict, rows: list) -> None:
+    """OUT/STEM.md and OUT/STEM.json ({"context", "rows"}), each written whole; the table is printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / f"{stem}.md", markdown)
+    atomic_write_text(out / f"{stem}.json", json.dumps({"context": context, "rows": rows}, indent=2) + "\n")
+    print(markdown + f"\nwrote {out}/{stem}.md, {stem}.json")
 
 
 def load_command_parser(command: str, description: str, out: str) -> argparse.ArgumentParser:

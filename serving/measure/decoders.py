@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from export.atomic import atomic_write_text
 from export.bench_peak import time_runs
 from runtime.images import DRAFT_FACTOR, decode_image, shown_size
+from serving.measure.command import write_tables
 from serving.measure.pipeline import bodies
 
 WARMUP_RUNS = 2
@@ -95,8 +95,5 @@ def _main(argv: list[str] | None) -> int:
                "resize": args.resize, "warnings": sorted({f"{w.category.__name__}: {str(w.message)[:160]}"
                                                           for w in caught})}
     report = markdown(rows, context)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "decoders.md", report)
-    atomic_write_text(args.out / "decoders.json", json.dumps({"context": context, "rows": rows}, indent=2) + "\n")
-    print(report + f"\nwrote {args.out}/decoders.md, decoders.json")
+    write_tables(args.out, "decoders", report, context, rows)
     return 0

@@ -19,12 +19,11 @@ import json
 import statistics
 from pathlib import Path
 
-from export.atomic import atomic_write_text
 from export.bench_peak import time_runs
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest
 from handlers.policy import machine_policy, this_machine
 from runtime.images import RequestError, shown_size
-from serving.measure.command import MeasureError
+from serving.measure.command import MeasureError, write_tables
 
 # --decode: the handler settings of each row's core
 DECODE_CHOICES = {"manifest": ({},), "exact": ({"decode": "exact"},), "both": ({"decode": "exact"}, {})}
@@ -113,8 +112,5 @@ def _main(argv: list[str] | None) -> int:
     context = {"model": core.manifest.model.name, "artifact": core.record.kind, "threads": core.threads,
                "batch": batch, "workers": policy.workers, "cores": cores, "export_dir": str(args.export_dir)}
     report = markdown(rows, context)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "pipeline.md", report)
-    atomic_write_text(args.out / "pipeline.json", json.dumps({"context": context, "rows": rows}, indent=2) + "\n")
-    print(report + f"\nwrote {args.out}/pipeline.md, pipeline.json")
+    write_tables(args.out, "pipeline", report, context, rows)
     return 0
