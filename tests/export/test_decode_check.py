@@ -35,7 +35,7 @@ def test_check_images_are_decoded_at_the_scales_they_stand_for():
 def metrics_of(exact: torch.Tensor, draft: torch.Tensor, top5: float = 1.0) -> dict:
     levels = (draft - exact).abs() * 255
     return {"mean_levels": levels.mean().item(), "max_levels": levels.max().item(), "relative_logit_error": 0.01,
-            "confident_images": 10, "top1_agreement_confident": 1.0, "top5_agreement": top5}
+            "confident_images": 10, "top1_agreement_confident": 1.0, "top5_agreement_confident": top5}
 
 
 def test_the_gate_passes_real_draft_decoding_and_fails_a_decoder_that_turns_images_wrongly():
@@ -47,14 +47,16 @@ def test_the_gate_passes_real_draft_decoding_and_fails_a_decoder_that_turns_imag
 
 def test_the_gate_fails_each_answer_check_with_its_number_and_bound():
     base = {"mean_levels": 0.2, "max_levels": 5.0, "relative_logit_error": 0.01, "confident_images": 10,
-            "top1_agreement_confident": 1.0, "top5_agreement": 1.0}
+            "top1_agreement_confident": 1.0, "top5_agreement_confident": 1.0}
     assert judge(base) == []
     assert judge({**base, "relative_logit_error": 0.5}) == [
         f"logit error 0.500 of the spread > {DECODE_TOLERANCE.max_relative_logit_error:g}"]
     assert "top-1 agreement on confident images 90.0 %" in judge({**base, "top1_agreement_confident": 0.9})[0]
-    assert "top-5 agreement 95.0 %" in judge({**base, "top5_agreement": 0.95})[0]
-    # no confident image (random weights): top-1 is not counted, the other checks still are
-    assert judge({**base, "confident_images": 0, "top1_agreement_confident": float("nan")}) == []
+    assert "top-5 agreement on confident images 95.0 %" in judge({**base, "top5_agreement_confident": 0.95})[0]
+    # no confident image (random weights): the answers are not counted, the tensor and the logits still are
+    nan = float("nan")
+    assert judge({**base, "confident_images": 0, "top1_agreement_confident": nan, "top5_agreement_confident": nan}) == []
+    assert judge({**base, "confident_images": 0, "top1_agreement_confident": nan, "mean_levels": 9.0}) != []
 
 
 def test_images_below_twice_the_floor_are_decoded_exactly_in_draft_mode():
