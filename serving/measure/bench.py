@@ -45,7 +45,7 @@ from serving.torchserve import server
 from serving.torchserve.config import EXAMPLE_IMAGE, REQUEST_TIMEOUT_S, ServerSettings, on_free_ports
 from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.measure import bench_ceiling, bench_peer, bench_report as report, bench_targets, pipeline
-from serving.measure.bench_configurations import (CONFIGURATIONS, CORES, LITSERVE, NAIVE, NAIVE_CONFIG,
+from serving.measure.bench_configurations import (ceiling_of, CONFIGURATIONS, CORES, LITSERVE, NAIVE, NAIVE_CONFIG,
                                                   build_naive_archive, naive_policy, runnable, served_kind,
                                                   ungated_verdict)
 from serving.measure.bench_rows import LoadPlan, Served, load_rows, raw_wire
@@ -85,7 +85,7 @@ def row_facts(name: str, manifest: Manifest) -> dict:
     kind = served_kind(name, manifest)
     gate = ungated_verdict(name, manifest)
     return {"model": manifest.model.name, "precision": manifest.artifacts[kind].precision, "artifact": kind,
-            **({"gate": gate} if gate else {})}
+            "ceiling": ceiling_of(name, manifest)[0], **({"gate": gate} if gate else {})}
 
 
 @contextlib.contextmanager
@@ -141,7 +141,7 @@ def pipeline_ceilings(args, manifest: Manifest, names: list[str], files: list[Pa
         return None
     gpus, cores = this_machine()
     policy = machine_policy(gpus, cores)
-    ceilings = bench_ceiling.measure(args.export_dir, manifest, [served_kind(n, manifest) for n in names], files,
+    ceilings = bench_ceiling.measure(args.export_dir, manifest, [ceiling_of(n, manifest) for n in names], files,
                                      policy, args.pipeline_seconds, "cuda" if gpus else "cpu")
     bench_ceiling.write(ceilings, manifest, policy, cores, args.out)
     return ceilings

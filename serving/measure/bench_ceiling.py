@@ -41,15 +41,17 @@ class Ceilings:
         rate at which the pipeline would do that many of each: total / sum(count / ceiling)); equal shares
         when nothing was answered."""
         composition = row["bodies"] if sum(row["bodies"].values()) else dict.fromkeys(row["bodies"], 1)
-        ceilings = {body: self.of(row["artifact"], body) for body in composition}
+        ceilings = {body: self.of(row.get("ceiling", row["artifact"]), body) for body in composition}
         if not composition or None in ceilings.values():
             return None
         return sum(composition.values()) / sum(n / ceilings[body] for body, n in composition.items())
 
 
-def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int, device: str) -> ImageClassifierCore:
-    """handlers.core's request path with the artifact `kind` of the export, on `device` with `threads`."""
-    record, config = manifest.artifacts[kind], HandlerConfig.from_dict(None)
+def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int, device: str,
+             settings: dict | None = None) -> ImageClassifierCore:
+    """handlers.core's request path with the artifact `kind` of the export, on `device` with `threads` and the
+    handler `settings`."""
+    record, config = manifest.artifacts[kind], HandlerConfig.from_dict(settings)
     verify_file(export_dir / record.path, record.sha256, REBUILD)
     torch.set_num_threads(threads)
     backend = open_artifact(record.format, export_dir / record.path,
@@ -58,17 +60,18 @@ def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int, devi
     return ImageClassifierCore(manifest, record, backend, labels_of(export_dir, manifest), config, device, threads)
 
 
-def measure(export_dir: Path, manifest: Manifest, kinds: list[str], files: list[Path], policy: ServingPolicy,
-            seconds: float, device: str = "cpu") -> Ceilings:
+def measure(export_dir: Path, manifest: Manifest, wanted: list[tuple[str, str, dict]], files: list[Path],
+            policy: ServingPolicy, seconds: float, device: str = "cpu") -> Ceilings:
+    """`wanted`: (key, artifact kind, handler settings) per ceiling (bench_configurations.ceiling_of)."""
     per_kind = {}
-    for kind in dict.fromkeys(kinds):
-        print(f"pipeline ceiling of {kind} ({policy.threads_per_worker} thread(s) x {policy.workers} worker(s)):",
+    for key, kind, settings in {key: (key, kind, settings) for key, kind, settings in wanted}.values():
+        print(f"pipeline ceiling of {key} ({policy.threads_per_worker} thread(s) x {policy.workers} worker(s)):",
               flush=True)
-        core = core_for(export_dir, manifest, kind, policy.threads_per_worker, device)
-        per_kind[kind] = {}
+        core = core_for(export_dir, manifest, kind, policy.threads_per_worker, device, settings)
+        per_kind[key] = {}
         for path in files:
             row = pipeline.measure_body(core, path, policy.batch_size, seconds)
-            per_kind[kind][path.name] = row
+            per_kind[key][path.name] = row
             print(f"  {path.name:<20} {row['pipeline_images_per_s']:7.1f} images/s per worker "
                   f"(model alone {row['model_images_per_s']:.1f})", flush=True)
     return Ceilings(per_kind, policy.workers)

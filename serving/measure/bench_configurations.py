@@ -56,6 +56,8 @@ CONFIGURATIONS = {
     "oversubscribed": Configuration("our handler with TorchServe-like threading: a worker per core, each using "
                                     "every core, no batching", None,
                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES}),
+    "exact-decode": Configuration("the default with the handler setting decode: exact (every pixel decoded): "
+                                  "the request path before draft decoding", None, {"decode": "exact"}),
     LITSERVE: Configuration("the peer a user would pick instead: the export's served artifact and the same "
                             "preprocessing behind a minimal LitServe server (serving/measure/peer_litserve.py: ONNX "
                             "Runtime with 1 intra-op thread, 2 workers), sent each image as a multipart form file"),
@@ -71,6 +73,14 @@ enable_envvars_config=true
 disable_token_authorization=true
 enable_model_api=false
 """
+
+
+def ceiling_of(name: str, manifest: Manifest) -> tuple[str, str, dict]:
+    """(key, artifact kind, handler settings) of the request path a configuration's pipeline ceiling measures:
+    its artifact, decoded as its handler settings say (a decode setting gets a ceiling of its own)."""
+    kind = served_kind(name, manifest)
+    settings = {k: v for k, v in CONFIGURATIONS[name].overrides.items() if k == "decode"}
+    return (f"{kind} (decode {settings['decode']})" if settings else kind), kind, settings
 
 
 def served_kind(name: str, manifest: Manifest) -> str:
