@@ -34,20 +34,23 @@ def family_command(args) -> int:
                           progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
+    _print_refused(result, progress)
     _print_files(out, progress)
     return 0
 
 
 def module_command(args) -> int:
-    from models.user_module import parse_input_shape, user_entry
+    from models.user_module import parse_input_shape, read_labels_file, user_entry
     device = _device(args.device)
-    entry = user_entry(args.reference, parse_input_shape(args.input_shape))
+    labels = read_labels_file(args.labels) if args.labels else None
+    entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
     archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
     result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
                                                precision=precision_request(args), serve=args.serve), progress)
     _print_serving(result, progress)
+    _print_refused(result, progress)
     _print_files(out, progress)
     return 0
 
@@ -168,6 +171,16 @@ def _print_serving(result, progress: Progress) -> None:
                   + "".join(f"\n    not {k}: {why}" for k, why in excluded.items()))
     if result.archive:
         progress.step(f"TorchServe archive: {result.archive}")
+
+
+def _print_refused(result, progress: Progress) -> None:
+    """The summary's list of forms that were not made, and what that means for serving."""
+    refused = result.manifest.refused
+    if not refused:
+        return
+    progress.step(f"partial export: {len(refused)} form(s) not made; the served artifact was chosen among the "
+                  f"{len(result.manifest.artifacts)} that were (tracebacks in {result.out / 'export.log'}):"
+                  + "".join(f"\n    {kind}: {refusal.line()}" for kind, refusal in refused.items()))
 
 
 def _print_files(out: Path, progress: Progress) -> None:
