@@ -43,7 +43,7 @@ def module_command(args) -> int:
     from models.user_module import parse_input_shape, read_labels_file, user_entry
     device = _device(args.device)
     labels = read_labels_file(args.labels) if args.labels else None
-    entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels)
+    entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels, name=args.name)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
     archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
