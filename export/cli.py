@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="class names of the outputs: a JSON list, JSON {\"0\": name, ...}, or one name per line "
                              "(default: answers name each class by its index)")
     module.add_argument("--name", "--model-name", dest="name", default=None,
-                        help="the model's name, in the manifest, NAME.mar and /predictions/NAME (default: the file's stem)")
+                        help="archive and URL name: NAME.mar, /predictions/NAME (default: the file's stem)")
     _serve_option(module)
 
     controlflow = commands.add_parser("controlflow", help="trace vs script on control-flow demo models",

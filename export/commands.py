@@ -43,7 +43,7 @@ def module_command(args) -> int:
     from models.user_module import parse_input_shape, read_labels_file, user_entry
     device = _device(args.device)
     labels = read_labels_file(args.labels) if args.labels else None
-    entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels, name=args.name)
+    entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
     archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
@@ -109,8 +109,8 @@ def bench_command(args) -> int:
 
 
 def precision_request(args):
-    """--precision/--calibration/--validation/--gate -> export.precision.PrecisionRequest (checked here)."""
-    from export.precision import PrecisionRequest, check_hardware, parse_precisions
+    """--precision/--calibration/--validation/--gate -> export.precision_request.PrecisionRequest (checked here)."""
+    from export.precision_request import PrecisionRequest, check_hardware, parse_precisions
     for name in ("calibration", "validation"):
         folder = getattr(args, name)
         if folder is not None and not folder.is_dir():

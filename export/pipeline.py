@@ -20,8 +20,8 @@ from export.bench_peak import time_runs
 from export.eval_check import prepare_for_export
 from export.manifest import file_record, write_manifest
 from export.errors import ExportError
-from export.precision import (PrecisionReport, PrecisionRequest, build_variants,
-                              requested_variant_kinds)
+from export.precision import PrecisionReport, build_variants, requested_variant_kinds
+from export.precision_request import PrecisionRequest
 from export.refusals import EXPORT_LOG, Refusals
 from export.steps import build_artifacts, inspect_artifacts, open_artifacts, parity_step, require_servable
 from export.second_opinion import reference_agreement, second_opinion_markdown

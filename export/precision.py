@@ -19,6 +19,7 @@ Every variant's logits are compared with fp32 eager on held-out images by export
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
 import time
@@ -31,15 +32,14 @@ from export.accuracy import (GATE_BATCH, GateResult, judge, label_targets, repor
                              AccuracyGateError)
 from export.atomic import atomic_write_text
 from export.bench_peak import time_runs
-from export.calibration import DEFAULT_CALIBRATION_SAMPLES, ImageSet, TensorReader, calibration_set, holdout_set
+from export.calibration import ImageSet, TensorReader, calibration_set, holdout_set
 from export import kinds
-from export.errors import ExportError
+from export.precision_request import (BF16_CPU_FEATURES, PRECISIONS, PrecisionError, PrecisionRequest,  # noqa: F401
+                                      check_hardware, cpu_has_native_bf16, parse_precisions)
 from models.contract import INPUT_NAME, ImageContract
 from runtime import RunOptions, open_artifact
 from runtime.base import Backend
 
-PRECISIONS = kinds.precisions()
-DEFAULT_PRECISIONS = ("fp32",)
 INT8 = kinds.get("onnx-int8")
 RANGES_FILE = "int8.ranges.json"  # calibrated tensor ranges: the int8 model can be rebuilt from them
 ACCURACY_FILES = ("accuracy.md", "accuracy.json")
@@ -48,37 +48,6 @@ ACCURACY_FILES = ("accuracy.md", "accuracy.json")
 ACTIVATION_TYPES = ("QUInt8", "QInt8")  # weights are QInt8 either way (symmetric, per channel)
 SPEED_WARMUP = 2
 SPEED_RUNS = 10  # batch-1 images/s, median of single calls: enough to tell 2x apart, ~1 s per model
-BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")
-
-
-class PrecisionError(ExportError):
-    """A precision cannot be built as asked (unknown name, no GPU for fp16, no image contract)."""
-
-
-def parse_precisions(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
-    unknown = [n for n in names if n not in PRECISIONS]
-    if unknown or not names:
-        raise PrecisionError(f"--precision {text!r}: choose from {', '.join(PRECISIONS)}, comma-separated "
-                             "(e.g. fp32,int8)")
-    if "fp32" not in names:
-        raise PrecisionError(f"--precision {text!r} must include fp32: it is the reference every variant is "
-                             "gated against and the fallback that is always servable (e.g. fp32,int8)")
-    return names
-
-
-@dataclass
-class PrecisionRequest:
-    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
-    calibration: Path | None = None
-    validation: Path | None = None
-    calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
-    gate: str = "enforce"  # export.accuracy.GATE_MODES
-    loader_workers: int | None = None
-
-    @property
-    def wanted(self) -> bool:
-        return any(p != "fp32" for p in self.precisions)
 
 
 @dataclass
@@ -169,7 +138,8 @@ def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Modu
                                                  checked, progress))
     for kind in requested_variant_kinds(request.precisions):
         if kind != INT8.name:
-            attempt(kind, lambda: _float_variant(stage, kinds.get(kind), fp32_artifacts, eligible_sources, checked))
+            attempt(kind, lambda: _float_variant(stage, report, kinds.get(kind), fp32_artifacts, eligible_sources,
+                                                 checked))
     for kind, variant in report.variants.items():
         report.ladder[kind] = variant.images_per_s
     _write_reports(stage, report, targets is not None)
@@ -194,37 +164,39 @@ def requested_variant_kinds(precisions: tuple[str, ...]) -> list[str]:
 def _int8_variant(stage, report, fp32_artifacts, eligible, calibration, checked: _Checked, progress) -> Variant:
     source = fp32_artifacts[_int8_source(fp32_artifacts, eligible)]
     _record_source_speed(report, source, checked)
-    variant, report.int8_choice = build_int8(stage, source, calibration, checked.holdout, checked.reference,
-                                             checked.targets, progress)
+    with _removed_on_failure(stage / RANGES_FILE, stage / INT8.file_name):
+        variant, report.int8_choice = build_int8(stage, source, calibration, checked.holdout, checked.reference,
+                                                 checked.targets, progress)
     report.files.append(RANGES_FILE)
     return variant
 
 
-def _float_variant(stage, kind, fp32_artifacts, eligible, checked: _Checked) -> Variant:
-    """bf16 / fp16: autocast around the scripted TorchScript, or an fp16 ONNX."""
+def _float_variant(stage, report, kind, fp32_artifacts, eligible, checked: _Checked) -> Variant:
+    """bf16 / fp16: autocast around the scripted TorchScript (no new file), or an fp16 ONNX."""
     source = fp32_artifacts[_source(kind, fp32_artifacts, eligible)]
     if kind.format == "torchscript":
         return autocast_variant(kind, source, checked.device, checked.holdout, checked.reference, checked.targets)
-    return build_onnx_fp16(stage, kind, source, checked.device, checked.holdout, checked.reference, checked.targets)
+    _record_source_speed(report, source, checked)
+    with _removed_on_failure(stage / kind.file_name):
+        return build_onnx_fp16(stage, kind, source, checked.device, checked.holdout, checked.reference,
+                               checked.targets)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(*paths: Path):
+    """Files a variant writes leave the export with it when it is refused."""
+    try:
+        yield
+    except BaseException:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def _record_source_speed(report: PrecisionReport, source, checked: _Checked) -> None:
     if source.kind not in report.ladder:
         backend = open_artifact(source.format, source.path, RunOptions(device=checked.device))
         report.ladder[source.kind] = images_per_s(backend, checked.holdout.images[:1])
-
-
-def check_hardware(precisions: tuple[str, ...], device: str) -> None:
-    """Refuse, before any work, a variant this machine cannot build and gate at a useful speed."""
-    on_gpu = device.startswith("cuda")
-    if "fp16" in precisions and not on_gpu:
-        raise PrecisionError("fp16 variants are for GPUs and are gated on one: add --device cuda, or leave fp16 "
-                             "out of --precision on a CPU-only machine")
-    if "bf16" in precisions and not on_gpu and not cpu_has_native_bf16():
-        raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
-                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 ran resnet18 about 15x slower "
-                             "than fp32 here; use int8 on this machine, or export bf16 where the CPU has it "
-                             "(or on a GPU with --device cuda)")
 
 
 def _int8_source(artifacts: dict, eligible: list[str]) -> str:
@@ -361,14 +333,6 @@ def build_onnx_fp16(stage: Path, kind, source, device: str, holdout: ImageSet, r
                "runs_on": "ONNX Runtime CUDAExecutionProvider"}
     return Variant(kind.name, stage / kind.file_name, kind.format, kind.precision, "fp32", source.kind, made_by, gate,
                    images_per_s(backend, holdout.images[:1]))
-
-
-def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(feature in flags for feature in BF16_CPU_FEATURES)
 
 
 # ---------------------------------------------------------------- running and timing

@@ -53,9 +53,8 @@ def load_factory(reference: str):
 
 
 def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1.0),
-               labels: list[str] | None = None, name: str | None = None) -> ModelEntry:
-    """`labels`: the class names of the model's outputs (--labels FILE); None: answers name classes by index.
-    `name`: the model's name (--name; default: the file's stem)."""
+               labels: list[str] | None = None) -> ModelEntry:
+    """`labels`: the class names of the model's outputs (--labels FILE); None: answers name classes by index."""
     factory = load_factory(reference)
 
     def build(weights: str) -> BuiltModel:
@@ -69,7 +68,7 @@ def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1
         return BuiltModel(module, info, labels)
 
     return ModelEntry(
-        name=name or Path(reference.rpartition(":")[0]).stem,
+        name=Path(reference.rpartition(":")[0]).stem,
         family="module",
         description=f"user module {reference}",
         input_spec=InputSpec(shape=input_shape, value_range=value_range,
