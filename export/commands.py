@@ -87,6 +87,7 @@ def parity_command(args) -> int:
     progress.step(f"sha256 of {len(manifest.recorded_files())} files match manifest.json")
     entry = entry_from_manifest(manifest)
     built = entry.build(weights_from_manifest(manifest))
+    _same_weights(manifest, built.module, progress)
     module = built.module.eval().requires_grad_(False)
     candidates = {k: Candidate(open_artifact(r.format, folder / r.path, RunOptions(device=device), k),
                                kinds.get(k).tolerance, r.spatial_dynamic)
@@ -100,6 +101,18 @@ def parity_command(args) -> int:
     report.raise_on_failure()
     progress.step(f"parity passed for {', '.join(report.summary())}; wrote parity.recheck.md")
     return 0
+
+
+def _same_weights(manifest: Manifest, module, progress: Progress) -> None:
+    """The rebuilt weights are the exported ones (state_dict fingerprint), or parity would compare with others."""
+    from models.weights import state_dict_fingerprint
+    recorded, rebuilt = manifest.weights.get("state_dict_sha256"), state_dict_fingerprint(module)
+    if recorded and recorded != rebuilt:
+        raise ExportError(f"the rebuilt weights are not the exported ones (state_dict sha256 {rebuilt[:16]}, the "
+                          f"manifest records {recorded[:16]}): the factory or its checkpoint changed since the "
+                          "export; re-export, or restore the weights it was made from")
+    if recorded:
+        progress.step(f"rebuilt weights are the exported ones (state_dict sha256 {recorded[:16]})")
 
 
 def bench_command(args) -> int:

@@ -77,3 +77,37 @@ def test_labels_must_name_every_class_and_their_absence_is_said():
     record = output_record(linear, example, None)
     assert record.labels is None and record.classes == 4 and "name each class by its index" in record.meaning
     assert output_record(linear, example, list("abcd")).labels == "index_to_name.json"
+
+
+LOADING_FACTORY = '''
+import torch
+from torch import nn
+
+def factory():
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    module.load_state_dict(torch.load(__file__.replace(".py", ".pt")))
+    return module
+'''
+
+
+@pytest.mark.slow
+def test_the_state_dict_fingerprint_tells_a_recheck_that_the_weights_changed(tmp_path):
+    """Loaded weights are 'as the factory built them'; the fingerprint recorded at export makes a parity re-check
+    refuse to compare against other weights (the checkpoint was replaced since)."""
+    import argparse
+    from export.commands import parity_command
+    from models.weights import state_dict_fingerprint
+    source = tmp_path / "loads.py"
+    source.write_text(LOADING_FACTORY)
+    torch.manual_seed(1)
+    trained = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                  torch.nn.Linear(4, 2))
+    torch.save(trained.state_dict(), tmp_path / "loads.pt")
+    result = export_model(user_entry(f"{source}:factory", SHAPE), ExportOptions(tmp_path / "out", "auto"),
+                          Progress(quiet=True))
+    weights = result.manifest.weights
+    assert weights["kind"] == "factory" and weights["state_dict_sha256"] == state_dict_fingerprint(trained)
+    assert parity_command(argparse.Namespace(folder=tmp_path / "out", device="cpu")) == 0
+    torch.save({k: v + 1 for k, v in trained.state_dict().items()}, tmp_path / "loads.pt")  # replaced since
+    with pytest.raises(ExportError, match="the rebuilt weights are not the exported ones"):
+        parity_command(argparse.Namespace(folder=tmp_path / "out", device="cpu"))
