@@ -262,3 +262,24 @@ def holdout_set(contract: ImageContract, folder: Path | None, calibration: Image
         calibration_files = set(calibration.sources) if calibration and calibration.labels is not None else set()
         return load_folder(folder, contract, MAX_VALIDATION_SAMPLES, workers, exclude=calibration_files)
     return default_images(contract, "holdout", count)
+
+
+CALIBRATION_BATCH = 8
+
+
+class TensorReader:
+    """ONNX Runtime's CalibrationDataReader over preprocessed images, in batches."""
+
+    def __init__(self, images: torch.Tensor, input_name: str, batch: int = CALIBRATION_BATCH):
+        self.arrays = [images[i:i + batch].numpy() for i in range(0, len(images), batch)]
+        self.input_name = input_name
+        self.position = 0
+
+    def get_next(self):
+        if self.position >= len(self.arrays):
+            return None
+        self.position += 1
+        return {self.input_name: self.arrays[self.position - 1]}
+
+    def rewind(self):
+        self.position = 0

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(module, "auto/random (as the factory builds it) | PATH to a state_dict", default_out="artifacts/<file>")
     module.add_argument("--model-store", type=Path, default=None,
                         help="also write NAME.mar there (only for image classifiers that take 1x3xHxW in [0, 1])")
+    module.add_argument("--labels", type=Path, default=None, metavar="FILE",
+                        help="class names of the outputs: a JSON list, JSON {\"0\": name, ...}, or one name per line "
+                             "(default: answers name each class by its index)")
     module.add_argument("--name", "--model-name", dest="name", default=None,
                         help="archive and URL name: NAME.mar, /predictions/NAME (default: the file's stem)")
     _serve_option(module)

@@ -35,14 +35,16 @@ def family_command(args) -> int:
                           progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
+    _print_refused(result, progress)
     _print_files(out, progress)
     return 0
 
 
 def module_command(args) -> int:
-    from models.user_module import parse_input_shape, user_entry
+    from models.user_module import parse_input_shape, read_labels_file, user_entry
     device = _device(args.device)
-    entry = user_entry(args.reference, parse_input_shape(args.input_shape))
+    labels = read_labels_file(args.labels) if args.labels else None
+    entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
     archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
@@ -50,6 +52,7 @@ def module_command(args) -> int:
                                                precision=precision_request(args), serve=args.serve,
                                                decode=args.decode), progress)
     _print_serving(result, progress)
+    _print_refused(result, progress)
     _print_files(out, progress)
     return 0
 
@@ -86,6 +89,7 @@ def parity_command(args) -> int:
     progress.step(f"sha256 of {len(manifest.recorded_files())} files match manifest.json")
     entry = entry_from_manifest(manifest)
     built = entry.build(weights_from_manifest(manifest))
+    _same_weights(manifest, built.module, progress)
     module = built.module.eval().requires_grad_(False)
     candidates = {k: Candidate(open_artifact(r.format, folder / r.path, RunOptions(device=device), k),
                                kinds.get(k).tolerance, r.spatial_dynamic)
@@ -101,6 +105,18 @@ def parity_command(args) -> int:
     return 0
 
 
+def _same_weights(manifest: Manifest, module, progress: Progress) -> None:
+    """The rebuilt weights are the exported ones (state_dict fingerprint), or parity would compare with others."""
+    from models.weights import state_dict_fingerprint
+    recorded, rebuilt = manifest.weights.get("state_dict_sha256"), state_dict_fingerprint(module)
+    if recorded and recorded != rebuilt:
+        raise ExportError(f"the rebuilt weights are not the exported ones (state_dict sha256 {rebuilt[:16]}, the "
+                          f"manifest records {recorded[:16]}): the factory or its checkpoint changed since the "
+                          "export; re-export, or restore the weights it was made from")
+    if recorded:
+        progress.step(f"rebuilt weights are the exported ones (state_dict sha256 {recorded[:16]})")
+
+
 def bench_command(args) -> int:
     """In-process benchmark of every artifact against this machine's measured peak (export/bench.py)."""
     from export.bench import bench_command as run_bench
@@ -108,8 +124,8 @@ def bench_command(args) -> int:
 
 
 def precision_request(args):
-    """--precision/--calibration/--validation/--gate -> export.precision.PrecisionRequest (checked here)."""
-    from export.precision import PrecisionRequest, check_hardware, parse_precisions
+    """--precision/--calibration/--validation/--gate -> export.precision_request.PrecisionRequest (checked here)."""
+    from export.precision_request import PrecisionRequest, check_hardware, parse_precisions
     for name in ("calibration", "validation"):
         folder = getattr(args, name)
         if folder is not None and not folder.is_dir():
@@ -170,6 +186,16 @@ def _print_serving(result, progress: Progress) -> None:
                   + "".join(f"\n    not {k}: {why}" for k, why in excluded.items()))
     if result.archive:
         progress.step(f"TorchServe archive: {result.archive}")
+
+
+def _print_refused(result, progress: Progress) -> None:
+    """The summary's list of forms that were not made, and what that means for serving."""
+    refused = result.manifest.refused
+    if not refused:
+        return
+    progress.step(f"partial export: {len(refused)} form(s) not made; the served artifact was chosen among the "
+                  f"{len(result.manifest.artifacts)} that were (tracebacks in {result.out / 'export.log'}):"
+                  + "".join(f"\n    {kind}: {refusal.line()}" for kind, refusal in refused.items()))
 
 
 def _print_files(out: Path, progress: Progress) -> None:

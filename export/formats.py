@@ -22,6 +22,7 @@ from models.contract import INPUT_NAME, OUTPUT_NAME
 DEFAULT_OPSET = 18  # the torch.export-based exporter's floor; ONNX Runtime 1.2x runs it everywhere
 BATCH_DIM = "batch"
 MAX_DIM = 4096  # largest batch and side the torch.export-based exporter is told to expect
+EXPORT_BATCH = 2  # torch.export specialises a dimension of size 1; its example has at least this many rows
 
 
 @dataclass
@@ -47,7 +48,7 @@ class BuildContext:
     the staging folder, and the artifacts built so far (kind -> Artifact)."""
 
     module: nn.Module
-    export_form: nn.Module
+    export_form: nn.Module | BaseException  # the error when the torch.export form failed its eval check
     example: torch.Tensor
     folder: Path
     opset: int
@@ -98,7 +99,12 @@ def torch_export_form(module: nn.Module) -> nn.Module:
 
 
 def onnx_dynamo(context: BuildContext, kind) -> Artifact:
-    """torch.export-based exporter, given the module's torch.export form (see torch_export_form)."""
+    """torch.export-based exporter, given the module's torch.export form (see torch_export_form). The batch is
+    a dynamic dimension, exported from an example of at least EXPORT_BATCH rows: from a batch of 1, torch.export
+    specialises the batch to 1 in any model that reshapes with it (x.reshape(b, ...), flatten + attention) and
+    refuses the dynamic batch ("specialized it to be a constant (1)")."""
+    if isinstance(context.export_form, BaseException):  # it failed its eval check: only this form is refused
+        raise context.export_form
     artifact = context.artifact(kind)
     dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_DIM)}
     if artifact.spatial_dynamic:
@@ -106,11 +112,18 @@ def onnx_dynamo(context: BuildContext, kind) -> Artifact:
                      3: torch.export.Dim("width", min=32, max=MAX_DIM)})
     form = context.export_form
     argument = next(iter(_forward_argument_names(form)), "x")
-    program = torch.onnx.export(form, (context.example,), dynamo=True, opset_version=context.opset,
+    program = torch.onnx.export(form, (export_example(context.example),), dynamo=True, opset_version=context.opset,
                                 external_data=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                                 dynamic_shapes={argument: dims})
     program.save(str(artifact.path), external_data=False)
     return artifact
+
+
+def export_example(example: torch.Tensor) -> torch.Tensor:
+    """The example repeated to EXPORT_BATCH rows when it has fewer (see onnx_dynamo)."""
+    if example.shape[0] >= EXPORT_BATCH:
+        return example
+    return example.repeat(EXPORT_BATCH, *([1] * (example.dim() - 1)))[:EXPORT_BATCH]
 
 
 def parameter_bytes(module: nn.Module) -> int:

@@ -4,7 +4,8 @@ A row says everything the pipeline, parity, selection, precision and the CLI nee
 file name, its format (which runtime backend opens it), how it is built, the tolerance parity holds it to,
 where it stands in the serving preference and why, and which input sizes it accepts. They iterate this
 table instead of naming kinds. A new backend is one row here (`register`), one backend file in runtime/ and
-one exporter function (`build(context, kind) -> formats.Artifact`).
+one exporter function (`build(context, kind) -> formats.Artifact`). Any exporter may refuse a model: the
+pipeline records the refusal (export.refusals) and goes on with the other kinds.
 
 Reduced-precision variants (int8, fp16, bf16) are rows too: export.precision builds and gates them from an
 fp32 source named in `sources`; they are not held to eager by parity but by the accuracy gate.
@@ -40,7 +41,6 @@ class ArtifactKind:
     build: Callable | None = None  # fp32 kinds: build(context, kind) -> formats.Artifact
     inspect: Callable | None = None  # inspect(artifact): structural checks and control-flow census
     needs: tuple[str, ...] = ()  # kinds built first whose in-memory module this one reads
-    may_refuse: bool = False  # its exporter refuses some models: recorded in the manifest, the export goes on
     precision: str = "fp32"
     sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
 
@@ -104,7 +104,7 @@ for _kind in (
                  ONNX_TOLERANCE, formats.onnx_from_torchscript, _inspect_onnx, needs=("scripted",)),
     ArtifactKind("onnx-dynamo", "model.dynamo.onnx", "onnx", "torch.onnx.export(dynamo=True) (torch.export)",
                  "model", 10, f"{ONNX_RUNTIME_FIRST}; torch.export is the maintained exporter (control flow as If)",
-                 ONNX_TOLERANCE, formats.onnx_dynamo, _inspect_onnx, may_refuse=True),
+                 ONNX_TOLERANCE, formats.onnx_dynamo, _inspect_onnx),
     ArtifactKind("onnx-int8", "model.int8.onnx", "onnx", "onnxruntime.quantization.quantize_static (QDQ)",
                  "source", 0, "about 2x fp32 ONNX Runtime on CPU (docs/precision.md), served only within the "
                  "accuracy gate", precision="int8", sources=("onnx-traced", "onnx-dynamo", "onnx-scripted")),

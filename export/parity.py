@@ -91,6 +91,19 @@ class ParityReport:
     def table(self) -> str:
         return render_table(self.comparisons)
 
+    def unrunnable(self) -> dict[str, Comparison]:
+        """artifact -> its first comparison whose input its runtime refused to run (an error, not numbers)."""
+        found: dict[str, Comparison] = {}
+        for c in self.comparisons:
+            if "traceback" in c.metrics:
+                found.setdefault(c.artifact, c)
+        return found
+
+    def drop(self, artifact: str) -> None:
+        """Forget an artifact that left the export (refused): its comparisons and skips."""
+        self.comparisons = [c for c in self.comparisons if c.artifact != artifact]
+        self.skipped.pop(artifact, None)
+
     def raise_on_failure(self) -> None:
         if self.failures:
             raise ParityError(self.failures, render_table(self.failures))

@@ -3,12 +3,11 @@ labels, reports, manifest (last). Everything is built in a staging folder and sw
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
 import statistics
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,20 +20,23 @@ from export.bench_peak import time_runs
 from export.decode_check import record_decode_check
 from export.eval_check import prepare_for_export
 from export.manifest import file_record, write_manifest
-from export.precision import PrecisionReport, PrecisionRequest, build_variants
+from export.errors import ExportError
+from export.precision import PrecisionReport, build_variants, requested_variant_kinds
+from export.precision_request import PrecisionRequest
+from export.refusals import EXPORT_LOG, Refusals
+from export.steps import build_artifacts, inspect_artifacts, open_artifacts, parity_step, require_servable
 from export.second_opinion import reference_agreement, second_opinion_markdown
-from export.parity import (Candidate as ParityCandidate, ParityReport, parity_inputs, report_json, report_markdown,
-                           run_parity)
+from export.parity import ParityReport, report_json, report_markdown
 from export.selection import Candidate, decide
 from export.trace_vs_script import (CONCLUSION, ArtifactUnderTest, compact_table, compare_paths,
                                     markdown_section)
 from export.warnings_log import WarningLog
 from models.contract import LABELS_NAME, ArtifactRecord, Manifest, ModelInfo, OutputRecord, ServingDecision
-from models.registry import ModelEntry
-from runtime import RunOptions, open_artifact
+from models.errors import VisionExportError
+from models.registry import BuiltModel, ModelEntry
+from models.weights import state_dict_fingerprint
 from runtime.eager import EagerBackend
 
-EXPORT_LOG = "export.log"  # full tracebacks of refused kinds: the terminal gets one line each
 LATENCY_WARMUP = 1
 LATENCY_RUNS = 5  # batch-1 latency is recorded for information; it never chooses the served artifact
 
@@ -105,45 +107,26 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     log = WarningLog()
     timings: dict[str, float] = {}
 
-    def timed(name: str):
-        return _Timer(name, timings, log)
+    def timed(name: str, native: bool = False):
+        return _Timer(name, timings, log, native)
 
-    with timed("build"):
-        built = entry.build(options.weights)
-    if built.weights.note:
-        progress.warn(built.weights.note)
-    progress.step(f"built {entry.name} (weights: {built.weights.kind})")
+    refusals = Refusals(stage, progress)
+    built = _build(entry, options, timed, progress)
     module, example = built.module, entry.example_input()
     ensure_free_space(stage, kinds.estimated_bytes(formats.parameter_bytes(module)))
-    with timed("eval_check"):
-        prepare_for_export(module, example)
-        export_form = formats.torch_export_form(module)
-        if export_form is not module:
-            prepare_for_export(export_form, example)
-    progress.step("eval mode verified (module and its torch.export form): no submodule training, no grads, "
-                  "repeatable outputs")
-
-    context = formats.BuildContext(module, export_form, example, stage, options.opset,
-                                   entry.input_spec.resizes_in_graph)
-    refused = build_artifacts(context, timed, progress)
+    context = _verified_context(entry, module, example, stage, options, timed, progress)
+    build_artifacts(context, timed, refusals)
     artifacts = context.built
     with timed("inspect"):
-        for artifact in artifacts.values():
-            inspect = kinds.get(artifact.kind).inspect
-            if inspect:
-                inspect(artifact)
-    progress.step(f"onnx.checker (full) and strict shape inference passed on "
-                  f"{sum(a.format == 'onnx' for a in artifacts.values())} ONNX files")
+        inspect_artifacts(artifacts, refusals)
+    onnx_count = sum(a.format == "onnx" for a in artifacts.values())
+    progress.step(f"onnx.checker (full) and strict shape inference passed on {onnx_count} ONNX files")
 
     eager = EagerBackend(module)
     with timed("load"):
-        backends = {kind: open_artifact(a.format, a.path, RunOptions(device=options.device), name=kind)
-                    for kind, a in artifacts.items()}
+        backends = open_artifacts(artifacts, options.device, refusals)
     with timed("parity"):
-        inputs = parity_inputs(entry.input_spec.shape, entry.input_spec.value_range,
-                               spatial_dynamic=entry.input_spec.resizes_in_graph)
-        parity = run_parity(eager, {k: ParityCandidate(backends[k], kinds.get(k).tolerance, a.spatial_dynamic)
-                                    for k, a in artifacts.items()}, inputs)
+        parity = parity_step(entry, eager, artifacts, backends, refusals)
     _print_parity(parity, progress)
 
     second_opinion = {}
@@ -157,7 +140,8 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     with timed("trace_vs_script"):
         units = [ArtifactUnderTest(k, a.format, backends[k], a.control_flow, kinds.get(k).tolerance)
                  for k, a in artifacts.items()]
-        paths = compare_paths(eager, units, entry.probe_inputs(), log.of_category("TracerWarning"))
+        paths = compare_paths(eager, units, entry.probe_inputs(), log.of_category("TracerWarning"),
+                              missing={k: r.line() for k, r in refusals.records.items()})
     progress.step("trace vs script on probe inputs:\n" + compact_table(entry.name, paths))
     _warn_divergence(entry, paths, progress)
 
@@ -166,10 +150,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     variants = None
     if options.precision.wanted:
         with timed("precision"):
-            variants = build_variants(stage, options.precision, module, entry.input_spec.preprocessing, artifacts,
-                                      eligible_sources(artifacts, parity, paths), built.labels, options.device,
-                                      progress)
-        _print_gate(variants, options.precision.gate, progress)
+            variants = _variants(stage, options, entry, module, built, artifacts, parity, paths, refusals, progress)
     serving = serving_decision(entry, artifacts, parity, paths, variants, options.serve)
     serving.latency_ms_batch1 = latency
 
@@ -178,18 +159,19 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
         parity.raise_on_failure()  # inside the stage: the failed attempt is kept, the last good export stays
     if variants and options.precision.gate == "enforce":
         variants.raise_on_failure()  # the same: accuracy.md stays in NAME.failed with every number
+    require_servable(entry, parity, serving, refusals)
     manifest = Manifest(
         model=ModelInfo(entry.name, entry.family, entry.description, dict(entry.source)),
         weights=built.weights.describe(), input=entry.input_spec.record(),
-        output=_output_record(module, example, built.labels), opset=options.opset)
+        output=output_record(module, example, built.labels), opset=options.opset)
     manifest.artifacts = {k: _artifact_record(stage, a, entry) for k, a in artifacts.items()}
     if variants:
         manifest.artifacts.update(_variant_records(stage, variants, artifacts, entry))
         manifest.precision = variants.manifest_record()
         files += variants.files
-    if (stage / EXPORT_LOG).is_file():
+    if refusals.has_log():
         files.append(EXPORT_LOG)
-    manifest.refused = refused
+    manifest.refused = refusals.records
     with timed("decode_check"):
         record_decode_check(stage, manifest, serving, options.device, options.decode, progress.step)
     manifest.files = {name: file_record(stage, name) for name in files}
@@ -197,7 +179,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
                        "reference_evaluator": second_opinion}
     manifest.trace_vs_script = {"diverging": paths["diverging"],
                                 "verdicts": {r["artifact"]: r["verdict"] for r in paths["rows"]},
-                                "warning": divergence_warning(paths) or ""}
+                                "missing": paths["missing"], "warning": divergence_warning(paths) or ""}
     manifest.serving = serving
     manifest.warnings = log.as_list()
     manifest.exporter_output = log.output_as_dict()
@@ -206,34 +188,47 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     return ExportResult(Path(options.out), manifest, parity, paths, log, timings)
 
 
-def build_artifacts(context: formats.BuildContext, timed, progress: Progress) -> dict[str, str]:
-    """Every fp32 kind of the table, in order, into context.built. A kind whose exporter may refuse this model
-    is recorded with its reason (full traceback in export.log) and the others go on; kinds that need it are
-    skipped with the reason. Returns kind -> why it was not made."""
-    refused: dict[str, str] = {}
-    for kind in kinds.fp32_kinds():
-        missing = [n for n in kind.needs if n not in context.built]
-        if missing:
-            refused[kind.name] = f"not built: needs {', '.join(missing)}, which was not made"
-            continue
-        try:
-            with timed(kind.name):
-                context.built[kind.name] = kind.build(context, kind)
-        except Exception as error:  # noqa: BLE001 - only for kinds marked may_refuse; others re-raise below
-            if not kind.may_refuse:
-                raise
-            refused[kind.name] = refusal_reason(error)
-            _append_traceback(context.folder / EXPORT_LOG, kind.name)
-            progress.step(f"{kind.name} ({kind.exporter}) REFUSED: {refused[kind.name][:200]} "
-                          f"(traceback in {EXPORT_LOG})")
-            continue
-        progress.step(f"{kind.name}: {kind.exporter} -> {kind.file_name}")
-    return refused
+def _build(entry: ModelEntry, options: ExportOptions, timed, progress: Progress) -> BuiltModel:
+    """The module with the weights asked for; its state_dict fingerprint recognises the same weights later."""
+    with timed("build"):
+        built = entry.build(options.weights)
+        built.weights.state_dict_sha256 = state_dict_fingerprint(built.module)
+    if built.weights.note:
+        progress.warn(built.weights.note)
+    progress.step(f"built {entry.name} (weights: {built.weights.line()})")
+    return built
 
 
-def _append_traceback(path: Path, kind: str) -> None:
-    previous = path.read_text() if path.is_file() else ""
-    atomic_write_text(path, f"{previous}--- {kind} refused\n{traceback.format_exc()}\n")
+def _verified_context(entry, module, example, stage, options, timed, progress) -> formats.BuildContext:
+    """Eval mode verified on the module (an error: every form is made from it) and on its torch.export form
+    (when that is another module and fails, only the forms made from it are refused, by their exporter)."""
+    with timed("eval_check"):
+        prepare_for_export(module, example)
+        export_form = formats.torch_export_form(module)
+        if export_form is not module:
+            try:
+                prepare_for_export(export_form, example)
+            except VisionExportError as error:
+                export_form = error
+    progress.step("eval mode verified (module and its torch.export form): no submodule training, no grads, "
+                  "repeatable outputs")
+    return formats.BuildContext(module, export_form, example, stage, options.opset,
+                                entry.input_spec.resizes_in_graph)
+
+
+def _variants(stage, options, entry, module, built, artifacts, parity, paths, refusals, progress):
+    """The reduced-precision variants asked for (each one that cannot be made is refused inside); when none
+    can be made at all, each is refused with the reason and the fp32 forms go on."""
+    try:
+        variants = build_variants(stage, options.precision, module, entry.input_spec.preprocessing, artifacts,
+                                  eligible_sources(artifacts, parity, paths), built.labels, options.device,
+                                  progress, refusals)
+    except VisionExportError as error:
+        for kind in requested_variant_kinds(options.precision.precisions):
+            refusals.refuse(kind, "precision", error)
+        return None
+    _print_gate(variants, options.precision.gate, progress)
+    return variants
 
 
 def serving_decision(entry: ModelEntry, artifacts: dict, parity: ParityReport, paths: dict,
@@ -289,37 +284,21 @@ def _print_gate(variants: PrecisionReport, mode: str, progress: Progress) -> Non
 
 
 class _Timer:
-    def __init__(self, name, timings, log):
-        self.name, self.timings, self.capture = name, timings, log.capture(name)
+    """Times a step and captures its warnings and printed output (native: also what C++ code prints)."""
+
+    def __init__(self, name, timings, log, native: bool = False):
+        self.name, self.timings, self.stack = name, timings, contextlib.ExitStack()
+        self.captures = [log.capture(name)] + ([log.native_output(name)] if native else [])
 
     def __enter__(self):
         self.start = time.perf_counter()
-        self.capture.__enter__()
+        for capture in self.captures:
+            self.stack.enter_context(capture)
 
     def __exit__(self, *exc):
-        self.capture.__exit__(*exc)
+        self.stack.__exit__(*exc)
         self.timings[self.name] = self.timings.get(self.name, 0.0) + time.perf_counter() - self.start
         return False
-
-
-def refusal_reason(error: BaseException) -> str:
-    """The exception and, when it wraps another, the innermost cause: torch.export's outer message is the same
-    boilerplate for every model, the cause names what it refused."""
-    reason = f"{type(error).__name__}: {_first_lines(str(error))}"
-    cause = error
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    if cause is not error:
-        reason += f" | caused by {type(cause).__name__}: {_first_lines(str(cause))}"
-    return reason[:1000]
-
-
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # torch colours some messages for terminals
-
-
-def _first_lines(text: str, count: int = 3) -> str:
-    text = ANSI_ESCAPE.sub("", text)
-    return " ".join(line.strip() for line in text.strip().splitlines()[:count])[:600]
 
 
 def _artifact_record(folder: Path, artifact: formats.Artifact, entry: ModelEntry) -> ArtifactRecord:
@@ -330,13 +309,21 @@ def _artifact_record(folder: Path, artifact: formats.Artifact, entry: ModelEntry
                           control_flow=artifact.control_flow, checks=artifact.checks)
 
 
-def _output_record(module, example, labels) -> OutputRecord:
+def output_record(module, example, labels) -> OutputRecord:
+    """The output's shape and meaning; labels must name every class. Without labels the answers name each
+    class by its index, and the record says so."""
     with torch.inference_mode():
         output = module(example)
     record = OutputRecord(shape=["batch"] + list(output.shape[1:]), dtype=str(output.dtype).replace("torch.", ""))
+    classes = output.shape[1] if output.dim() == 2 else None
+    if labels and len(labels) != classes:
+        raise ExportError(f"{len(labels)} labels were given but the model's output has shape "
+                          f"{tuple(output.shape)} ({classes or 'not'} classes); give one label per class")
     if labels:
-        record.meaning, record.labels, record.classes = ("logits (apply softmax for probabilities)", LABELS_NAME,
-                                                         len(labels))
+        record.meaning, record.labels = "logits (apply softmax for probabilities)", LABELS_NAME
+    elif classes:
+        record.meaning = "logits; no labels given, so answers name each class by its index (--labels FILE names them)"
+    record.classes = classes
     return record
 
 

@@ -19,6 +19,7 @@ Every variant's logits are compared with fp32 eager on held-out images by export
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
 import time
@@ -31,55 +32,22 @@ from export.accuracy import (GATE_BATCH, GateResult, judge, label_targets, repor
                              AccuracyGateError)
 from export.atomic import atomic_write_text
 from export.bench_peak import time_runs
-from export.calibration import DEFAULT_CALIBRATION_SAMPLES, ImageSet, calibration_set, holdout_set
+from export.calibration import ImageSet, TensorReader, calibration_set, holdout_set
 from export import kinds
-from export.errors import ExportError
+from export.precision_request import (BF16_CPU_FEATURES, PRECISIONS, PrecisionError, PrecisionRequest,  # noqa: F401
+                                      check_hardware, cpu_has_native_bf16, parse_precisions)
 from models.contract import INPUT_NAME, ImageContract
 from runtime import RunOptions, open_artifact
 from runtime.base import Backend
 
-PRECISIONS = kinds.precisions()
-DEFAULT_PRECISIONS = ("fp32",)
 INT8 = kinds.get("onnx-int8")
 RANGES_FILE = "int8.ranges.json"  # calibrated tensor ranges: the int8 model can be rebuilt from them
 ACCURACY_FILES = ("accuracy.md", "accuracy.json")
 # The int8 source (INT8.sources): an fp32 ONNX without control flow first (the quantizer and its shape
 # inference handle a plain graph best); it must have passed parity and not diverge from eager.
 ACTIVATION_TYPES = ("QUInt8", "QInt8")  # weights are QInt8 either way (symmetric, per channel)
-CALIBRATION_BATCH = 8
 SPEED_WARMUP = 2
 SPEED_RUNS = 10  # batch-1 images/s, median of single calls: enough to tell 2x apart, ~1 s per model
-BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")
-
-
-class PrecisionError(ExportError):
-    """A precision cannot be built as asked (unknown name, no GPU for fp16, no image contract)."""
-
-
-def parse_precisions(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
-    unknown = [n for n in names if n not in PRECISIONS]
-    if unknown or not names:
-        raise PrecisionError(f"--precision {text!r}: choose from {', '.join(PRECISIONS)}, comma-separated "
-                             "(e.g. fp32,int8)")
-    if "fp32" not in names:
-        raise PrecisionError(f"--precision {text!r} must include fp32: it is the reference every variant is "
-                             "gated against and the fallback that is always servable (e.g. fp32,int8)")
-    return names
-
-
-@dataclass
-class PrecisionRequest:
-    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
-    calibration: Path | None = None
-    validation: Path | None = None
-    calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
-    gate: str = "enforce"  # export.accuracy.GATE_MODES
-    loader_workers: int | None = None
-
-    @property
-    def wanted(self) -> bool:
-        return any(p != "fp32" for p in self.precisions)
 
 
 @dataclass
@@ -131,16 +99,17 @@ class PrecisionReport:
 
 def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Module, contract_record,
                    fp32_artifacts: dict, eligible_sources: list[str], model_labels: list[str] | None,
-                   device: str, progress) -> PrecisionReport:
+                   device: str, progress, refusals=None) -> PrecisionReport:
     """fp32_artifacts: kind -> export.formats.Artifact; eligible_sources: kinds that passed parity and do not
-    diverge from eager. Builds every requested variant in the stage, gates it, writes accuracy.md/json."""
+    diverge from eager. Builds every requested variant in the stage, gates it, writes accuracy.md/json. A variant
+    that cannot be made is refused into `refusals` (export.refusals.Refusals) and the others go on; without
+    `refusals` its error is raised."""
     from runtime.eager import EagerBackend
     if contract_record is None:
         raise PrecisionError("reduced precision needs images to calibrate and check on, and this model has no "
                              "image input contract (input.preprocessing); export it with --precision fp32")
     contract: ImageContract = contract_record
     report = PrecisionReport()
-    eager = EagerBackend(module)
     check_hardware(request.precisions, device)
     calibration = None
     if "int8" in request.precisions:
@@ -149,48 +118,85 @@ def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Modu
         report.calibration = calibration.describe()
         progress.step(f"calibration images: {calibration.origin} ({len(calibration)})")
     holdout = holdout_set(contract, request.validation, calibration, workers=request.loader_workers)
-    reference = run_batches(eager, holdout.images)
-    outputs = reference.shape[1]
-    targets, labelled = label_targets(holdout.classes, holdout.labels, model_labels, outputs)
+    reference = run_batches(EagerBackend(module), holdout.images)
+    targets, labelled = label_targets(holdout.classes, holdout.labels, model_labels, reference.shape[1])
     report.holdout = {**holdout.describe(), "labels": labelled}
     progress.step(f"held-out images for the accuracy gate: {holdout.origin} ({len(holdout)}); {labelled}")
+    checked = _Checked(holdout, reference, targets, device)
 
-    fp32_source = _int8_source(fp32_artifacts, eligible_sources) if any(
-        p in request.precisions for p in ("int8", "fp16")) else None
-    if fp32_source:
-        source = fp32_artifacts[fp32_source]
-        source_backend = open_artifact(source.format, source.path, RunOptions(device=device))
-        report.ladder[fp32_source] = images_per_s(source_backend, holdout.images[:1])
+    def attempt(kind: str, make):
+        """make() -> Variant, or the kind refused with the reason (raised when nobody records refusals)."""
+        try:
+            report.variants[kind] = make()
+        except Exception as error:  # noqa: BLE001 - a variant that cannot be made is refused, the others go on
+            if refusals is None:
+                raise
+            refusals.refuse(kind, "precision", error)
+
     if "int8" in request.precisions:
-        variant, choice = build_int8(stage, fp32_artifacts[fp32_source], calibration, holdout, reference, targets,
-                                     progress)
-        report.variants[variant.kind], report.int8_choice = variant, choice
-        report.files.append(RANGES_FILE)
-    for precision in ("bf16", "fp16"):
-        for kind in (kinds.variants(precision) if precision in request.precisions else ()):
-            if kind.format == "torchscript":
-                source = fp32_artifacts[_source(kind, fp32_artifacts, eligible_sources)]
-                report.variants[kind.name] = autocast_variant(kind, source, device, holdout, reference, targets)
-            else:
-                report.variants[kind.name] = build_onnx_fp16(stage, kind, fp32_artifacts[fp32_source], device,
-                                                             holdout, reference, targets)
+        attempt(INT8.name, lambda: _int8_variant(stage, report, fp32_artifacts, eligible_sources, calibration,
+                                                 checked, progress))
+    for kind in requested_variant_kinds(request.precisions):
+        if kind != INT8.name:
+            attempt(kind, lambda: _float_variant(stage, report, kinds.get(kind), fp32_artifacts, eligible_sources,
+                                                 checked))
     for kind, variant in report.variants.items():
         report.ladder[kind] = variant.images_per_s
     _write_reports(stage, report, targets is not None)
     return report
 
 
-def check_hardware(precisions: tuple[str, ...], device: str) -> None:
-    """Refuse, before any work, a variant this machine cannot build and gate at a useful speed."""
-    on_gpu = device.startswith("cuda")
-    if "fp16" in precisions and not on_gpu:
-        raise PrecisionError("fp16 variants are for GPUs and are gated on one: add --device cuda, or leave fp16 "
-                             "out of --precision on a CPU-only machine")
-    if "bf16" in precisions and not on_gpu and not cpu_has_native_bf16():
-        raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
-                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 ran resnet18 about 15x slower "
-                             "than fp32 here; use int8 on this machine, or export bf16 where the CPU has it "
-                             "(or on a GPU with --device cuda)")
+@dataclass
+class _Checked:
+    """What every variant is gated on: the held-out images, fp32 eager's logits on them and their targets."""
+
+    holdout: ImageSet
+    reference: torch.Tensor
+    targets: object
+    device: str
+
+
+def requested_variant_kinds(precisions: tuple[str, ...]) -> list[str]:
+    """The variant kinds the requested precisions make, in table order."""
+    return [k.name for p in precisions if p != "fp32" for k in kinds.variants(p)]
+
+
+def _int8_variant(stage, report, fp32_artifacts, eligible, calibration, checked: _Checked, progress) -> Variant:
+    source = fp32_artifacts[_int8_source(fp32_artifacts, eligible)]
+    _record_source_speed(report, source, checked)
+    with _removed_on_failure(stage / RANGES_FILE, stage / INT8.file_name):
+        variant, report.int8_choice = build_int8(stage, source, calibration, checked.holdout, checked.reference,
+                                                 checked.targets, progress)
+    report.files.append(RANGES_FILE)
+    return variant
+
+
+def _float_variant(stage, report, kind, fp32_artifacts, eligible, checked: _Checked) -> Variant:
+    """bf16 / fp16: autocast around the scripted TorchScript (no new file), or an fp16 ONNX."""
+    source = fp32_artifacts[_source(kind, fp32_artifacts, eligible)]
+    if kind.format == "torchscript":
+        return autocast_variant(kind, source, checked.device, checked.holdout, checked.reference, checked.targets)
+    _record_source_speed(report, source, checked)
+    with _removed_on_failure(stage / kind.file_name):
+        return build_onnx_fp16(stage, kind, source, checked.device, checked.holdout, checked.reference,
+                               checked.targets)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(*paths: Path):
+    """Files a variant writes leave the export with it when it is refused."""
+    try:
+        yield
+    except BaseException:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise
+
+
+def _record_source_speed(report: PrecisionReport, source, checked: _Checked) -> None:
+    if source.kind not in report.ladder:
+        backend = open_artifact(source.format, source.path, RunOptions(device=checked.device))
+        report.ladder[source.kind] = images_per_s(backend, checked.holdout.images[:1])
 
 
 def _int8_source(artifacts: dict, eligible: list[str]) -> str:
@@ -207,24 +213,6 @@ def _source(kind, artifacts: dict, eligible: list[str]) -> str:
 
 
 # ---------------------------------------------------------------- int8
-
-class TensorReader:
-    """ONNX Runtime's CalibrationDataReader over preprocessed images, in batches."""
-
-    def __init__(self, images: torch.Tensor, input_name: str, batch: int = CALIBRATION_BATCH):
-        self.arrays = [images[i:i + batch].numpy() for i in range(0, len(images), batch)]
-        self.input_name = input_name
-        self.position = 0
-
-    def get_next(self):
-        if self.position >= len(self.arrays):
-            return None
-        self.position += 1
-        return {self.input_name: self.arrays[self.position - 1]}
-
-    def rewind(self):
-        self.position = 0
-
 
 def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, reference: torch.Tensor,
                targets, progress) -> tuple[Variant, dict]:
@@ -345,14 +333,6 @@ def build_onnx_fp16(stage: Path, kind, source, device: str, holdout: ImageSet, r
                "runs_on": "ONNX Runtime CUDAExecutionProvider"}
     return Variant(kind.name, stage / kind.file_name, kind.format, kind.precision, "fp32", source.kind, made_by, gate,
                    images_per_s(backend, holdout.images[:1]))
-
-
-def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(feature in flags for feature in BF16_CPU_FEATURES)
 
 
 # ---------------------------------------------------------------- running and timing

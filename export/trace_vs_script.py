@@ -30,8 +30,10 @@ class ArtifactUnderTest:
 
 
 def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: dict[str, torch.Tensor],
-                  tracer_warnings: list[dict] | None = None) -> dict:
-    """Rows of model x artifact x probe; JSON-ready."""
+                  tracer_warnings: list[dict] | None = None, missing: dict[str, str] | None = None) -> dict:
+    """Rows of model x artifact x probe; JSON-ready. Every artifact that exists is held to eager itself, never
+    to another form, so a missing form (`missing`: kind -> why it was not made) hides nothing: a traced artifact
+    that diverges is caught with or without a scripted one."""
     expected, skipped = {}, {}
     for name, tensor in probes.items():
         try:
@@ -46,7 +48,7 @@ def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: di
         rows.append({"artifact": artifact.kind, "format": artifact.format,
                      "control_flow": artifact.control_flow, "probes": results,
                      "verdict": _verdict(results)})
-    return {"probes": list(expected), "skipped_probes": skipped, "rows": rows,
+    return {"probes": list(expected), "skipped_probes": skipped, "rows": rows, "missing": dict(missing or {}),
             "tracer_warnings": tracer_warnings or [], "diverging": diverging(rows)}
 
 
@@ -92,6 +94,7 @@ def compact_table(model: str, result: dict) -> str:
         flow = " ".join(f"{op.split(':')[-1]}={n}" for op, n in row["control_flow"].items() if n)
         lines.append(f"  {row['artifact']:<14} {flow or 'no control flow':<22} " +
                      "  ".join(f"[{i + 1}] {c}" for i, c in enumerate(cells)))
+    lines += [f"  {kind:<14} MISSING: {why}" for kind, why in result.get("missing", {}).items()]
     return "\n".join(lines)
 
 
@@ -110,6 +113,10 @@ def markdown_section(model: str, description: str, result: dict) -> str:
                 cells.append(f"{mark} (mean {r['output_mean']:.4g} vs eager {r['eager_mean']:.4g}; "
                              f"max abs diff {r['max_abs']:.2g})")
         lines.append(f"| {row['artifact']} | {flow} | " + " | ".join(cells) + f" | {row['verdict']} |")
+    if result.get("missing"):
+        lines += ["", "Forms that are missing (not made, so not compared; every form above is still held to eager "
+                      "on every probe):", ""]
+        lines += [f"- **{kind} is missing**: {why}" for kind, why in result["missing"].items()]
     if result["skipped_probes"]:
         lines.append("")
         lines += [f"- probe `{name}` skipped: eager itself rejects it ({skip['error']})"

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import sys
+import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +37,27 @@ class WarningLog:
                     message = str(record.message).strip().splitlines()[0][:300]
                     self.counts[(step, record.category.__name__, message)] += 1
                 self._keep_output(step, chatter.getvalue())
+
+    @contextlib.contextmanager
+    def native_output(self, step: str):
+        """Also keep what native code prints to the process's stdout and stderr (file descriptors 1 and 2: the
+        legacy ONNX exporter prints a whole TorchScript graph from C++ when it refuses a model). Only around
+        steps that print no progress themselves: the progress lines go to the same descriptors."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for descriptor in saved:
+                    os.close(descriptor)
+                sink.seek(0)
+                self._keep_output(step, sink.read().decode(errors="replace"))
 
     def _keep_output(self, step: str, text: str) -> None:
         lines = [line.rstrip()[:300] for line in text.splitlines() if line.strip()]

@@ -19,7 +19,7 @@ from typing import Any
 
 from models.errors import VisionExportError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: refused kinds are Refusal records (were strings)
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "index_to_name.json"
 INPUT_NAME = "input"  # the artifacts' input and output tensor names (ONNX graphs, Triton, v2 clients)
@@ -196,6 +196,26 @@ class ServingDecision:
 
 
 @dataclass
+class Refusal:
+    """A form an export could not make or keep: the step that refused it and why. Every refusal has this shape
+    (an exporter, an ONNX check, loading, running the parity inputs, a reduced-precision variant); the other
+    forms go on without it."""
+
+    step: str  # build | inspect | load | parity | precision | needs (a form it is made from is missing)
+    error: str  # the exception's type ("" for a form skipped because another is missing)
+    message: str  # the first meaningful line (of the innermost cause when the error wraps another)
+    location: str = ""  # the model code's file:line when the error points there
+    log: str = ""  # the file of the export folder holding the full traceback
+
+    def line(self) -> str:
+        """One line for the terminal and the summary."""
+        where = f" at {self.location}" if self.location else ""
+        log = f" (traceback in {self.log})" if self.log else ""
+        what = f"{self.error}: {self.message}" if self.error else self.message
+        return f"{self.step}: {what}{where}{log}"
+
+
+@dataclass
 class ModelInfo:
     name: str  # the registry's or the user's model name
     family: str
@@ -211,7 +231,7 @@ class Manifest:
     output: OutputRecord
     opset: int
     artifacts: dict = field(default_factory=dict)  # kind -> ArtifactRecord
-    refused: dict = field(default_factory=dict)  # kind -> why it could not be made
+    refused: dict = field(default_factory=dict)  # kind -> Refusal: why it could not be made (or kept)
     files: dict = field(default_factory=dict)  # other files (labels, reports) -> FileRecord
     serving: ServingDecision | None = None
     parity: dict = field(default_factory=dict)
@@ -238,6 +258,8 @@ class Manifest:
         data["output"] = _from_dict(OutputRecord, data.get("output"), f"{where} output")
         data["artifacts"] = {k: _from_dict(ArtifactRecord, v, f"{where} artifacts.{k}")
                              for k, v in (data.get("artifacts") or {}).items()}
+        data["refused"] = {k: _from_dict(Refusal, v, f"{where} refused.{k}")
+                           for k, v in (data.get("refused") or {}).items()}
         data["files"] = {k: _from_dict(FileRecord, v, f"{where} files.{k}") for k, v in (data.get("files") or {}).items()}
         if data.get("serving") is not None:
             data["serving"] = _from_dict(ServingDecision, data["serving"], f"{where} serving")

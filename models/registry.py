@@ -48,15 +48,24 @@ class InputSpec:
 class WeightsInfo:
     """Where a module's weights came from (the manifest's provenance record)."""
 
-    kind: str  # imagenet | random | path
+    kind: str  # imagenet | random (seeded by this tool) | path | factory (as a user's factory built them)
     requested: str
     source: str = ""
     seed: int | None = None
-    sha256: str | None = None
-    note: str = ""
+    sha256: str | None = None  # of the checkpoint file, when loaded from one
+    note: str = ""  # a warning the user must see (e.g. random weights: predictions are meaningless)
+    state_dict_sha256: str | None = None  # models.weights.state_dict_fingerprint: the same weights, same value
 
     def describe(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
+
+    def line(self) -> str:
+        """What happened to the weights, in words (the export's progress line)."""
+        what = {"imagenet": "trained ImageNet weights", "random": f"random, seeded by this tool (seed {self.seed})",
+                "path": "loaded from a state_dict file", "factory": "as the factory built them"}.get(self.kind, self.kind)
+        source = f", {self.source}" if self.source else ""
+        fingerprint = f"; state_dict sha256 {self.state_dict_sha256[:16]}" if self.state_dict_sha256 else ""
+        return what + source + fingerprint
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from torch import nn
 from models.errors import VisionExportError
 from models.contract import ImageContract
 from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo
-from models.weights import RANDOM_SEED, load_state_dict_file, seeded
+from models.weights import RANDOM_SEED, load_state_dict_file, seeded, state_dict_fingerprint
 
 
 class UserModuleError(VisionExportError, ValueError):
@@ -51,20 +52,20 @@ def load_factory(reference: str):
     return factory
 
 
-def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1.0)) -> ModelEntry:
+def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1.0),
+               labels: list[str] | None = None) -> ModelEntry:
+    """`labels`: the class names of the model's outputs (--labels FILE); None: answers name classes by index."""
     factory = load_factory(reference)
 
     def build(weights: str) -> BuiltModel:
-        module = seeded(factory)
-        if not isinstance(module, nn.Module):
-            raise UserModuleError(f"{reference} returned {type(module).__name__}, not a torch.nn.Module")
-        if weights in ("auto", "random"):
-            return BuiltModel(module, WeightsInfo("random" if weights == "random" else "factory", weights,
-                                                  seed=RANDOM_SEED,
-                                                  note="weights as the factory made them (seeded)"))
         if weights == "imagenet":
             raise UserModuleError("--weights imagenet is for registry models; give your module's state_dict PATH")
-        return BuiltModel(module, load_state_dict_file(module, weights))
+        if weights in ("auto", "random"):
+            module, info = factory_weights(factory, reference, weights)
+        else:
+            module = _built_by(factory, reference)
+            info = load_state_dict_file(module, weights)
+        return BuiltModel(module, info, labels)
 
     return ModelEntry(
         name=Path(reference.rpartition(":")[0]).stem,
@@ -78,6 +79,63 @@ def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1
                 "input_shape": list(input_shape)},
         warn_on_divergence=True,
     )
+
+
+def factory_weights(factory, reference: str, requested: str) -> tuple[nn.Module, WeightsInfo]:
+    """The module as the factory builds it, and what its weights are: the factory is called under two random
+    seeds; the same state_dict both times means it loaded (or computed) them, different ones that they are a
+    random initialisation, which this tool seeded (the first call's seed, so a re-check rebuilds them)."""
+    module = _built_by(factory, reference, RANDOM_SEED)
+    again = _built_by(factory, reference, RANDOM_SEED + 1)
+    if state_dict_fingerprint(module) == state_dict_fingerprint(again):
+        return module, WeightsInfo("factory", requested, source="the same under any random seed (loaded or computed "
+                                                                "by the factory)")
+    return module, WeightsInfo("random", requested, seed=RANDOM_SEED, source="the factory's random initialisation",
+                               note=RANDOM_FACTORY_NOTE)
+
+
+RANDOM_FACTORY_NOTE = ("the factory's weights are a random initialisation (they change with the random seed; this "
+                       f"tool seeded it with {RANDOM_SEED}): predictions are meaningless; load trained weights in "
+                       "the factory or give --weights PATH")
+
+
+def _built_by(factory, reference: str, seed: int = RANDOM_SEED) -> nn.Module:
+    module = seeded(factory, seed)
+    if not isinstance(module, nn.Module):
+        raise UserModuleError(f"{reference} returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def read_labels_file(path: str | os.PathLike) -> list[str]:
+    """--labels FILE: a JSON list of names, a JSON object {"0": name, ...} with every index from 0, or one name
+    per line (blank lines at the end ignored)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise UserModuleError(f"--labels {path}: cannot be read ({error.strerror or error})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = text.rstrip("\n").split("\n")
+    labels = _labels_from(data, path)
+    if not labels or any(not name.strip() for name in labels):
+        raise UserModuleError(f"--labels {path}: {len(labels)} labels, some empty; give one name per class "
+                              "(JSON list, JSON {\"0\": name}, or one name per line)")
+    return [name.strip() for name in labels]
+
+
+def _labels_from(data, path) -> list[str]:
+    if isinstance(data, list):
+        return [str(name) for name in data]
+    if isinstance(data, dict):
+        try:
+            indexed = {int(k): str(v) for k, v in data.items()}
+        except ValueError:
+            raise UserModuleError(f"--labels {path}: JSON object keys must be class indices (\"0\", \"1\", ...)") from None
+        if sorted(indexed) != list(range(len(indexed))):
+            raise UserModuleError(f"--labels {path}: class indices must run from 0 to {len(indexed) - 1} without gaps")
+        return [indexed[i] for i in range(len(indexed))]
+    raise UserModuleError(f"--labels {path}: JSON must be a list of names or an object {{\"0\": name, ...}}")
 
 
 def image_preprocessing(shape: tuple[int, ...], value_range) -> ImageContract | None:

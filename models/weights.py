@@ -183,6 +183,22 @@ def load_state_dict_file(module: nn.Module, path: str) -> WeightsInfo:
     return WeightsInfo("path", path, source=os.path.abspath(path), sha256=file_sha256(path))
 
 
+def state_dict_fingerprint(module: nn.Module) -> str:
+    """sha256 over the state_dict's names, dtypes, shapes and values, in name order: the same weights give the
+    same fingerprint whichever file, factory or family they came from (a checkpoint file's own sha256 changes
+    with how it was saved)."""
+    digest = hashlib.sha256()
+    for name, value in sorted(module.state_dict().items()):
+        digest.update(name.encode() + b"\0")
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Provenance: which checkpoint file exactly."""
     with open(path, "rb") as handle:

@@ -98,13 +98,15 @@ def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
     assert sorted(p.name for p in store.iterdir()) == ["gated.mar"]
     # torch.export refuses the data-dependent branch: recorded with its reason, the traceback kept in export.log
     assert "onnx-dynamo" not in manifest.artifacts and "onnx-dynamo" not in decision.candidates
-    assert manifest.refused["onnx-dynamo"].startswith("TorchExportError: ")
-    assert "onnx-dynamo (torch.onnx.export(dynamo=True) (torch.export)) REFUSED: TorchExportError" in result.stdout
-    assert "(traceback in export.log)" in result.stdout
+    refusal = manifest.refused["onnx-dynamo"]
+    assert (refusal.step, refusal.error, refusal.log) == ("build", "TorchExportError", "export.log")
+    assert refusal.location.endswith("models_for_tests.py:20")  # the user's `if x.mean() > 0.75:`
+    assert "onnx-dynamo NOT MADE, build: TorchExportError: " in result.stdout
+    assert "(traceback in export.log)" in result.stdout and "Traceback" not in result.stdout + result.stderr
     assert "export.log" in manifest.files
     log = (out / "export.log").read_text()
-    assert log.startswith("--- onnx-dynamo refused\nTraceback (most recent call last):") and "torch.export" in log
-    assert "\x1b[" not in manifest.refused["onnx-dynamo"]  # the manifest holds the reason, not terminal colours
+    assert log.startswith("--- onnx-dynamo refused at build\nTraceback (most recent call last):") and "torch.export" in log
+    assert "\x1b[" not in refusal.message  # the manifest holds the reason, not terminal colours
 
 
 @pytest.mark.slow

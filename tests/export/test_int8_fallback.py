@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from export import int8_fallback
-from export.precision import TensorReader
+from export.calibration import TensorReader
 from models.contract import Manifest
 
 

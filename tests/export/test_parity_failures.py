@@ -12,7 +12,7 @@ import models
 from export import kinds
 from export.errors import ParityError
 from export.parity import Candidate, parity_inputs, run_parity
-from models.contract import MANIFEST_NAME, Manifest
+from models.contract import MANIFEST_NAME, SCHEMA_VERSION, Manifest
 from runtime import file_sha256, open_artifact
 from runtime.eager import EagerBackend
 from tests.conftest import run_export
@@ -99,5 +99,5 @@ def test_recheck_refuses_a_manifest_of_another_schema_version(export_copy):
     (export_copy / MANIFEST_NAME).write_text(json.dumps(data))
     result = run_export("parity", str(export_copy))
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "manifest schema version 1, but this code reads version 2" in result.stderr
+    assert f"manifest schema version 1, but this code reads version {SCHEMA_VERSION}" in result.stderr
     assert "re-run the export" in result.stderr
