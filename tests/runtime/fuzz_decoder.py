@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import random
+import re
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES_PER_SECOND = 150  # the mutator's case count per second of budget: fixed, so a budget means the same inputs
+CASES_PER_SECOND = 100  # the mutator's case count per second of budget: fixed, so a budget means the same inputs
 STATS_EVERY = 500  # inputs between two writes of an engine's stats file
 FINDINGS = ("unexpected-*.bin", "crash-*", "timeout-*", "oom-*", "leak-*")
 CROP = (16, 16)
@@ -59,18 +60,24 @@ class Recorder(logging.Handler):
         super().__init__(logging.WARNING)
         from models.contract import ImageContract
         self.contract = ImageContract(resize=24, crop=CROP)
-        self.out, self.started = out, time.monotonic()
+        self.out, self.started, self.current = out, time.monotonic(), b""
         self.stats = Stats(engine)
         out.mkdir(parents=True, exist_ok=True)
         logging.getLogger("runtime.images").addHandler(self)
         logging.getLogger("runtime.images").propagate = False
 
-    def emit(self, record: logging.LogRecord) -> None:  # decode_image's warning for a PIL error outside its docs
-        self.stats.pil_unexpected[record.getMessage().split(" on a corrupt image")[0].removeprefix("PIL raised ")] += 1
+    def emit(self, record: logging.LogRecord) -> None:
+        """decode_image's warning for a PIL error outside PIL's docs (answered 400): counted, first input kept."""
+        key = record.getMessage().split(" on a corrupt image")[0].removeprefix("PIL raised ")
+        if key not in self.stats.pil_unexpected:
+            name, where = key.split(" at ")
+            (self.out / f"handled-{name}-{Path(where).name.replace(':', '-')}.bin").write_bytes(self.current)
+        self.stats.pil_unexpected[key] += 1
 
     def run(self, data: bytes) -> None:
         from runtime.images import RequestError
         self.stats.inputs += 1
+        self.current = data
         try:
             check(data, self.contract)
         except RequestError as error:
@@ -189,10 +196,9 @@ def start_engine(engine: str, out: Path, seconds: int, seed: int) -> subprocess.
 def read_stats(out: Path, returncode: int) -> dict:
     stats = json.loads((out / "stats.json").read_text()) if (out / "stats.json").exists() else {"inputs": 0, "seconds": 0}
     log = (out / "engine.log").read_text(errors="replace")
-    done = [line for line in log.splitlines() if line.startswith("Done ") and " runs in " in line]
+    done = re.findall(r"^Done (\d+) runs in (\d+) second", log, re.MULTILINE)
     if done:  # libFuzzer's own count is final; the stats file is written every STATS_EVERY inputs
-        runs, _, secs, *_ = done[-1].removeprefix("Done ").split()
-        stats["inputs"], stats["seconds"] = int(runs), float(secs)
+        stats["inputs"], stats["seconds"] = int(done[-1][0]), float(done[-1][1])
     if returncode not in (0, None) and not stats.get("failures"):
         (out / "crash-engine.log").write_text(f"exit status {returncode}; last lines:\n" + log[-4000:])
     return {"request_errors": {}, "pil_unexpected": {}, **stats, "returncode": returncode}
