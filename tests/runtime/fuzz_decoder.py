@@ -49,9 +49,6 @@ class Stats:
     pil_unexpected: Counter = field(default_factory=Counter)  # "TypeError at file:line" answered 400, logged
     failures: dict = field(default_factory=dict)  # failure class -> saved input file
 
-    def per_second(self) -> float:
-        return self.inputs / self.seconds if self.seconds else 0.0
-
 
 class Recorder(logging.Handler):
     """Runs one input through the decoder, counts outcomes, saves the first input of each failure class."""
@@ -111,8 +108,8 @@ def check(data: bytes, contract) -> None:
     from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, decode_image, preprocess
     image = decode_image(data)
     channels, height, width = image.shape
-    if image.dtype != torch.uint8 or channels != 3 or not MIN_SIDE <= min(height, width) <= max(height, width) <= MAX_SIDE \
-            or height * width > MAX_PIXELS:
+    within_limits = MIN_SIDE <= min(height, width) and max(height, width) <= MAX_SIDE and height * width <= MAX_PIXELS
+    if image.dtype != torch.uint8 or channels != 3 or not within_limits:
         raise AssertionError(f"decode_image returned {image.dtype} {tuple(image.shape)}")
     row = preprocess(image, contract)
     if tuple(row.shape) != (3, *CROP) or not (row.min() >= 0 and row.max() <= 1):
@@ -194,7 +191,8 @@ def start_engine(engine: str, out: Path, seconds: int, seed: int) -> subprocess.
 
 
 def read_stats(out: Path, returncode: int) -> dict:
-    stats = json.loads((out / "stats.json").read_text()) if (out / "stats.json").exists() else {"inputs": 0, "seconds": 0}
+    written = out / "stats.json"
+    stats = json.loads(written.read_text()) if written.exists() else {"inputs": 0, "seconds": 0}
     log = (out / "engine.log").read_text(errors="replace")
     done = re.findall(r"^Done (\d+) runs in (\d+) second", log, re.MULTILINE)
     if done:  # libFuzzer's own count is final; the stats file is written every STATS_EVERY inputs

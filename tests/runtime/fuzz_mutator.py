@@ -93,8 +93,10 @@ def png_fields(data: bytes) -> list[Field]:
         fields.append(Field(pos + 4, 4, "big", (0x49444154, 0x49454E44, 0x74524E53, 0x504C5445, 0x65584966,
                                                   0x6163544C, 0x6663544C, 0x66644154), crc=None))
         if kind == b"IHDR":
-            fields += [Field(pos + 8, 4, crc=crc), Field(pos + 12, 4, crc=crc), Field(pos + 16, 1, "big", (1, 2, 4, 8, 16), crc),
-                       Field(pos + 17, 1, "big", (0, 2, 3, 4, 6), crc), *payload(pos + 18, pos + 21, crc)]
+            fields += [Field(pos + 8, 4, crc=crc), Field(pos + 12, 4, crc=crc),  # width, height
+                       Field(pos + 16, 1, "big", (1, 2, 4, 8, 16), crc),  # bit depth
+                       Field(pos + 17, 1, "big", (0, 2, 3, 4, 6), crc),  # colour type
+                       *payload(pos + 18, pos + 21, crc)]  # compression, filter, interlace
         elif kind != b"IDAT":
             fields += payload(pos + 8, pos + 8 + length, crc)
         pos += 12 + length
@@ -181,7 +183,8 @@ def riff_fields(data: bytes) -> list[Field]:
     fields, pos = [Field(4, 4, "little", (len(data) - 8,))], 12
     while pos + 8 <= len(data) and len(fields) < 200:
         size = read(data, pos + 4, 4, "little")
-        fields += [Field(pos + 4, 4, "little", (size + 1, size - 1, len(data) - pos)), *payload(pos + 8, pos + 8 + size)]
+        fields.append(Field(pos + 4, 4, "little", (size + 1, size - 1, len(data) - pos)))
+        fields += payload(pos + 8, pos + 8 + size)
         pos += 8 + size + (size & 1)
     return fields
 

@@ -21,7 +21,7 @@ from PIL import Image
 from runtime.images import RequestError, decode_image
 from tests.runtime.fuzz_corpus import seed_corpus
 from tests.runtime.fuzz_decoder import CASES_PER_SECOND, Recorder, fuzz
-from tests.runtime.fuzz_mutator import PNG_MAGIC, TIFF_TYPES, fields, mutate
+from tests.runtime.fuzz_mutator import PNG_MAGIC, TIFF_TYPES, edit_field, fields, mutate
 
 SECONDS_ENV = "DECODE_FUZZ_SECONDS"
 CI_SECONDS = 60  # each engine's budget in CI; both run at once on the 2 cores (about 80 s of wall time)
@@ -51,7 +51,8 @@ def grey_tiff(offsets_type: int = LONG, offsets_value: bytes | None = None) -> b
 
 def in_type(number: int, kind: int) -> bytes:
     return {LONG: struct.pack("<I", number), FLOAT: struct.pack("<f", number), DOUBLE: struct.pack("<d", number),
-            RATIONAL: struct.pack("<II", number, 1), ASCII: str(number).encode()[:1], LONG8: struct.pack("<Q", number)}[kind]
+            RATIONAL: struct.pack("<II", number, 1), ASCII: str(number).encode()[:1],
+            LONG8: struct.pack("<Q", number)}[kind]
 
 
 def test_the_hand_built_tiff_is_a_valid_image():
@@ -83,6 +84,17 @@ def test_pil_failures_outside_its_docs_are_400(kind, value, pil_raises, caplog):
     assert caught.value.message.endswith("; re-encode it as JPEG or PNG")
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert f"PIL raised {pil_raises.__name__} at " in caplog.text and "ImageFile.py:" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_handler_answers_the_float_offset_tiff_400_and_the_rest_of_its_batch(resnet18_unpacked):
+    from handlers.core import ImageClassifierCore, ImageRequest
+    core = ImageClassifierCore.from_folder(resnet18_unpacked, threads=1)
+    good = seed_corpus()["png-rgb.png"]
+    answers = core.run_batch([ImageRequest(good), ImageRequest(grey_tiff(FLOAT)), ImageRequest(good)]).answers
+    assert isinstance(answers[1], RequestError) and answers[1].code == 400, answers[1]  # was a 500 "internal error"
+    assert "TypeError" in answers[1].message and "re-encode it as JPEG or PNG" in answers[1].message
+    assert [len(answer["predictions"]) for answer in (answers[0], answers[2])] == [5, 5]
 
 
 def test_pil_documented_failures_are_400_and_not_logged(caplog):
@@ -122,7 +134,6 @@ def test_png_field_edits_keep_the_crc_right():
     png = seed_corpus()["png-rgb.png"]
     width = next(f for f in fields(png) if f.offset == len(PNG_MAGIC) + 8)  # IHDR's width
     edited = bytearray(png)
-    from tests.runtime.fuzz_mutator import edit_field
     edit_field(edited, width, random.Random(3))
     start, end = width.crc
     assert edited != bytearray(png) and struct.unpack(">I", edited[end:end + 4])[0] == zlib.crc32(edited[start:end])
