@@ -66,6 +66,25 @@ def _tiff_16_bit() -> bytes:
     return encoded(Image.fromarray(grey), "TIFF")  # mode I;16
 
 
+def _png_text_and_icc() -> bytes:
+    from PIL import ImageCms, PngImagePlugin
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "chelsea")
+    info.add_text("Description", "a cat " * 10, zip=True)  # zTXt: compressed text
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    return encoded(photo(), "PNG", pnginfo=info, icc_profile=icc)
+
+
+def _tiff_orientation_8() -> bytes:
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = 8
+    return encoded(photo(), "TIFF", exif=exif)
+
+
+def _webp_animated() -> bytes:
+    return encoded(photo(), "WEBP", save_all=True, append_images=[photo().rotate(180)], duration=100)
+
+
 def _mpo() -> bytes:
     return encoded(photo(), "MPO", save_all=True, append_images=[photo().rotate(180)], quality=85)
 
@@ -80,13 +99,19 @@ SEEDS: dict[str, Callable[[], bytes]] = {
     "png-16-bit.png": _png_16_bit,
     "png-palette-transparent.png": _png_palette_transparent,
     "png-rgba.png": lambda: encoded(translucent(), "PNG"),
+    "png-text-icc.png": _png_text_and_icc,
     "webp-lossy.webp": lambda: encoded(photo(), "WEBP", quality=80),
     "webp-lossless-alpha.webp": lambda: encoded(translucent(), "WEBP", lossless=True),
+    "webp-animated.webp": _webp_animated,
     "bmp-rgb.bmp": lambda: encoded(photo(), "BMP"),
     "bmp-palette.bmp": lambda: encoded(photo().quantize(16), "BMP"),
     "gif-animated.gif": _gif_animated,
+    "gif-transparent.gif": lambda: encoded(photo().quantize(16), "GIF", transparency=0),
     "tiff-rgb.tiff": lambda: encoded(photo(), "TIFF"),
     "tiff-lzw.tiff": lambda: encoded(photo(), "TIFF", compression="tiff_lzw"),
+    "tiff-jpeg.tiff": lambda: encoded(photo(), "TIFF", compression="jpeg"),
+    "tiff-deflate.tiff": lambda: encoded(photo(), "TIFF", compression="tiff_adobe_deflate"),
+    "tiff-orientation-8.tiff": _tiff_orientation_8,
     "tiff-float.tiff": _tiff_float,
     "tiff-16-bit.tiff": _tiff_16_bit,
     "mpo.jpg": _mpo,
