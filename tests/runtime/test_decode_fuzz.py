@@ -24,7 +24,7 @@ from tests.runtime.fuzz_decoder import CASES_PER_SECOND, Recorder, fuzz
 from tests.runtime.fuzz_mutator import PNG_MAGIC, TIFF_TYPES, edit_field, fields, mutate
 
 SECONDS_ENV = "DECODE_FUZZ_SECONDS"
-CI_SECONDS = 60  # each engine's budget in CI; both run at once on the 2 cores (about 80 s of wall time)
+CI_SECONDS = 60  # atheris' time in CI, and 60 x CASES_PER_SECOND mutated cases; both at once on the 2 cores
 SIDE = 8  # the hand-built TIFF is SIDE x SIDE, 8-bit grey
 STRIP_OFFSETS, LONG, SHORT, FLOAT, DOUBLE, RATIONAL, ASCII, LONG8 = 273, 4, 3, 11, 12, 5, 2, 16
 TIFF_VALUE_SIZE = {SHORT: 2, LONG: 4, FLOAT: 4, DOUBLE: 8, RATIONAL: 8, ASCII: 1, LONG8: 8}
@@ -157,6 +157,9 @@ def test_fuzzed_decoder_raises_nothing_but_request_errors(tmp_path):
     report = fuzz(tmp_path, seconds, seed=1)
     print("\n".join(report.lines()))
     assert report.engines["mutator"]["inputs"] == seconds * CASES_PER_SECOND, report.lines()
+    # the mutator still reaches issue 20's class (now a logged 400); if PIL stops raising it, see the premise
+    # of test_pil_failures_outside_its_docs_are_400 and pick another known class to check here
+    assert any(key.startswith("TypeError at ") for key in report.engines["mutator"]["pil_unexpected"]), report.lines()
     assert report.engines["atheris"]["inputs"] > 0, (tmp_path / "atheris" / "engine.log").read_text()[-3000:]
     assert not report.findings, "\n".join([*report.lines(), *(reproducer(path) for path in report.findings)])
 
