@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if run_mutator(args.out, args.seed, args.seconds * CASES_PER_SECOND).failures else 0
     if args.engine == "atheris":
         run_atheris(args.out, args.seed, args.seconds)
+        return 0  # (not reached: libFuzzer ends the process)
     report = fuzz(args.out, args.seconds, args.seed)
     print("\n".join(report.lines()))
     return 1 if report.findings else 0
