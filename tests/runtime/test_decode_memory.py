@@ -39,7 +39,7 @@ WORKER_THREADS = 1  # a CPU worker's torch threads on this 2-core machine (handl
 WARM_UP_SIZE = (640, 480)
 
 
-def measure(photo: Path, address_space_extra_mib: int | None = None) -> dict:
+def measure(photo: Path, address_space_extra_mib: int | None = None, decode: str = "exact") -> dict:
     """In this (fresh) process: the request path's peak RSS above the warmed-up baseline, in MiB. With
     address_space_extra_mib, RLIMIT_AS is set that far above the current address space first, and the
     type of what decode_image raised is reported instead."""
@@ -48,14 +48,16 @@ def measure(photo: Path, address_space_extra_mib: int | None = None) -> dict:
     from models.contract import ImageContract
     from runtime.images import decode_image, preprocess
     torch.set_num_threads(WORKER_THREADS)
-    contract = ImageContract.from_dict(RESNET50_CONTRACT)
-    preprocess(decode_image(small_jpeg()), contract)
+    from runtime.images import draft_floor
+    contract = ImageContract.from_dict({**RESNET50_CONTRACT, "decode": decode})
+    floor = draft_floor(contract)
+    preprocess(decode_image(small_jpeg(), floor), contract)
     data = photo.read_bytes()
     if address_space_extra_mib is not None:
         return {"raised": raised_under_limit(data, address_space_extra_mib)}
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     baseline = memory_kib("VmRSS") * 1024
-    row = preprocess(decode_image(data), contract)
+    row = preprocess(decode_image(data, floor), contract)
     peak = memory_kib("VmHWM") * 1024
     return {"baseline_mib": round(baseline / MIB, 1), "peak_mib": round(peak / MIB, 1),
             "request_mib": round((peak - baseline) / MIB, 1), "row": list(row.shape), "threads": WORKER_THREADS}
@@ -117,6 +119,16 @@ def test_peak_rss_of_a_12_mp_request_is_bounded(phone_photo):
         f"({BOUND_BYTES_PER_PIXEL * PHONE_PIXELS / MIB:.0f} MiB); a new full-size copy on the request path?")
 
 
+def test_a_12_mp_request_decoded_in_draft_costs_a_fraction(phone_photo):
+    figures = run_child(phone_photo, "--draft")
+    print(f"12 MP draft decode + preprocess: {figures}")
+    # libjpeg decodes it at 1/4 (1008x756): the same arithmetic on those pixels, twice over for the decoder's
+    # own buffers (its coefficient rows are the full-size image's width); measured 16.4 MiB against 184 exact
+    decoded = (4032 // 4) * (3024 // 4)
+    assert figures["row"] == [3, 224, 224]
+    assert DECODED_UINT8 * decoded <= figures["request_mib"] * MIB <= 2 * BOUND_BYTES_PER_PIXEL * decoded, figures
+
+
 def test_out_of_memory_while_decoding_is_not_a_400(phone_photo):
     # 80 MiB more address space: PIL's first 46.5 MiB image fits, turning it upright does not; PIL raises
     # MemoryError from its own code, which decode_image must pass on (a 500), not answer as a corrupt image
@@ -125,4 +137,5 @@ def test_out_of_memory_while_decoding_is_not_a_400(phone_photo):
 
 if __name__ == "__main__":
     extra = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--address-space-extra-mib" else None
-    print(json.dumps(measure(Path(sys.argv[1]), extra)))
+    mode = "draft" if "--draft" in sys.argv else "exact"
+    print(json.dumps(measure(Path(sys.argv[1]), extra, mode)))
