@@ -148,7 +148,9 @@ def test_int8_of_a_trained_model_is_within_tolerance_of_fp32_on_the_held_out_spl
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = Manifest.read(out)
     # what the test's own preprocessing assumed: the contract derived from --input-shape (its source aside)
-    assert dataclasses.replace(manifest.input.image_contract(), source="") == CONTRACT
+    recorded = manifest.input.image_contract()
+    assert dataclasses.replace(recorded, source="", decode=CONTRACT.decode) == CONTRACT
+    assert recorded.decode == manifest.decode_check["decode"]  # the export's decode check decided it
     record = manifest.artifacts["onnx-int8"]
     gate = record.details["accuracy"]
     metrics = gate["metrics"]
