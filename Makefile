@@ -32,7 +32,7 @@ serve: setup
 	$(PY) -m serving
 
 test: setup
-	$(PY) -m pytest -v -rs
+	$(PY) -m pytest -v -rs --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
