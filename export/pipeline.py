@@ -19,6 +19,7 @@ from export.atomic import atomic_write_text, ensure_free_space, staged_directory
 from export.bench_peak import time_runs
 from export.decode_check import record_decode_check
 from export.eval_check import prepare_for_export
+from export.interrupt import stop_if_interrupted, watch as watch_interrupts
 from export.manifest import file_record, write_manifest
 from export.errors import ExportError
 from export.precision import PrecisionReport, build_variants, requested_variant_kinds
@@ -53,6 +54,7 @@ class Progress:
         return time.perf_counter() - self.start
 
     def step(self, message: str) -> None:
+        stop_if_interrupted()
         if not self.quiet:
             print(f"[{self.elapsed():6.1f}s] {message}", file=self.stream, flush=True)
 
@@ -87,6 +89,7 @@ class ExportResult:
 def export_model(entry: ModelEntry, options: ExportOptions, progress: Progress | None = None) -> ExportResult:
     """Build, prove and write every artifact; swap the folder (and the archive) in only when all passed."""
     progress = progress or Progress()
+    watch_interrupts()
     pending: PendingArchive | None = None
     try:
         with staged_directory(Path(options.out)) as stage:

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from export.atomic import atomic_write_text
+from export.interrupt import stop_if_interrupted
 from models.contract import Refusal
 
 EXPORT_LOG = "export.log"  # full tracebacks of refused forms: the terminal gets one line each
@@ -44,6 +45,7 @@ class Refusals:
 
     def refuse(self, kind: str, step: str, error: BaseException) -> Refusal:
         """`kind` could not be made (or kept) because `step` raised `error`."""
+        stop_if_interrupted()  # Ctrl-C that an exporter turned into an ordinary exception is not a refusal
         _append_traceback(self.folder / EXPORT_LOG, kind, step, error)
         return self._add(kind, describe(error, step, EXPORT_LOG))
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
+import signal
+import time
 
 import pytest
 import torch
 
+from export import interrupt
 from export.pipeline import Progress
 from export.refusals import EXPORT_LOG, Refusals, describe, first_line, model_location
 from tests.conftest import ROOT
@@ -78,3 +82,22 @@ def test_refusals_print_one_line_each_and_keep_the_traceback_in_the_log(tmp_path
     log = (tmp_path / EXPORT_LOG).read_text()
     assert log.startswith("--- scripted refused at build\nTraceback (most recent call last):")
     assert "onnx-scripted" not in log and refusals.records["onnx-scripted"].log == ""
+
+
+def test_ctrl_c_that_an_exporter_turned_into_another_exception_still_stops_the_export(tmp_path):
+    interrupt.watch()
+    try:
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler raises KeyboardInterrupt here
+            except KeyboardInterrupt:
+                raise RuntimeError("an exporter's C++ rethrew the interrupt as its own error") from None
+        except RuntimeError as swallowed:
+            with pytest.raises(KeyboardInterrupt):  # not recorded as the form's refusal: the export stops
+                Refusals(tmp_path, Progress(quiet=True)).refuse("traced", "build", swallowed)
+            with pytest.raises(KeyboardInterrupt):
+                Progress(quiet=True).step("the next step")
+    finally:
+        interrupt.watch()  # clears the flag for the tests after this one
+        signal.signal(signal.SIGINT, signal.default_int_handler)

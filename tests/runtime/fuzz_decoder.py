@@ -155,9 +155,17 @@ def run_atheris(out: Path, seed: int, seconds: int) -> None:
         return atheris.Mutate(data, max_size) if rng.random() < 0.5 or not data else mutate(data, rng, max_size)
 
     atheris.Setup([sys.argv[0], f"-seed={seed}", f"-max_total_time={seconds}", f"-timeout={PER_INPUT_TIMEOUT_S}",
+                   f"-rss_limit_mb={RSS_LIMIT_MB}",
                    f"-artifact_prefix={out}/", "-print_final_stats=1", str(corpus)], recorder.run,
                   custom_mutator=custom_mutator)
     atheris.Fuzz()
+
+
+# libFuzzer's default 2 GB RSS limit is below what the decoder may legitimately use: the largest image accepted
+# (MAX_PIXELS, 40 Mpx) costs about 16 bytes a pixel on the request path (docs/request-path-memory.md), some
+# 630 MB, above this process's ~0.8 GB of torch and PIL, and the allocator keeps freed pages (CI hit 2.28 GB
+# on a mutated header within the limits). 4 GB still catches a decoder that grows without bound.
+RSS_LIMIT_MB = 4096
 
 
 # ---------------------------------------------------------------- the parent: both engines, one report
