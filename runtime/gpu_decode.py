@@ -55,7 +55,8 @@ class NvjpegDecoder:
         not take, on the CPU; `measure(stage)` times the decode and preprocess stages."""
         measure = measure or (lambda stage: nullcontext())
         rows: list = [None] * len(bodies)
-        on_gpu = [i for i, body in enumerate(bodies) if self.available and nvjpeg_orientation(body) is not None]
+        tags = {i: nvjpeg_orientation(body) for i, body in enumerate(bodies)} if self.available else {}
+        on_gpu = {i: tag for i, tag in tags.items() if tag is not None}  # index -> EXIF orientation
         if on_gpu:
             self._decode_on_gpu(bodies, on_gpu, rows, measure)
         for index, body in enumerate(bodies):
@@ -63,7 +64,7 @@ class NvjpegDecoder:
                 rows[index] = on_cpu(body)
         return rows
 
-    def _decode_on_gpu(self, bodies: list[bytes], indices: list[int], rows: list, measure) -> None:
+    def _decode_on_gpu(self, bodies: list[bytes], indices: dict[int, int], rows: list, measure) -> None:
         encoded = [torch.frombuffer(bytearray(bodies[i]), dtype=torch.uint8) for i in indices]
         try:
             with measure("decode"), warnings.catch_warnings():
@@ -74,8 +75,7 @@ class NvjpegDecoder:
             logger.warning("nvJPEG rejected a batch of %d (%s): decoding it on the CPU", len(indices), error)
             return
         with measure("preprocess"):
-            for index, image in zip(indices, images):
-                tag = nvjpeg_orientation(bodies[index])
+            for (index, tag), image in zip(indices.items(), images):
                 rows[index] = preprocess(upright(image.permute(1, 2, 0), tag).permute(2, 0, 1), self.contract)
 
 
