@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,13 +19,14 @@ import time
 from pathlib import Path
 
 from handlers.policy import THREADS_ENV, ServingPolicy
+from models.errors import VisionExportError
 # Settings, ports and timeouts live in config.py; free_port and on_free_ports are also reached through `server`.
 from serving.torchserve.config import (EXAMPLE_IMAGE, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S,  # noqa: F401
                                        ServerSettings, ServingError, free_port, on_free_ports, token_auth_switched_on,
                                        write_run_config)
+from serving.processes import alive, read_pgid, stop_group
 from serving.torchserve.logs import exit_reason, load_failure
 
-log = logging.getLogger(__name__)
 PID_FILE = "torchserve.pgid"
 
 
@@ -80,7 +79,7 @@ def start(settings: ServerSettings) -> subprocess.Popen:
         if not archive.is_file():
             raise ServingError(f"{archive} not found: run `python -m export resnet` first (it writes the archive)")
     run_dir = settings.run_dir.absolute()
-    if _alive(_read_pgid(run_dir)):
+    if alive(_read_pgid(run_dir)):
         raise ServingError(f"a server started from {run_dir} is still running: `python -m serving stop` first")
     settings.token_auth = token_auth_switched_on(settings, os.environ)
     settings.log_dir.mkdir(parents=True, exist_ok=True)
@@ -167,63 +166,15 @@ def running(settings: ServerSettings, image: Path = EXAMPLE_IMAGE, timeout: floa
 
 def stop(settings: ServerSettings, process: subprocess.Popen | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     """SIGTERM the server's process group (Java shuts its workers down), SIGKILL if it lingers."""
-    run_dir = settings.run_dir.absolute()
-    pgid = process.pid if process is not None else _read_pgid(run_dir)
-    if pgid is None or not _alive(pgid):
-        (run_dir / PID_FILE).unlink(missing_ok=True)
-        return False
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _group_alive(pgid):
-        if process is not None:
-            process.poll()
-        time.sleep(0.3)
-    if _group_alive(pgid):
-        log.warning("TorchServe (process group %d) still running %.0f s after SIGTERM: SIGKILL", pgid, timeout)
-        _signal_group(pgid, signal.SIGKILL)
-    if process is not None:
-        process.wait(timeout=10)
-    (run_dir / PID_FILE).unlink(missing_ok=True)
-    return True
+    return stop_group(settings.run_dir.absolute() / PID_FILE, process, timeout, "TorchServe")
 
 
 def _read_pgid(run_dir: Path) -> int | None:
     """The process group our pid file names; None when there is no pid file (no server started from run_dir)."""
-    path = run_dir / PID_FILE
-    if not path.exists():
-        return None
-    text = path.read_text().strip()
-    if not text.isdigit():
-        raise ServingError(f"{path} holds {text[:40]!r}, not a process id: if no TorchServe runs from {run_dir}, "
-                           "delete the file")
-    return int(text)
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user: not ours to signal, but the pid is taken
-        return True
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:  # the group ended between the liveness check and this signal: nothing to stop
-        log.info("TorchServe's process group %d had already exited before %s", pgid, signal.Signals(sig).name)
+        return read_pgid(run_dir / PID_FILE)
+    except VisionExportError as error:
+        raise ServingError(str(error)) from None
 
 
 def curl_line(settings: ServerSettings, model: str | None = None, image: Path = EXAMPLE_IMAGE) -> str:
