@@ -38,10 +38,10 @@ def image_bytes(row: dict) -> bytes:
         value = value.get("data") or value.get("image")
         if not isinstance(value, str):
             raise RequestError(400, "JSON body needs a \"data\" field holding the base64-encoded image")
-        value = _base64(value)
+        value = from_base64(value)
     elif isinstance(value, str):  # a text body (TorchServe decodes text/* content types): base64, or not an image
         try:
-            value = _base64(value)
+            value = from_base64(value)
         except RequestError:
             raise RequestError(415, "the body is text, neither an image nor base64: send the image bytes with "
                                     "Content-Type image/jpeg, or JSON {\"data\": base64}") from None
@@ -89,7 +89,8 @@ def _json_body(raw: bytes) -> dict:
     return parsed
 
 
-def _base64(text: str) -> bytes:
+def from_base64(text: str) -> bytes:
+    """base64 text (a data: URL, line-wrapped) -> bytes, or a 400 saying it is not base64."""
     if text.startswith("data:") and "," in text:  # data URLs: data:image/png;base64,....
         text = text.split(",", 1)[1]
     text = "".join(text.split())  # line-wrapped base64 (GNU base64, encodebytes) is still base64

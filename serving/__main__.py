@@ -4,6 +4,7 @@ from a plain checkout, without the virtualenv's packages).
   python -m serving [start]        TorchServe with every archive of model-store/, until Ctrl-C
   python -m serving --detach       start, wait until each model answers, print the curl lines, return
   python -m serving stop           stop a server started with --detach
+  python -m serving --engine kserve [--detach | stop]   the same archives in KServe's own ModelServer
   python -m serving config --out F config.properties with this machine's serving policy
   python -m serving kserve OUT     KServe material (TorchServe runtime); triton OUT: a Triton repository
   python -m serving bench | soak | faults | gpu-check   measurements (serving/measure/)
@@ -31,6 +32,19 @@ COMMANDS = {
 }
 TORCHSERVE = ("serving.torchserve.cli", "main", True)  # start / stop / config, and no command at all
 TORCHSERVE_ACTIONS = ("start", "stop", "config")
+ENGINES = {"torchserve": TORCHSERVE, "kserve": ("serving.kserve.cli", "main", True)}  # --engine (default torchserve)
+
+
+def engine_of(argv: list[str]) -> tuple[tuple, list[str]]:
+    """The engine `--engine NAME` (or --engine=NAME) names, and argv without it."""
+    for index, word in enumerate(argv):
+        if word == "--engine" or word.startswith("--engine="):
+            name = word.split("=", 1)[1] if "=" in word else (argv[index + 1] if index + 1 < len(argv) else "")
+            if name not in ENGINES:
+                raise SystemExit(f"python -m serving: --engine {name!r}: choose from {', '.join(ENGINES)}")
+            rest = argv[:index] + argv[index + (1 if "=" in word else 2):]
+            return ENGINES[name], rest
+    return TORCHSERVE, argv
 
 
 def main(argv=None) -> int:
@@ -42,7 +56,8 @@ def main(argv=None) -> int:
         print(f"python -m serving: unknown command {argv[0]!r}; choose from "
               f"{', '.join((*TORCHSERVE_ACTIONS, *COMMANDS))} (python -m serving --help)", file=sys.stderr)
         return 2
-    module, function, with_name = COMMANDS.get(argv[0], TORCHSERVE) if argv else TORCHSERVE
+    engine, argv = engine_of(argv)
+    module, function, with_name = COMMANDS.get(argv[0], engine) if argv else engine
     command = getattr(importlib.import_module(module), function)
     if module == "serving.deploy":  # the writers raise our errors; run_command turns them into exit codes
         from export.cli import run_command

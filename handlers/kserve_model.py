@@ -1,0 +1,164 @@
+"""The KServe adapter: ImageClassifierCore (handlers/core.py) as a `kserve.Model` in KServe's own ModelServer.
+
+What is KServe's lives here: the v1 body, the Open Inference Protocol (v2) tensors, the model's v2 metadata,
+and answering without blocking KServe's event loop (handlers/batching.py). Which artifact, its sha256, the
+preprocessing and the request's life are the core's, exactly as under TorchServe.
+
+  v1  POST /v1/models/NAME:predict  {"instances": [{"image": {"b64": "<base64 image>"}, "topk": 3}, ...]}
+      -> {"predictions": [<the core's answer>, ...]}; also {"instances": [{"data": "<base64>"}]} (what KServe's
+      TorchServe envelope takes, so examples/clients/kserve_v1_client.py works against both), a raw image body
+      (Content-Type image/*) or {"data": "<base64>", "topk": k}, as on the TorchServe path.
+  v2  POST /v2/models/NAME/infer  input `image`, BYTES, shape [N]: each element an encoded image (raw bytes
+      with the binary-data extension, base64 text in JSON); request parameter `topk`.
+      -> outputs `labels` (BYTES [N, k]), `indices` (INT64 [N, k]), `probabilities` (FP32 [N, k]);
+      parameters `model` and `artifact`.
+A bad request raises RequestError: the ModelServer answers its status with {"code": ..., "error": ...}
+(serving/kserve/app.py maps it), the worker stays up.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+import numpy as np
+from kserve import Model
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+
+from handlers.batching import Batcher, BatchPolicy
+from handlers.core import ImageClassifierCore, ImageRequest
+from handlers.decode import checked_topk, from_base64, image_bytes, requested_topk
+from runtime.images import RequestError
+
+logger = logging.getLogger(__name__)
+
+IMAGE = "image"  # the v2 input, and the v1 instance key
+B64 = "b64"  # KServe's v1 convention for binary values: {"b64": "<base64>"}
+TOPK = "topk"  # v1 instance key, v2 request parameter
+LABELS, INDICES, PROBABILITIES = "labels", "indices", "probabilities"
+V1_SHAPE = 'v1 takes {"instances": [{"image": {"b64": "<base64 image>"}}]}'
+INPUT_METADATA = [{"name": IMAGE, "datatype": "BYTES", "shape": [-1]}]
+OUTPUT_METADATA = [{"name": LABELS, "datatype": "BYTES", "shape": [-1, -1]},
+                   {"name": INDICES, "datatype": "INT64", "shape": [-1, -1]},
+                   {"name": PROBABILITIES, "datatype": "FP32", "shape": [-1, -1]}]
+
+
+class ImageClassifierModel(Model):
+    """One model of the store, served from its unpacked archive (the folder TorchServe's worker would run in)."""
+
+    def __init__(self, name: str, folder: Path, threads: int, batching: BatchPolicy, device: str = "cpu",
+                 settings: dict | None = None):
+        super().__init__(name)
+        self.folder = Path(folder)
+        self.settings = settings  # model-config.yaml's handler section
+        self.threads = threads
+        self.batching = batching
+        self.device = device
+        self.core: ImageClassifierCore | None = None
+        self.batcher: Batcher | None = None
+
+    def load(self) -> bool:
+        """Open the archive's served artifact after checking its sha256; a refusal raises (HandlerSetupError,
+        IntegrityError) and the server does not start."""
+        self.core = ImageClassifierCore.from_folder(self.folder, self.device, self.settings, self.threads)
+        self.batcher = Batcher(self.core, self.batching)
+        self.ready = True
+        return self.ready
+
+    # KServe starts `--workers N` by pickling the registered models into N spawned processes. An open runtime
+    # session does not pickle, and each worker must own its copy with its own thread budget: the worker
+    # unpickles the folder and settings and opens the artifact itself (sha256-checked again).
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "core": None, "batcher": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.ready:
+            self.load()
+
+    def get_input_types(self) -> list[dict]:
+        return INPUT_METADATA
+
+    def get_output_types(self) -> list[dict]:
+        return OUTPUT_METADATA
+
+    async def predict(self, payload, headers: dict | None = None):
+        if isinstance(payload, InferRequest):
+            answers = answered(await self.batcher.answer(v2_rows(payload)))
+            return v2_response(payload, self.name, answers)
+        return {"predictions": answered(await self.batcher.answer(v1_rows(payload)))}
+
+
+# ---------------------------------------------------------------- v1
+def v1_rows(payload) -> list[ImageRequest]:
+    if isinstance(payload, (bytes, bytearray, str)):  # a non-JSON body: the image itself, as on TorchServe's path
+        return [ImageRequest(image_bytes({"body": payload}))]
+    if isinstance(payload, dict) and "instances" in payload:
+        instances = payload["instances"]
+        if not instances:
+            raise RequestError(400, f"no instances: {V1_SHAPE}")
+        return [instance_row(index, instance) for index, instance in enumerate(instances)]
+    if isinstance(payload, dict):  # TorchServe's JSON body {"data": base64, "topk": k}
+        row = {"body": payload}
+        return [ImageRequest(image_bytes(row), requested_topk(row, None, None))]
+    raise RequestError(400, f"JSON body must be an object, got a JSON {type(payload).__name__}: {V1_SHAPE}")
+
+
+def instance_row(index: int, instance) -> ImageRequest:
+    if not isinstance(instance, dict):
+        raise RequestError(400, f"instance {index} is a JSON {type(instance).__name__}, not an object: {V1_SHAPE}")
+    image = instance.get(IMAGE, instance.get("data"))
+    if isinstance(image, dict):
+        image = image.get(B64)
+    if not isinstance(image, str):
+        raise RequestError(400, f"instance {index} has no base64 image: {V1_SHAPE}")
+    topk = instance.get(TOPK)
+    return ImageRequest(from_base64(image), None if topk is None else checked_topk(topk))
+
+
+# ---------------------------------------------------------------- v2
+def v2_rows(request: InferRequest) -> list[ImageRequest]:
+    tensors = {tensor.name: tensor for tensor in request.inputs}
+    tensor = tensors.get(IMAGE)
+    if tensor is None or tensor.datatype != "BYTES":
+        got = ", ".join(f"{t.name} ({t.datatype})" for t in request.inputs) or "none"
+        raise RequestError(400, f'v2 takes one BYTES input named "{IMAGE}" holding encoded images; got {got}')
+    topk = (request.parameters or {}).get(TOPK)
+    k = None if topk is None else checked_topk(topk)
+    return [ImageRequest(element if isinstance(element, bytes) else from_base64(str(element)), k)
+            for element in elements(tensor)]
+
+
+def elements(tensor) -> list:
+    """The tensor's elements: raw bytes (binary-data extension) or base64 strings (JSON)."""
+    try:
+        values = tensor.as_numpy().reshape(-1)
+    except ValueError as error:  # the data do not fill the declared shape
+        raise RequestError(400, f'input "{IMAGE}": {error}') from None
+    if values.size == 0:
+        raise RequestError(400, f'input "{IMAGE}" holds no image')
+    return list(values)
+
+
+def v2_response(request: InferRequest, model_name: str, answers: list[dict]) -> InferResponse:
+    rows = [answer["predictions"] for answer in answers]
+    tensors = {LABELS: np.array([[p["label"].encode() for p in row] for row in rows], dtype=np.object_),
+               INDICES: np.array([[p["index"] for p in row] for row in rows], dtype=np.int64),
+               PROBABILITIES: np.array([[p["probability"] for p in row] for row in rows], dtype=np.float32)}
+    outputs = [InferOutput(name, list(data.shape), meta["datatype"], data)
+               for meta in OUTPUT_METADATA for name, data in [(meta["name"], tensors[meta["name"]])]]
+    # a request may leave its id out; KServe's response model requires one (its own requests get a uuid)
+    return InferResponse(request.id or str(uuid.uuid4()), model_name, outputs, parameters={
+        "model": answers[0]["model"], "artifact": answers[0]["artifact"]},
+        use_binary_outputs=request.use_binary_outputs, requested_outputs=request.request_outputs)
+
+
+def answered(answers: list) -> list[dict]:
+    """The answers, or the first row's RequestError (one HTTP status per request: naming the row when several)."""
+    for index, answer in enumerate(answers):
+        if isinstance(answer, RequestError):
+            if len(answers) > 1:
+                raise RequestError(answer.code, f"image {index}: {answer.message}")
+            raise answer
+    return answers

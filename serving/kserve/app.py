@@ -1,0 +1,98 @@
+"""What we set in KServe's ModelServer, and why each cannot be a plain argument of it (kserve 0.21):
+
+- the bind address: KServe's REST server always binds 0.0.0.0 (right in a pod, wrong on a laptop); ours binds
+  the configured host, loopback by default;
+- a bad image's status: KServe maps only its own errors (InvalidInput: 400, else 500); our RequestError keeps
+  its 400/413/415 and its reason, as on the TorchServe path;
+- raw bytes in v2: KServe turns a binary-data BYTES input into UTF-8 text, so a JPEG sent as tritonclient sends
+  it fails with a 500 ("Failed to encode ... using UTF-8"); our data plane keeps such inputs as bytes (and
+  reads tritonclient's JSON-only requests, which come without a Content-Type, as JSON).
+
+KServe builds its REST server from a module-level name, in this process and (pickled) in each spawned worker:
+install() points that name at our subclass, which carries the first two into every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi.responses import JSONResponse
+from kserve.errors import InvalidInput
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput, deserialize_bytes_tensor
+from kserve.protocol.rest.server import RESTServer
+
+from runtime.images import RequestError
+
+CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data extension: the JSON part's length
+LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+_bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST server
+
+
+def configure_logging() -> None:
+    """Our handlers' lines (the core's "batch of N: decode=..." stage times) in the server's log, in every
+    worker process (KServe configures only its own and uvicorn's loggers)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.getLogger("handlers").setLevel(logging.INFO)
+
+
+async def request_error_response(_, error: RequestError) -> JSONResponse:
+    return JSONResponse(status_code=error.code, content=error.as_response())
+
+
+class OurRESTServer(RESTServer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.config.host = _bind_host
+
+    def run(self, sockets=None):  # a spawned worker's entry
+        configure_logging()
+        super().run(sockets)
+
+    def _add_exception_handlers(self, app) -> None:
+        super()._add_exception_handlers(app)
+        app.add_exception_handler(RequestError, request_error_response)
+
+
+class RawBytesDataPlane(DataPlane):
+    def decode_inference_request(self, body, headers, model_name):
+        if not isinstance(body, bytes):
+            return super().decode_inference_request(body, headers, model_name)
+        # tritonclient sends JSON-only requests without a Content-Type, so they arrive as bytes without the
+        # header that says where the JSON ends (KServe would refuse them): then the JSON is the whole body.
+        length = headers.get(CONTENT_LENGTH_HEADER)
+        return binary_request(body, len(body) if length is None else int(length), model_name)
+
+
+def binary_request(body: bytes, json_length: int, model_name: str) -> InferRequest:
+    """A v2 request with the binary-data extension, BYTES inputs kept as bytes (KServe's own reading otherwise)."""
+    try:
+        head = json.loads(body[:json_length])
+        specs = head["inputs"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise InvalidInput(f"Unrecognized request format: {error}") from None
+    binary = [s for s in specs if isinstance(s, dict) and "binary_data_size" in (s.get("parameters") or {})]
+    if any(spec.get("datatype") != "BYTES" for spec in binary) or not binary:
+        return InferRequest.from_bytes(body, json_length, model_name)
+    inputs, start = [], json_length
+    for spec in specs:
+        size = (spec.get("parameters") or {}).get("binary_data_size")
+        data = spec.get("data")
+        if size is not None:
+            data, start = list(deserialize_bytes_tensor(body[start:start + int(size)])), start + int(size)
+        inputs.append(InferInput(spec["name"], spec["shape"], spec["datatype"], data=data))
+    outputs = [RequestedOutput(o["name"], o.get("parameters")) for o in head.get("outputs") or []] or None
+    return InferRequest(model_name, inputs, request_id=head.get("id"), parameters=head.get("parameters"),
+                        request_outputs=outputs)
+
+
+def install(host: str) -> None:
+    """Our REST server wherever KServe's ModelServer makes one (one worker, or N spawned ones)."""
+    global _bind_host
+    import kserve.model_server
+    import kserve.protocol.rest.multiprocess.server as multiprocess
+    _bind_host = host
+    kserve.model_server.RESTServer = OurRESTServer
+    multiprocess.RESTServer = OurRESTServer
