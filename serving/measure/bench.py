@@ -16,7 +16,8 @@ against an honest baseline, a peer, and the ceilings measured in the same run.
    bodies, a `mix` row that sends them all at once (bench_rows.py says how). `naive` is the baseline: the
    traced TorchScript behind a handler written as TorchServe's documentation teaches (naive_handler.py),
    TorchServe's default worker count, no thread tuning, no batching. `litserve` is the peer: the same artifact
-   and preprocessing behind a minimal LitServe server (peer_litserve.py, bench_peer.py).
+   and preprocessing behind a minimal LitServe server (peer_litserve.py, bench_peer.py). `kserve` is the second
+   engine: the same archive and core in KServe's own ModelServer (serving/kserve/), sent v1 JSON.
 4. Where the time goes: our handler logs decode/preprocess/inference/encode per batch (model_log.log, the
    same numbers as its Prometheus metrics); the medians per request of each row sit beside its throughput.
 Prints the tables and writes results.md (per body: served req/s beside its pipeline ceiling and the model
@@ -42,10 +43,12 @@ from handlers.policy import machine_policy, this_machine
 from models.contract import MANIFEST_NAME, Manifest
 from models.errors import VisionExportError
 from serving.torchserve import server
-from serving.torchserve.config import EXAMPLE_IMAGE, REQUEST_TIMEOUT_S, ServerSettings, on_free_ports
+from serving.torchserve.config import EXAMPLE_IMAGE, REQUEST_TIMEOUT_S, ServerSettings, free_port, on_free_ports
 from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.measure import bench_ceiling, bench_peer, bench_report as report, bench_targets, pipeline
-from serving.measure.bench_configurations import (ceiling_of, CONFIGURATIONS, CORES, LITSERVE, NAIVE, NAIVE_CONFIG,
+from serving.kserve import server as kserve_server
+from serving.kserve.config import KServeSettings
+from serving.measure.bench_configurations import (ceiling_of, CONFIGURATIONS, CORES, KSERVE, LITSERVE, NAIVE, NAIVE_CONFIG,
                                                   build_naive_archive, naive_policy, runnable, served_kind,
                                                   ungated_verdict)
 from serving.measure.bench_rows import LoadPlan, Served, load_rows, raw_wire
@@ -105,11 +108,31 @@ def litserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scr
         yield Served(LITSERVE, peer.url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest))
 
 
+@contextlib.contextmanager
+def kserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scratch: Path):
+    """The export's archive in KServe's ModelServer (this machine's policy); each body sent as v1 JSON."""
+    folder, name = scratch / KSERVE, manifest.model.name
+    build_archive(export_dir, manifest, folder / "store")
+    settings = KServeSettings(folder / "store", (name,), http_port=free_port(), run_dir=folder / "run")
+    with kserve_server.running(settings, EXAMPLE_IMAGE):
+        wire = {}
+        for path in files:
+            body = folder / f"{path.name}.v1.json"
+            body.write_text(json.dumps(kserve_server.v1_body(path)))
+            wire[path.name] = (body, "application/json")
+        yield Served(KSERVE, settings.predict_url(name), REQUEST_TIMEOUT_S, wire, model_log=settings.log_file,
+                     facts=row_facts(KSERVE, manifest))
+
+
 def bench_configuration(name: str, export_dir: Path, manifest: Manifest, files: list[Path], levels: list[int],
                         scratch: Path, plan: LoadPlan, token_auth: bool = False) -> list[dict]:
     """Every body (and the mix) at every concurrency against one configuration, started and stopped here."""
-    served = (litserve_served(export_dir, manifest, files, scratch) if name == LITSERVE
-              else torchserve_served(name, export_dir, manifest, files, scratch, token_auth))
+    if name == LITSERVE:
+        served = litserve_served(export_dir, manifest, files, scratch)
+    elif name == KSERVE:
+        served = kserve_served(export_dir, manifest, files, scratch)
+    else:
+        served = torchserve_served(name, export_dir, manifest, files, scratch, token_auth)
     with served as target:
         return load_rows(target, levels, plan)
 

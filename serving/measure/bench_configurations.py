@@ -19,6 +19,7 @@ NAIVE = "naive"
 DEFAULT = "default"
 INT8 = "int8"
 LITSERVE = "litserve"  # the peer: not TorchServe (bench_peer.py, peer_litserve.py)
+KSERVE = "kserve"  # our core in KServe's own ModelServer (serving/kserve/), not TorchServe
 NAIVE_HANDLER = Path(__file__).resolve().parent / "naive_handler.py"
 NAIVE_ARTIFACT = "traced"
 # TorchServe's own defaults for a CPU host (ConfigManager.getDefaultWorkers: a worker per processor when
@@ -61,6 +62,9 @@ CONFIGURATIONS = {
     LITSERVE: Configuration("the peer a user would pick instead: the export's served artifact and the same "
                             "preprocessing behind a minimal LitServe server (serving/measure/peer_litserve.py: ONNX "
                             "Runtime with 1 intra-op thread, 2 workers), sent each image as a multipart form file"),
+    KSERVE: Configuration("the second engine: the same archive and request core in KServe's own ModelServer "
+                          "(python -m serving --engine kserve), the default policy's worker processes and threads, "
+                          "sent each image as KServe's v1 JSON (base64 in instances)"),
 }
 
 NAIVE_CONFIG = """# TorchServe with its defaults, on loopback only (the naive baseline of python -m serving bench)
