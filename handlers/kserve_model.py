@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 IMAGE = "image"  # the v2 input, and the v1 instance key
 B64 = "b64"  # KServe's v1 convention for binary values: {"b64": "<base64>"}
 TOPK = "topk"  # v1 instance key, v2 request parameter
+LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 LABELS, INDICES, PROBABILITIES = "labels", "indices", "probabilities"
 V1_SHAPE = 'v1 takes {"instances": [{"image": {"b64": "<base64 image>"}}]}'
 INPUT_METADATA = [{"name": IMAGE, "datatype": "BYTES", "shape": [-1]}]
@@ -74,6 +75,7 @@ class ImageClassifierModel(Model):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        configure_logging()  # a spawned worker unpickles (and loads) us before KServe configures its logging
         if self.ready:
             self.load()
 
@@ -88,6 +90,14 @@ class ImageClassifierModel(Model):
             answers = answered(await self.batcher.answer(v2_rows(payload)))
             return v2_response(payload, self.name, answers)
         return {"predictions": answered(await self.batcher.answer(v1_rows(payload)))}
+
+
+def configure_logging() -> None:
+    """The core's lines (sha256 verified, "batch of N: decode=..." stage times) in the server's log, in every
+    process (KServe configures only its own and uvicorn's loggers)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.getLogger("handlers").setLevel(logging.INFO)
 
 
 # ---------------------------------------------------------------- v1

@@ -15,7 +15,6 @@ install() points that name at our subclass, which carries the first two into eve
 from __future__ import annotations
 
 import json
-import logging
 
 from fastapi.responses import JSONResponse
 from kserve.errors import InvalidInput
@@ -23,19 +22,11 @@ from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput, deserialize_bytes_tensor
 from kserve.protocol.rest.server import RESTServer
 
+from handlers.kserve_model import configure_logging
 from runtime.images import RequestError
 
 CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data extension: the JSON part's length
-LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 _bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST server
-
-
-def configure_logging() -> None:
-    """Our handlers' lines (the core's "batch of N: decode=..." stage times) in the server's log, in every
-    worker process (KServe configures only its own and uvicorn's loggers)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    logging.getLogger("handlers").setLevel(logging.INFO)
 
 
 async def request_error_response(_, error: RequestError) -> JSONResponse:

@@ -15,6 +15,7 @@ HTTP_PORT = 8080  # KServe's default (kserve.constants DEFAULT_HTTP_PORT): what 
 PID_FILE = "kserve.pgid"  # beside TorchServe's in the run dir: either engine's server is stopped from its own
 SETTINGS_FILE = "kserve-settings.json"
 LOG_FILE = "kserve.log"
+REFUSAL = "REFUSING TO SERVE:"  # the line the server process logs with the reason a model cannot be served
 MODELS_DIR = "models"  # each archive unpacked here, as TorchServe unpacks it for its worker
 
 

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from serving.kserve.config import KServeSettings
-from serving.kserve.worker import REFUSAL
+from serving.kserve.config import REFUSAL, KServeSettings
+
 from serving.processes import alive, read_pgid, stop_group
 from serving.torchserve.config import (EXAMPLE_IMAGE, PROJECT_ROOT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S,
                                        STOP_TIMEOUT_S, ServingError)

@@ -20,10 +20,9 @@ from handlers.kserve_model import ImageClassifierModel
 from handlers.policy import ServingPolicy
 from models.errors import VisionExportError
 from serving.kserve import app
-from serving.kserve.config import KServeSettings
+from serving.kserve.config import REFUSAL, KServeSettings
 
 logger = logging.getLogger("serving.kserve")
-REFUSAL = "REFUSING TO SERVE:"  # the one line server.py looks for when the server process exits
 
 
 def unpack(archive: Path, folder: Path) -> Path:
