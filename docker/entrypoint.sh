@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Serve every archive of the model store with TorchServe: export the configured model first when the store has
-# no MODEL.mar, then run TorchServe in the foreground until SIGTERM/SIGINT, which stops its Java frontend and
-# Python workers.
+# Serve every archive of the model store with TorchServe (ENGINE=torchserve, the default) or with KServe's own
+# ModelServer (ENGINE=kserve): export the configured model first when the store has no MODEL.mar, then serve in
+# the foreground until SIGTERM/SIGINT, which stops the server and its workers.
 # Runs in the image (docker/Dockerfile) and natively from a checkout; every path and address comes from env.
 set -euo pipefail
 
@@ -17,6 +17,14 @@ WEIGHTS="${WEIGHTS:-auto}"
 MODEL_STORE="$(absolute "${MODEL_STORE:-model-store}")"
 ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$MODEL}")"
 TS_CONFIG="$(absolute "${TS_CONFIG:-$ROOT/serving/torchserve/config.properties}")"
+ENGINE="${ENGINE:-torchserve}"
+case "$ENGINE" in
+  torchserve | kserve) ;;
+  *) log "ENGINE=$ENGINE: choose torchserve or kserve"; exit 2 ;;
+esac
+# KServe's address: every interface of the container (its port is what an InferenceService routes to).
+KSERVE_HOST="${KSERVE_HOST:-0.0.0.0}"
+KSERVE_HTTP_PORT="${KSERVE_HTTP_PORT:-8080}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-25}"  # below compose's stop_grace_period (30 s), after which Docker kills
 # Where the archive goes when MODEL_STORE is not writable (e.g. a bind mount Docker created as root).
 KEYS_DIR="$(absolute "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}")"
@@ -49,7 +57,10 @@ stop_group() {
 on_signal() {
   trap '' TERM INT
   if [[ -n "$child" ]]; then
-    if $serving; then
+    if $serving && [[ "$ENGINE" == kserve ]]; then
+      log "$1: stopping the KServe server"
+      stop_group "$child"  # `python -m serving` stops the ModelServer and its workers on SIGTERM
+    elif $serving; then
       log "$1: stopping TorchServe"
       stop_group "$child" children-first
     else
@@ -94,6 +105,20 @@ if [[ ! -f "$MODEL_STORE/$MODEL.mar" ]]; then
   run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" \
     "$PYTHON" -m export resnet --arch "$ARCH" --name "$MODEL" --weights "$WEIGHTS" --model-store "$MODEL_STORE" \
     --out "$ARTIFACTS"
+fi
+
+if [[ "$ENGINE" == kserve ]]; then
+  runtime_dir="$(mktemp -d "${TMPDIR:-/tmp}/kserve.XXXXXX")"
+  trap 'rm -rf "$runtime_dir"' EXIT
+  log "serving every archive of $MODEL_STORE with KServe's ModelServer on $KSERVE_HOST:$KSERVE_HTTP_PORT" \
+      "(no token authorisation: the mesh or ingress guards it, docs/scaling.md)"
+  serving=true
+  status=0
+  run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" "$PYTHON" -m serving --engine kserve \
+    --model-store "$MODEL_STORE" --host "$KSERVE_HOST" --inference-port "$KSERVE_HTTP_PORT" \
+    --run-dir "$runtime_dir" || status=$?
+  log "the KServe server exited with status $status"
+  exit "$status"
 fi
 
 # TorchServe's launcher keeps its pid file, and Java its worker sockets and unpacked models, in the temp

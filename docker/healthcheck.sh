@@ -4,6 +4,27 @@
 # it has died. Reads the address the server binds (TS_MANAGEMENT_ADDRESS, 0.0.0.0 meaning this machine).
 set -euo pipefail
 
+# With ENGINE=kserve: KServe's own readiness, as KServe documents it (v2 server ready, MODEL ready); its model is
+# ready only once the archive's artifact passed its sha256 check and opened.
+if [[ "${ENGINE:-torchserve}" == kserve ]]; then
+  exec "${PYTHON:-python}" - "http://127.0.0.1:${KSERVE_HTTP_PORT:-8080}" "${MODEL:-resnet50}" <<'KSERVE'
+import json
+import sys
+import urllib.request
+
+base, model = sys.argv[1], sys.argv[2]
+for path in ("/v2/health/ready", f"/v2/models/{model}/ready"):
+    try:
+        with urllib.request.urlopen(base + path, timeout=5) as response:
+            answer = json.load(response)
+    except Exception as error:  # connection refused, 503 while loading, bad JSON: all unhealthy, said why
+        sys.exit(f"unhealthy: {base}{path}: {error}")
+    if answer.get("ready") is not True:
+        sys.exit(f"unhealthy: {base}{path} answered {answer}")
+print(f"healthy: KServe serves {model}")
+KSERVE
+fi
+
 # With token authorisation on, the management key comes from the key_file.json the entrypoint's TorchServe
 # writes in TS_KEYS_DIR.
 exec "${PYTHON:-python}" - "${TS_MANAGEMENT_ADDRESS:-http://127.0.0.1:8081}" "${MODEL:-resnet50}" \

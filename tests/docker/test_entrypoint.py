@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from handlers.policy import machine_policy, this_machine
+from serving.kserve import server as kserve
+from serving.kserve.config import KServeSettings
 from serving.torchserve import server as torchserve
 from serving.torchserve.config import ServerSettings, ServingError, free_port
 from tests.answers import assert_same_answer, expected_answer
@@ -239,3 +242,29 @@ def test_with_token_authorisation_the_entrypoint_serves_and_the_health_check_pas
     assert health.returncode == 0, health.stdout + health.stderr
     assert server.stop() == 0, server.output()
     server.assert_nothing_left()
+
+
+def test_engine_kserve_serves_the_store_with_the_policys_workers_and_stops_on_sigterm(entrypoint, resnet18_export):
+    port = free_port()
+    server = entrypoint(ENGINE="kserve", KSERVE_HOST="127.0.0.1", KSERVE_HTTP_PORT=str(port))
+    copy_archive(resnet18_export, server.model_store)
+    server.start()
+    settings = KServeSettings(models=(MODEL,), http_port=port)
+    photo = server.tmp_path / "photo.jpg"
+    photo.write_bytes(jpeg_bytes())
+    try:
+        answers = kserve.wait_until_serving(settings, server.process, photo, timeout=SERVE_TIMEOUT_S)
+    except ServingError as error:
+        pytest.fail(f"{error}\n{server.output()}")
+    assert_the_archives_answer(answers[MODEL], server.archive)
+    health = server.healthcheck()
+    assert health.returncode == 0 and "KServe serves resnet18" in health.stdout, health.stdout + health.stderr
+    (group,) = [int(line.split()[0]) for line in processes_mentioning("serving.kserve.worker")
+                if str(server.tmp_path) in line]  # the ModelServer's process group (its spawned workers too)
+    workers = machine_policy(*this_machine()).workers
+    spawned = subprocess.run(["pgrep", "-g", str(group), "-f", "spawn_main"], capture_output=True, text=True)
+    assert len(spawned.stdout.split()) == (workers if workers > 1 else 0)  # KServe spawns --workers processes
+    assert server.stop() == 0, server.output()
+    server.assert_nothing_left()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)

@@ -206,19 +206,18 @@ def test_same_answer_as_torchserve_on_the_same_photo(settings, resnet18_export, 
 
 
 # ---------------------------------------------------------------- the command, and refusing to serve
-def test_serving_command_detach_then_stop_with_the_policys_workers(resnet18_export, tmp_path):
+def test_serving_command_detach_then_stop(resnet18_export, tmp_path):
     run_dir, port = tmp_path / "run", str(free_port())
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = subprocess.run([sys.executable, "-m", "serving", "--engine", "kserve", "--detach", "--model-store",
                               str(resnet18_export["model_store"]), "--run-dir", str(run_dir), "--inference-port",
-                              port, "--workers", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                              port, "--workers", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     pgid = int((run_dir / "kserve.pgid").read_text()) if (run_dir / "kserve.pgid").exists() else None
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"http://127.0.0.1:{port}/v1/models/resnet18:predict" in started.stdout
-        log = (run_dir / "logs" / "kserve.log").read_text()
-        assert log.count("Started child process") == 2  # KServe's --workers 2: two spawned workers
-        assert log.count("sha256 verified") == 3  # the server process checks the archive, then each worker
+        assert "sha256 verified" in (run_dir / "logs" / "kserve.log").read_text()
+        # (the policy's worker processes: tests/docker/test_entrypoint.py, which starts the default policy)
     finally:
         stopped = subprocess.run([sys.executable, "-m", "serving", "stop", "--engine", "kserve", "--run-dir",
                                   str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
