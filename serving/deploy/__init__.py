@@ -18,7 +18,8 @@ from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.deploy.kserve import STORAGE_URI_PLACEHOLDER as KSERVE_URI, write_kserve
 from serving.deploy.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI, write_triton
 
-TARGETS = {"kserve": "KServe's TorchServe runtime: storage layout + InferenceServices",
+TARGETS = {"kserve": "KServe: storage layouts + InferenceServices for its TorchServe runtime and for our image "
+                     "with the kserve engine",
            "triton": "a Triton model repository + an InferenceService for KServe's Triton runtime"}
 
 
@@ -46,7 +47,8 @@ def deploy(argv: list[str]) -> int:
     name = args.model_name or manifest.model.name
     if args.target == "kserve":
         out = write_kserve(args.out, args.export_dir, args.model_store, name, args.storage_uri, args.force)
-        print(f"wrote {out}/: gpu/ and cpu/ (storage/ + inferenceservice.yaml each), storage-pvc.yaml")
+        print(f"wrote {out}/: gpu/ and cpu/ (TorchServe runtime), kserve-engine/ (our image with ENGINE=kserve): "
+              "storage/ + inferenceservice.yaml each; storage-pvc.yaml")
     else:
         out = write_triton(args.out, args.export_dir, name, args.instance_kind, args.storage_uri, args.force)
         print(f"wrote {out}/: model_repository/{name}/ (config.pbtxt, 1/model.onnx), inferenceservice-triton.yaml")

@@ -124,6 +124,8 @@ def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str
         uri = storage_uri.format(model=model_name, device=device)
         (staging / device / "inferenceservice.yaml").write_text(
             dump_yaml([inference_service(model_name, device, numbers, uri)], header))
+    from serving.deploy.kserve_predictor import write_engine_material  # it builds on this module's constants
+    write_engine_material(staging, archive, model_name, storage_uri, _link_or_copy)
     (staging / "storage-pvc.yaml").write_text(dump_yaml(
         storage_upload_objects(archive.stat().st_size),
         "# A claim to hold the storage folders, and a pod to copy them there:\n# kubectl apply -f storage-pvc.yaml; "

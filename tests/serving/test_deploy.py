@@ -63,6 +63,17 @@ def test_kserve_storage_layout_and_objects_validate(kserve_out, resnet18_export)
         validate_kubernetes(document)
 
 
+def test_kserve_engine_storage_layout_and_service_validate(kserve_out, resnet18_export):
+    """kserve-engine/: the archive where the entrypoint (ENGINE=kserve) serves it from, and its InferenceService."""
+    archive, name = resnet18_export["archive"], resnet18_export["model_name"]
+    folder = kserve_out / "kserve-engine"
+    assert (folder / "storage" / "model-store" / archive.name).read_bytes() == archive.read_bytes()
+    (service,) = yaml.safe_load_all((folder / "inferenceservice.yaml").read_text())
+    (container,) = validate_inference_service(service).spec.predictor.containers
+    env = {variable.name: variable.value for variable in container.env}
+    assert env["ENGINE"] == "kserve" and env["MODEL"] == name and env["STORAGE_URI"].endswith(f"{name}-kserve")
+
+
 def test_refuses_to_overwrite_without_force(kserve_out, resnet18_export):
     again = run_serving("kserve", str(kserve_out), "--export-dir", str(resnet18_export["out"]),
                         "--model-store", str(resnet18_export["model_store"]))

@@ -6,6 +6,7 @@ import pytest
 from google.protobuf.text_format import ParseError
 
 from serving.deploy.common import MEASURED_CPU_REPLICA_RPS, DeployError, ReplicaNumbers, replica_numbers
+from serving.deploy.kserve_predictor import engine_inference_service
 from serving.deploy.kserve import inference_service, kserve_config_properties, storage_upload_objects
 from serving.deploy.triton import served_onnx
 from tests.serving.manifests import manifest
@@ -82,3 +83,25 @@ def test_triton_refuses_a_served_torchscript_and_says_which_serve_to_export_with
         served_onnx(manifest("scripted", ("scripted", "onnx-dynamo")))
     with pytest.raises(DeployError, match="no servable ONNX artifact"):
         served_onnx(manifest("scripted", ("scripted", "onnx-dynamo"), candidates={"onnx-dynamo": "failed parity"}))
+
+
+def test_the_kserve_engines_inference_service_passes_the_sdk_schema():
+    service = validate_inference_service(engine_inference_service("resnet", NUMBERS, "pvc://claim/resnet-kserve"))
+    predictor = service.spec.predictor
+    (container,) = predictor.containers
+    env = {variable.name: variable.value for variable in container.env}
+    assert env["ENGINE"] == "kserve" and env["STORAGE_URI"] == "pvc://claim/resnet-kserve"
+    assert env["MODEL_STORE"] == "/mnt/models/model-store" and env["KSERVE_HTTP_PORT"] == "8080"
+    assert container.ports[0].container_port == 8080 and predictor.scale_metric == "concurrency"
+    assert container.readiness_probe._exec.command[0] == "python3"
+
+
+def test_the_kserve_engine_takes_its_own_benchmark_rows(tmp_path):
+    results = tmp_path / "results.json"
+    rows = [{"configuration": name, "model": "resnet18", "concurrency": c, "req_per_s": r}
+            for name, c, r in (("default", 4, 16.0), ("kserve", 1, 10.0), ("kserve", 4, 20.0))]
+    results.write_text(json.dumps(rows))
+    numbers = replica_numbers("resnet18", results, configuration="kserve")
+    assert numbers.requests_per_s == 20.0 and numbers.saturating_concurrency == 4 and "'kserve'" in numbers.source
+    fallback = replica_numbers("resnet18", tmp_path / "absent.json", configuration="kserve")
+    assert "docs/bench-run-issue22" in fallback.source

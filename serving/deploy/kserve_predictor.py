@@ -1,0 +1,65 @@
+"""KServe with our own predictor: a custom container (our image, ENGINE=kserve) in which KServe's ModelServer
+serves the archive through our request core (python -m serving --engine kserve). The TorchServe runtime's
+material is kserve.py; this path does not depend on KServe keeping that runtime.
+
+Storage layout at the storageUri: model-store/NAME.mar (the archive `python -m export` built). KServe's storage
+initializer copies it to /mnt/models when the container names it in STORAGE_URI (KServe's way for custom
+containers); the entrypoint serves /mnt/models/model-store. Written: kserve-engine/storage/ and
+kserve-engine/inferenceservice.yaml (CPU: 2 workers x 1 thread, the serving policy of the 2-CPU request).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from serving.deploy.common import ReplicaNumbers, autoscaling, dump_yaml, replica_numbers
+from serving.deploy.kserve import API_VERSION, READINESS_SCRIPT, RESOURCES
+
+ENGINE_FOLDER = "kserve-engine"
+IMAGE_PLACEHOLDER = "vision-export-torchserve:latest"  # compose.yaml's image: push it where the cluster pulls from
+MOUNT = "/mnt/models"  # where KServe's storage initializer puts the storageUri's contents
+CONTAINER_PORT = 8080  # KServe's default HTTP port, which the entrypoint's KSERVE_HTTP_PORT keeps
+CONTAINER_NAME = "kserve-container"  # KServe's name for the predictor's serving container
+
+
+def engine_container(model_name: str, storage_uri: str, image: str) -> dict:
+    env = {"ENGINE": "kserve", "MODEL": model_name, "MODEL_STORE": f"{MOUNT}/model-store",
+           "KSERVE_HOST": "0.0.0.0", "KSERVE_HTTP_PORT": str(CONTAINER_PORT), "STORAGE_URI": storage_uri}
+    return {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "ports": [{"containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "resources": RESOURCES["cpu"],
+        # a real prediction of a generated image through the pod's v1 endpoint, as for the TorchServe runtime
+        "readinessProbe": {"exec": {"command": ["python3", "-c", READINESS_SCRIPT.replace("MODEL_NAME", model_name)]},
+                           "initialDelaySeconds": 20, "periodSeconds": 30, "timeoutSeconds": 25},
+    }
+
+
+def engine_inference_service(model_name: str, numbers: ReplicaNumbers, storage_uri: str,
+                             image: str = IMAGE_PLACEHOLDER) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceService",
+        "metadata": {"name": f"{model_name}-kserve", "annotations": {
+            "vision-export/engine": "kserve",
+            "vision-export/throughput-source": numbers.source,
+            "vision-export/replica-requests-per-second": f"{numbers.requests_per_s:.1f}"}},
+        "spec": {"predictor": {**autoscaling("cpu", numbers),
+                               "containers": [engine_container(model_name, storage_uri, image)]}},
+    }
+
+
+def write_engine_material(staging: Path, archive: Path, model_name: str, storage_uri: str, link) -> None:
+    """kserve-engine/: the storage folder (model-store/NAME.mar) and its InferenceService."""
+    folder = staging / ENGINE_FOLDER
+    (folder / "storage" / "model-store").mkdir(parents=True)
+    link(archive, folder / "storage" / "model-store" / archive.name)
+    numbers = replica_numbers(model_name, configuration="kserve")
+    uri = storage_uri.format(model=model_name, device="kserve")
+    header = (f"# KServe InferenceService for {model_name}: our image with ENGINE=kserve (KServe's own ModelServer "
+              "and our request core), written by `python -m serving kserve`.\n# storageUri is a placeholder: copy "
+              f"{ENGINE_FOLDER}/storage/ there (docs/scaling.md); the image too.\n"
+              f"# Autoscaling target from: {numbers.source}.\n")
+    (folder / "inferenceservice.yaml").write_text(dump_yaml([engine_inference_service(model_name, numbers, uri)], header))
