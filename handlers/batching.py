@@ -30,12 +30,14 @@ class Batcher:
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="core")
         self.queue: asyncio.Queue | None = None  # made in the event loop that serves (a spawned worker's own)
         self.collector: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def answer(self, rows: Sequence[ImageRequest]) -> list:
         """Each row's answer dict or RequestError, in order."""
         if self.policy.size <= 1:
             return await self._run(list(rows))
-        if self.queue is None:
+        if self.loop is not asyncio.get_running_loop():  # a queue and its collector belong to one event loop
+            self.loop = asyncio.get_running_loop()
             self.queue = asyncio.Queue()
             self.collector = asyncio.create_task(self._collect())
         answered = asyncio.get_running_loop().create_future()

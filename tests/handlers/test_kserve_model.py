@@ -1,0 +1,115 @@
+"""The KServe adapter in-process, with a real core on the session's resnet18 archive: KServe's own request types
+(InferRequest as its data plane builds them, from tritonclient's bytes) in, our answers or RequestErrors out,
+and concurrent requests batched by the policy."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from kserve.protocol.infer_type import InferInput, InferRequest
+
+from handlers.batching import Batcher, BatchPolicy
+from handlers.kserve_model import ImageClassifierModel, answered, v1_rows, v2_rows
+from runtime.images import RequestError
+from serving.kserve.app import binary_request
+from tests.answers import assert_same_answer, expected_answer
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # the session's resnet18 export
+CAT = (ROOT / "examples" / "cat.jpg").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def model(resnet18_unpacked) -> ImageClassifierModel:
+    model = ImageClassifierModel("resnet18", resnet18_unpacked, threads=1, batching=BatchPolicy(4, 300))
+    model.load()
+    return model
+
+
+def tritonclient_request(images: list[bytes], topk: int | None = None) -> InferRequest:
+    """What KServe's data plane makes of tritonclient's binary-data request (serving/kserve/app.py)."""
+    tensor = triton.InferInput("image", [len(images)], "BYTES")
+    tensor.set_data_from_numpy(np.array(images, dtype=np.object_))
+    body, json_size = triton.InferenceServerClient.generate_request_body(
+        [tensor], parameters={"topk": topk} if topk else None)
+    return binary_request(body, json_size or len(body), "resnet18")
+
+
+def test_v1_instances_and_torchserves_bodies_are_read_alike():
+    b64 = base64.b64encode(CAT).decode()
+    assert v1_rows({"instances": [{"image": {"b64": b64}, "topk": 2}]})[0].topk == 2
+    assert v1_rows({"instances": [{"data": b64}]})[0].image == CAT
+    assert v1_rows({"data": b64, "topk": 3})[0].topk == 3
+    assert v1_rows(CAT)[0].image == CAT  # a raw image body (Content-Type image/jpeg)
+
+
+@pytest.mark.parametrize("payload,code,words", [
+    ({"instances": []}, 400, "no instances"),
+    ([1, 2], 400, "must be an object"),
+    ({"instances": [{"image": {"b64": "%%"}}]}, 400, "not valid base64"),
+    ({"instances": [{"image": {"b64": "eA=="}, "topk": 1000}]}, 400, "topk"),
+    (b"", 400, "empty"),
+])
+def test_v1_bad_payloads_say_why(payload, code, words):
+    with pytest.raises(RequestError) as raised:
+        v1_rows(payload)
+    assert raised.value.code == code and words in raised.value.message
+
+
+def test_v2_raw_bytes_survive_kserves_data_plane():
+    rows = v2_rows(tritonclient_request([CAT, CAT], topk=2))
+    assert [row.image for row in rows] == [CAT, CAT] and rows[0].topk == 2
+
+
+def test_v2_json_elements_are_base64():
+    request = InferRequest("resnet18", [InferInput("image", [1], "BYTES", [base64.b64encode(CAT).decode()])])
+    assert v2_rows(request)[0].image == CAT
+
+
+def test_v2_wrong_input_is_a_400_naming_what_came():
+    request = InferRequest("resnet18", [InferInput("pixels", [1], "FP32", [0.5])])
+    with pytest.raises(RequestError, match=r'"image".*pixels \(FP32\)'):
+        v2_rows(request)
+
+
+def test_one_bad_row_of_several_names_its_index():
+    with pytest.raises(RequestError, match="image 1: bad") as raised:
+        answered([{"predictions": []}, RequestError(415, "bad")])
+    assert raised.value.code == 415
+
+
+def test_v2_answer_is_the_cores_as_tensors(model, resnet18_unpacked):
+    response = asyncio.run(model.predict(tritonclient_request([CAT], topk=3)))
+    outputs = {output.name: output for output in response.outputs}
+    expected = expected_answer(resnet18_unpacked, CAT, 3)
+    served = {"model": response.parameters["model"], "artifact": response.parameters["artifact"], "predictions": [
+        {"label": label.decode(), "index": int(index), "probability": float(p)} for label, index, p in zip(
+            outputs["labels"].data[0], outputs["indices"].data[0], outputs["probabilities"].data[0])]}
+    assert_same_answer(served, expected)
+
+
+def test_concurrent_requests_share_a_batch(model, caplog):
+    async def three_at_once():
+        return await asyncio.gather(*(model.batcher.answer(v1_rows(CAT)) for _ in range(3)))
+
+    with caplog.at_level(logging.INFO, logger="handlers.core"):
+        answers = asyncio.run(three_at_once())
+    assert all(a[0]["predictions"] for a in answers)
+    assert "batch of 3:" in caplog.text
+
+
+def test_batch_size_one_answers_at_once(model):
+    batcher = Batcher(model.core, BatchPolicy(1, 0))
+    (answer,) = asyncio.run(batcher.answer(v1_rows(CAT)))
+    assert answer["model"] == "resnet18"
+
+
+def test_a_pickled_model_opens_its_own_copy(model):
+    import pickle
+    copy = pickle.loads(pickle.dumps(model))  # what KServe's spawned workers receive
+    assert copy.core is not model.core and copy.ready and copy.core.record.kind == model.core.record.kind
