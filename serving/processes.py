@@ -3,16 +3,20 @@ with its whole group (the launcher and every worker it started). TorchServe's an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from models.errors import VisionExportError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def read_pgid(pid_file: Path) -> int | None:
@@ -73,3 +77,47 @@ def stop_group(pid_file: Path, process: subprocess.Popen | None, timeout: float,
         process.wait(timeout=10)
     pid_file.unlink(missing_ok=True)
     return True
+
+
+def start_until_ready(start: Callable[[], subprocess.Popen], wait: Callable[[subprocess.Popen], T],
+                      stop: Callable[[subprocess.Popen], object], name: str,
+                      announcement: str) -> tuple[subprocess.Popen, T]:
+    """Start a server, say so (once it started: a refused start says only why), and wait until it is ready;
+    whatever stops the wait (an error, Ctrl-C) stops the server."""
+    process = start()
+    print(announcement, flush=True)
+    try:
+        return process, wait(process)
+    except BaseException as error:
+        stop(process)
+        if isinstance(error, VisionExportError):
+            error.add_note(f"{name} stopped")
+        raise
+
+
+@contextlib.contextmanager
+def running_until_exit(start: Callable[[], subprocess.Popen], wait: Callable[[subprocess.Popen], object],
+                       stop: Callable[[subprocess.Popen], object]):
+    """A ready server for the with-block, stopped (whole group) on the way out."""
+    process = start()
+    try:
+        wait(process)
+        yield process
+    finally:
+        stop(process)
+
+
+def serve_until_stopped(process: subprocess.Popen, stop: Callable[[], object], name: str,
+                        exit_reason: Callable[[], str]) -> int:
+    """The foreground server: Ctrl-C or SIGTERM stops it (0); its own exit is an error with its reason (1)."""
+    print("Ctrl-C to stop", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while process.poll() is None:
+            time.sleep(0.5)
+        print(f"{name} exited with code {process.returncode}: {exit_reason()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        stop()
+        print(f"\n{name} stopped")
+        return 0

@@ -29,6 +29,17 @@ def expected_answer(folder_or_archive: str | Path, image_bytes: bytes, topk: int
         return _answer(Path(unpacked), image_bytes, topk)
 
 
+def cached_answers(folder_or_archive: str | Path):
+    """image bytes (, topk) -> expected_answer of the folder or .mar, computed once per image and k."""
+    answers = {}
+
+    def answer(image: bytes, topk: int = 5) -> dict:
+        if (image, topk) not in answers:
+            answers[image, topk] = expected_answer(folder_or_archive, image, topk)
+        return answers[image, topk]
+    return answer
+
+
 def _answer(folder: Path, image_bytes: bytes, topk: int) -> dict:
     # this process's own thread count: the core pins torch's pool, which must not change the test process
     core = ImageClassifierCore.from_folder(folder, device="cpu", threads=torch.get_num_threads())

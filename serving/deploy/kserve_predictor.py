@@ -62,4 +62,5 @@ def write_engine_material(staging: Path, archive: Path, model_name: str, storage
               "and our request core), written by `python -m serving kserve`.\n# storageUri is a placeholder: copy "
               f"{ENGINE_FOLDER}/storage/ there (docs/scaling.md); the image too.\n"
               f"# Autoscaling target from: {numbers.source}.\n")
-    (folder / "inferenceservice.yaml").write_text(dump_yaml([engine_inference_service(model_name, numbers, uri)], header))
+    service = engine_inference_service(model_name, numbers, uri)
+    (folder / "inferenceservice.yaml").write_text(dump_yaml([service], header))

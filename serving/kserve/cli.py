@@ -9,14 +9,12 @@ KServe's ModelServer has no token authorisation: in a cluster the mesh or ingres
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
-import time
 from pathlib import Path
 
 from export.cli import run_command
 from serving.kserve import server
 from serving.kserve.config import HTTP_PORT, KServeSettings
+from serving.processes import serve_until_stopped, start_until_ready
 from serving.torchserve import config as ts
 from serving.torchserve.cli import decide_policy
 from serving.torchserve.config import ServingError
@@ -65,22 +63,20 @@ def serve(args) -> int:
                            "torchserve engine")
     settings.models = ts.choose_models(args.model_store, args.models)
     settings.policy = decide_policy(args)
-    process = server.start(settings)
-    print(f"KServe ModelServer starting with {', '.join(settings.models)} (log: {settings.log_file}; policy: "
+    announcement = (f"KServe ModelServer starting with {', '.join(settings.models)} (log: {settings.log_file}; policy: "
           f"{settings.policy.reason}, {settings.policy.workers} worker(s) x {settings.policy.threads_per_worker} "
-          "thread(s)); waiting for a real prediction from each model ...", flush=True)
-    try:
-        answers = server.wait_until_serving(settings, process, timeout=args.timeout)
-    except BaseException as error:
-        server.stop(settings, process)
-        if isinstance(error, ServingError):
-            error.add_note("the KServe server stopped")
-        raise
+          "thread(s)); waiting for a real prediction from each model ...")
+    process, answers = start_until_ready(lambda: server.start(settings),
+                                         lambda process: server.wait_until_serving(settings, process,
+                                                                                   timeout=args.timeout),
+                                         lambda process: server.stop(settings, process), "the KServe server",
+                                         announcement)
     print_serving(settings, answers)
     if args.detach:
         print(f"stop with: {stop_hint}")
         return 0
-    return serve_until_stopped(settings, process)
+    return serve_until_stopped(process, lambda: server.stop(settings, process), "the KServe server",
+                               lambda: server.exit_reason(settings))
 
 
 def print_serving(settings: KServeSettings, answers: dict[str, dict]) -> None:
@@ -90,18 +86,3 @@ def print_serving(settings: KServeSettings, answers: dict[str, dict]) -> None:
               f"{settings.infer_url(name)} (v2)\n  example prediction: {top['label']} ({top['probability']:.3f})\n"
               f"  try: {server.curl_line(settings, name)}", flush=True)
     print(f"metrics: {settings.url}/metrics", flush=True)
-
-
-def serve_until_stopped(settings: KServeSettings, process) -> int:
-    print("Ctrl-C to stop", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        while process.poll() is None:
-            time.sleep(0.5)
-        print(f"the KServe server exited with code {process.returncode}: {server.exit_reason(settings)}",
-              file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        server.stop(settings, process)
-        print("\nKServe server stopped")
-        return 0

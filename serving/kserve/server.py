@@ -13,7 +13,7 @@ from pathlib import Path
 
 from serving.kserve.config import REFUSAL, KServeSettings
 
-from serving.processes import alive, read_pgid, stop_group
+from serving.processes import alive, read_pgid, running_until_exit, stop_group
 from serving.torchserve.config import (EXAMPLE_IMAGE, PROJECT_ROOT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S,
                                        STOP_TIMEOUT_S, ServingError)
 
@@ -89,12 +89,10 @@ def stop(settings: KServeSettings, process: subprocess.Popen | None = None, time
 @contextlib.contextmanager
 def running(settings: KServeSettings, image: Path = EXAMPLE_IMAGE, timeout: float = READY_TIMEOUT_S):
     """A KServe server whose every model has answered a real prediction, stopped (whole group) on exit."""
-    process = start(settings)
-    try:
-        wait_until_serving(settings, process, image, timeout)
+    with running_until_exit(lambda: start(settings),
+                            lambda process: wait_until_serving(settings, process, image, timeout),
+                            lambda process: stop(settings, process)) as process:
         yield process
-    finally:
-        stop(settings, process)
 
 
 def curl_line(settings: KServeSettings, model: str, image: Path = EXAMPLE_IMAGE) -> str:

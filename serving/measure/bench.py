@@ -48,7 +48,8 @@ from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.measure import bench_ceiling, bench_peer, bench_report as report, bench_targets, pipeline
 from serving.kserve import server as kserve_server
 from serving.kserve.config import KServeSettings
-from serving.measure.bench_configurations import (ceiling_of, CONFIGURATIONS, CORES, KSERVE, LITSERVE, NAIVE, NAIVE_CONFIG,
+from serving.measure.bench_configurations import (ceiling_of, CONFIGURATIONS, CORES, KSERVE, LITSERVE, NAIVE,
+                                                  NAIVE_CONFIG,
                                                   build_naive_archive, naive_policy, runnable, served_kind,
                                                   ungated_verdict)
 from serving.measure.bench_rows import LoadPlan, Served, load_rows, raw_wire

@@ -10,14 +10,13 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
-import time
 from pathlib import Path
 
 from export.cli import run_command
 from handlers.policy import ServingPolicy, machine_policy, this_machine, with_overrides
+from serving.processes import serve_until_stopped, start_until_ready
 from serving.torchserve import config as ts, server
+from serving.torchserve.logs import exit_reason
 from serving.torchserve.config import ServingError
 
 
@@ -86,22 +85,19 @@ def serve(args) -> int:
     settings.policy = decide_policy(args)
     if args.action == "config":
         return write_config(settings, args.out)
-    process = server.start(settings)
-    print(f"TorchServe starting with {', '.join(settings.models)} (logs: {settings.log_dir}; policy: "
+    announcement = (f"TorchServe starting with {', '.join(settings.models)} (logs: {settings.log_dir}; policy: "
           f"{settings.policy.reason}, {settings.policy.threads_per_worker} thread(s) per worker); waiting for a "
-          "real prediction from each model ...", flush=True)
-    try:
-        answers = server.wait_until_serving(settings, process, timeout=args.timeout)
-    except BaseException as error:
-        server.stop(settings, process)
-        if isinstance(error, ServingError):
-            error.add_note("TorchServe stopped")
-        raise
+          "real prediction from each model ...")
+    process, answers = start_until_ready(lambda: server.start(settings),
+                                         lambda process: server.wait_until_serving(settings, process,
+                                                                                   timeout=args.timeout),
+                                         lambda process: server.stop(settings, process), "TorchServe", announcement)
     print_serving(settings, answers)
     if args.detach:
         print("stop with: python -m serving stop" + (f" --run-dir {args.run_dir}" if args.run_dir != ts.DEFAULT_RUN_DIR else ""))
         return 0
-    return serve_until_stopped(settings, process)
+    return serve_until_stopped(process, lambda: server.stop(settings, process), "TorchServe",
+                               lambda: exit_reason(settings.log_dir))
 
 
 def print_serving(settings: ts.ServerSettings, answers: dict[str, dict]) -> None:
@@ -125,17 +121,3 @@ def write_config(settings: ts.ServerSettings, out: Path | None) -> int:
     print(f"{out}: {', '.join(settings.served_models())}; {settings.policy.reason}; "
           f"{settings.policy.threads_per_worker} thread(s) per worker")
     return 0
-
-
-def serve_until_stopped(settings: ts.ServerSettings, process) -> int:
-    print("Ctrl-C to stop", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        while process.poll() is None:
-            time.sleep(0.5)
-        print(f"TorchServe exited with code {process.returncode}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        server.stop(settings, process)
-        print("\nTorchServe stopped")
-        return 0

@@ -24,7 +24,7 @@ from models.errors import VisionExportError
 from serving.torchserve.config import (EXAMPLE_IMAGE, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S,  # noqa: F401
                                        ServerSettings, ServingError, free_port, on_free_ports, token_auth_switched_on,
                                        write_run_config)
-from serving.processes import alive, read_pgid, stop_group
+from serving.processes import alive, read_pgid, running_until_exit, stop_group
 from serving.torchserve.logs import exit_reason, load_failure
 
 PID_FILE = "torchserve.pgid"
@@ -156,12 +156,10 @@ def poll_for_prediction(url: str, body: bytes, headers, deadline: float, process
 @contextlib.contextmanager
 def running(settings: ServerSettings, image: Path = EXAMPLE_IMAGE, timeout: float = READY_TIMEOUT_S):
     """A TorchServe whose every model has answered a real prediction, stopped (whole process group) on exit."""
-    process = start(settings)
-    try:
-        wait_until_serving(settings, process, image, timeout)
+    with running_until_exit(lambda: start(settings),
+                            lambda process: wait_until_serving(settings, process, image, timeout),
+                            lambda process: stop(settings, process)) as process:
         yield process
-    finally:
-        stop(settings, process)
 
 
 def stop(settings: ServerSettings, process: subprocess.Popen | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:

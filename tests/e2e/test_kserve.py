@@ -21,9 +21,10 @@ import tritonclient.http as triton
 from handlers.policy import ServingPolicy
 from serving.kserve import server as kserve
 from serving.kserve.config import KServeSettings
+from serving.processes import group_alive
 from serving.torchserve import server as torchserve
 from serving.torchserve.config import ServingError, free_port
-from tests.answers import assert_same_answer, expected_answer
+from tests.answers import assert_same_answer, cached_answers
 from tests.conftest import ROOT
 from tests.e2e.test_bad_input import CASES, JPEG, OK
 
@@ -42,7 +43,7 @@ def served(resnet18_export, tmp_path_factory):
                               http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve"), policy=BATCHING)
     with kserve.running(settings, CAT) as process:
         yield settings, process
-    assert not _group_alive(process.pid), "KServe processes survived stop()"
+    assert not group_alive(process.pid), "KServe processes survived stop()"
 
 
 @pytest.fixture(scope="module")
@@ -52,21 +53,8 @@ def settings(served) -> KServeSettings:
 
 @pytest.fixture(scope="module")
 def expect(resnet18_export):
-    answers = {}
-
-    def answer(image: bytes, topk: int = 5) -> dict:
-        if (image, topk) not in answers:
-            answers[image, topk] = expected_answer(resnet18_export["archive"], image, topk)
-        return answers[image, topk]
-    return answer
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """image bytes (, topk) -> the answer the archive's artifact gives in-process, computed once per image."""
+    return cached_answers(resnet18_export["archive"])
 
 
 def b64(data: bytes) -> str:
@@ -222,7 +210,7 @@ def test_serving_command_detach_then_stop(resnet18_export, tmp_path):
         stopped = subprocess.run([sys.executable, "-m", "serving", "stop", "--engine", "kserve", "--run-dir",
                                   str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "KServe server stopped" in stopped.stdout
-    assert pgid is not None and not _group_alive(pgid)
+    assert pgid is not None and not group_alive(pgid)
 
 
 def test_a_tampered_archive_is_refused_with_the_cores_reason(resnet18_export, tmp_path):

@@ -22,7 +22,7 @@ from export.archive import build_archive
 from models.contract import Manifest
 from serving.torchserve import server
 from serving.torchserve.server import free_port
-from tests.answers import assert_same_answer, expected_answer
+from tests.answers import assert_same_answer, cached_answers
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -52,13 +52,7 @@ def serving(resnet18_export, tmp_path_factory):
 @pytest.fixture(scope="module")
 def expect(resnet18_export):
     """image bytes (, topk) -> the answer the archive's artifact gives in-process, computed once per image."""
-    answers = {}
-
-    def answer(image: bytes, topk: int = 5) -> dict:
-        if (image, topk) not in answers:
-            answers[image, topk] = expected_answer(resnet18_export["archive"], image, topk)
-        return answers[image, topk]
-    return answer
+    return cached_answers(resnet18_export["archive"])
 
 
 def _post(settings, data, headers=None, files=None, timeout=60):
