@@ -129,7 +129,26 @@ def _archive_options(sub) -> None:
                      help="pin TorchServe maxBatchDelay in ms (default: not pinned; 50 on a GPU host)")
 
 
+def _formats_option(sub) -> None:
+    off = "; ".join(f"{k.name}: {k.off_by_default}" for k in kinds.fp32_kinds() if k.off_by_default)
+    sub.add_argument("--formats", default=None, metavar="LIST", type=_formats_list,
+                     help=f"comma-separated fp32 artifact kinds to build, or 'default' / 'all', e.g. "
+                          f"default,aotinductor (kinds: {', '.join(k.name for k in kinds.fp32_kinds())}; a kind made "
+                          f"from another brings it along; default: {', '.join(kinds.default_formats())} - every kind "
+                          f"but those that cost more than they give most exports: {off})")
+
+
+def _formats_list(text: str) -> list[str]:
+    names = []
+    for name in filter(None, (part.strip() for part in text.split(","))):
+        names += {"default": kinds.default_formats(), "all": [k.name for k in kinds.fp32_kinds()]}.get(name, [name])
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one kind, 'default' or 'all'")
+    return list(dict.fromkeys(names))
+
+
 def _serve_option(sub) -> None:
+    _formats_option(sub)
     sub.add_argument("--decode", choices=DECODE_MODES, default="draft",
                      help="draft: large JPEGs are decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (a 12 MP photo "
                           "about 10x faster), kept at least twice the resize per side, if the export's decode check "

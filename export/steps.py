@@ -14,11 +14,11 @@ from models.registry import ModelEntry
 from runtime import RunOptions, open_artifact
 
 
-def build_artifacts(context: formats.BuildContext, timed, refusals: Refusals) -> None:
-    """Every fp32 kind of the table, in order, into context.built. An exporter that fails refuses its kind
-    (recorded with its reason, traceback in export.log) and the others go on; a kind made from a refused one
-    is skipped with the reason."""
-    for kind in kinds.fp32_kinds():
+def build_artifacts(context: formats.BuildContext, timed, refusals: Refusals, chosen: list[str]) -> None:
+    """The chosen fp32 kinds (export.kinds.chosen_formats), in table order, into context.built. An exporter that
+    fails refuses its kind (recorded with its reason, traceback in export.log) and the others go on; a kind
+    made from a refused one is skipped with the reason."""
+    for kind in map(kinds.get, chosen):
         missing = [n for n in kind.needs if n not in context.built]
         if missing:
             refusals.skip(kind.name, "needs", f"made from {', '.join(missing)}, which was not made")
