@@ -45,6 +45,7 @@ class ArtifactKind:
     precision: str = "fp32"
     sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
     off_by_default: str = ""  # why --formats leaves it out unless asked for (empty: built by default)
+    announce: str = ""  # a slow exporter's progress line before it starts
 
     def __post_init__(self):
         if self.input_sizes not in INPUT_SIZES:
@@ -107,7 +108,8 @@ for _kind in (
                  "package runs only under the torch build and CPU instruction set (or GPU) that compiled it",
                  AOTINDUCTOR_TOLERANCE, torch_export.aot_inductor, torch_export.program_control_flow,
                  off_by_default="its C++ compile takes about a minute per ResNet on 2 cores and the package is "
-                                "pinned to this torch build and CPU: built when asked for"),
+                                "pinned to this torch build and CPU: built when asked for",
+                 announce="compiling with AOTInductor (C++; about a minute per ResNet on 2 cores)"),
     ArtifactKind("onnx-traced", "model.traced.onnx", "onnx",
                  "torch.onnx.export(dynamo=False) of the traced module", "example", 30,
                  f"{ONNX_RUNTIME_FIRST}; after the other exporters: it inherits the trace's one path",

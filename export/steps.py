@@ -5,6 +5,8 @@ record shape. `require_servable` is the one place an export with too few forms f
 
 from __future__ import annotations
 
+import time
+
 from export import formats, kinds
 from export.errors import ExportError
 from export.parity import Candidate as ParityCandidate, ParityReport, parity_inputs, run_parity
@@ -23,13 +25,17 @@ def build_artifacts(context: formats.BuildContext, timed, refusals: Refusals, ch
         if missing:
             refusals.skip(kind.name, "needs", f"made from {', '.join(missing)}, which was not made")
             continue
+        if kind.announce:  # a slow exporter says so before it starts
+            refusals.progress.step(f"{kind.name}: {kind.announce} ...")
+        started = time.perf_counter()
         try:
             with timed(kind.name, native=True):
                 context.built[kind.name] = kind.build(context, kind)
         except Exception as error:  # noqa: BLE001 - any exporter may refuse a user's model: recorded, not raised
             refusals.refuse(kind.name, "build", error)
             continue
-        refusals.progress.step(f"{kind.name}: {kind.exporter} -> {kind.file_name}")
+        refusals.progress.step(f"{kind.name}: {kind.exporter} -> {kind.file_name} "
+                               f"({time.perf_counter() - started:.1f} s)")
 
 
 def inspect_artifacts(artifacts: dict, refusals: Refusals) -> None:
