@@ -74,6 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed runs last at least this long in all (default: %(default)s)")
     bench.add_argument("--gemm-size", type=int, default=GEMM_SIZE, help="N of the NxN peak GEMM (default: %(default)s)")
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.md/json/png go")
+
+    from export.aoti_tuning import CONFIGURATIONS
+    tuning = commands.add_parser("aoti-tuning", help="AOTInductor's CPU options measured on one model",
+                                 description="Compile the model's torch.export program with each AOTInductor "
+                                             "configuration and time it beside eager, the ExportedProgram and ONNX "
+                                             "Runtime in the same run; write aoti-tuning.md, .json and .png.")
+    tuning.set_defaults(command="aoti_tuning")
+    tuning.add_argument("--model", default="resnet50", help="a registry name, e.g. resnet18 (default: %(default)s)")
+    tuning.add_argument("--configurations", default=",".join(c.name for c in CONFIGURATIONS),
+                        help="comma-separated, of: " + "; ".join(f"{c.name}: {c.what}" for c in CONFIGURATIONS) +
+                             " (default: all; each compile takes about a minute for a ResNet on 2 cores)")
+    tuning.add_argument("--batches", default="1,8", help="batch sizes (default: %(default)s)")
+    tuning.add_argument("--threads", default="1,all", help="CPU thread counts (default: %(default)s)")
+    tuning.add_argument("--out", type=Path, default=Path("bench-results"), help="where aoti-tuning.* go")
     return parser
 
 

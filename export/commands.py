@@ -201,3 +201,8 @@ def _print_refused(result, progress: Progress) -> None:
 def _print_files(out: Path, progress: Progress) -> None:
     listing = ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p in sorted(out.iterdir()) if p.is_file())
     progress.step(f"files in {out}: {listing}")
+
+
+def aoti_tuning_command(args) -> int:
+    from export.aoti_tuning import tuning_command
+    return tuning_command(args)

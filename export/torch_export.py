@@ -22,8 +22,10 @@ from export.formats import Artifact, BuildContext
 from runtime.aoti import BUILD_FILE, build_facts
 
 # Inductor settings of the AOTInductor kind, chosen by `python -m export aoti-tuning` (docs/aotinductor.md):
-# freezing folds the weights into constants, which lets Inductor pre-pack them for oneDNN's convolutions.
-AOTI_CONFIGS = {"freezing": True}
+# freezing folds the weights into constants, which lets Inductor pre-pack them for oneDNN's convolutions;
+# dynamic_threads makes the compiled kernels use the thread count of the process that runs them (a serving
+# worker's share) instead of the one the exporting process had, which Inductor otherwise writes into the code.
+AOTI_CONFIGS = {"freezing": True, "cpp.dynamic_threads": True}
 CONTROL_FLOW_OPS = ("cond", "while_loop")
 
 

@@ -71,3 +71,9 @@ def test_the_aotinductor_compile_is_a_progress_step_and_parity_holds_it_to_its_t
     recheck = run_export("parity", str(out))  # the package reopened in a new process, hashes first
     assert recheck.returncode == 0, recheck.stdout + recheck.stderr
     assert "aotinductor" in recheck.stdout
+
+
+def test_the_tuning_command_refuses_an_unknown_configuration_before_compiling_anything():
+    result = run_export("aoti-tuning", "--model", "resnet18", "--configurations", "default,turbo")
+    assert result.returncode == 1
+    assert "unknown configuration(s) turbo; choose from default, default-static, freezing" in result.stderr
