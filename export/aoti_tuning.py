@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -31,7 +32,6 @@ from runtime.eager import EagerBackend
 
 WARMUP, REPEATS = 2, 5
 
-
 @dataclass(frozen=True)
 class Configuration:
     name: str
@@ -41,11 +41,11 @@ class Configuration:
 
 
 CONFIGURATIONS = (
-    Configuration("default", {}, False, "aoti_compile_and_package's defaults: weights stay runtime inputs, "
-                  "BatchNorm runs as its own kernels, convolutions call ATen"),
+    Configuration("default", {}, False, "aoti_compile_and_package's defaults: the weights compiled in as "
+                  "constants, convolutions calling ATen (oneDNN), the rest Inductor's own C++ kernels"),
     Configuration("default-static", {}, True, "the same, compiled for each timed batch size exactly"),
-    Configuration("freezing", {"freezing": True}, False, "weights become constants: BatchNorm folded into the "
-                  "convolutions, weights pre-packed for oneDNN"),
+    Configuration("freezing", {"freezing": True}, False, "Inductor's freezing pass: constant folding, BatchNorm "
+                  "into the convolutions, oneDNN weight pre-packing where it applies"),
     Configuration("freezing-no-prepack", {"freezing": True, "cpp.weight_prepack": False}, False,
                   "freezing without oneDNN's weight pre-packing (what oneDNN adds)"),
     Configuration("freezing-static", {"freezing": True}, True, "freezing, compiled for each timed batch size"),
@@ -63,82 +63,117 @@ class Result:
     max_abs: float | None
     images_per_s: dict = field(default_factory=dict)  # "threads x batch" -> images/s
     error: str = ""
+    code: str = ""  # Inductor's hashes of the generated wrapper and kernels: equal = the same code
 
 
-def run(entry, names: list[str], batches: list[int], threads: list[int], say=print) -> dict:
+@dataclass(frozen=True)
+class Plan:
+    batches: list[int]
+    threads: list[int]
+    shape: tuple  # one image's (C, H, W): the model's example size
+    busy_cores: int = 0  # processes spinning on the CPU while timing
+
+
+def run(entry, names: list[str], batches: list[int], threads: list[int], say=print, busy_cores: int = 0) -> dict:
     module = entry.build("random").module.eval()
     form = formats.torch_export_form(module).eval()
     program = formats.export_program(form, entry.example_input(), spatial_dynamic=False)
-    shape = tuple(entry.example_input().shape[1:])
-    baselines = _baselines(module, program, batches, threads, shape, say)
+    plan = Plan(batches, threads, tuple(entry.example_input().shape[1:]), busy_cores)
+    baselines = _baselines(module, program, plan, say)
     results = []
     for configuration in (c for c in CONFIGURATIONS if c.name in names):
         for batch in (batches if configuration.static else [None]):
-            results.append(_tune(configuration, form, module, entry.example_input(), program, batch, batches,
-                                 threads, shape, say))
+            results.append(_tune(configuration, form, module, entry.example_input(), program, batch, plan, say))
     return {"model": entry.name, "machine": machine_info(), "batches": batches, "threads": threads,
-            "baselines": [asdict(b) for b in baselines], "results": [asdict(r) for r in results],
+            "busy_cores": busy_cores, "baselines": [asdict(b) for b in baselines],
+            "results": [asdict(r) for r in results],
             "configurations": {c.name: {"inductor": c.inductor, "what": c.what} for c in CONFIGURATIONS}}
 
 
-def _baselines(module, program, batches, threads, shape, say) -> list[Result]:
-    rows = [Result("eager", None, None, 0.0, _timings(EagerBackend(module), batches, threads, shape))]
-    rows.append(Result("exported program", None, None, None, _timings(program.module(), batches, threads, shape)))
+def _baselines(module, program, plan: Plan, say) -> list[Result]:
+    rows = [Result("eager", None, None, 0.0, _timings(EagerBackend(module), plan))]
+    rows.append(Result("exported program", None, None, None, _timings(program.module(), plan)))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.onnx"
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
             torch.onnx.export(program, dynamo=True, external_data=False).save(str(path), external_data=False)
-        onnx = {t: open_artifact("onnx", path, RunOptions(threads=t)) for t in threads}
-        rows.append(Result("onnx runtime", None, None, None, _timings(onnx, batches, threads, shape)))
+        onnx = {t: open_artifact("onnx", path, RunOptions(threads=t)) for t in plan.threads}
+        rows.append(Result("onnx runtime", None, None, None, _timings(onnx, plan)))
     for row in rows:
         say(_line(row))
     return rows
 
 
-def _tune(configuration, form, module, example, program, batch, batches, threads, shape, say) -> Result:
+def _tune(configuration, form, module, example, program, batch, plan: Plan, say) -> Result:
     """Compile one configuration (at one static batch, or dynamic), load it, check it, time it."""
-    timed = batches if batch is None else [batch]
+    timed = plan.batches if batch is None else [batch]
     if batch is not None:
         program = torch.export.export(form, (example.repeat(batch, 1, 1, 1),))
     started = time.perf_counter()
     try:
-        runner = _compile_and_load(program, configuration.inductor)
+        runner, code = _compile_and_load(program, configuration.inductor)
     except Exception as error:  # noqa: BLE001 - an option Inductor cannot apply here is a result, not a crash
         result = Result(configuration.name, batch, None, None, error=f"{type(error).__name__}: {str(error)[:200]}")
         say(_line(result))
         return result
     compile_s = time.perf_counter() - started
-    probe = torch.rand(timed[0], *example.shape[1:])
+    probe = torch.rand(timed[0], *plan.shape)
     with torch.inference_mode():
         max_abs = (runner(probe) - module(probe)).abs().max().item()
-    result = Result(configuration.name, batch, round(compile_s, 1), max_abs, _timings(runner, timed, threads, shape))
+    result = Result(configuration.name, batch, round(compile_s, 1), max_abs, _timings(runner, plan, timed), code=code)
     say(_line(result))
     return result
 
 
 def _compile_and_load(program, inductor: dict):
+    """Compiled cold: Inductor's on-disk cache (kernels, whole graphs) would make a repeated compile of the same
+    model look several times faster than a user's first one, so each compile gets an empty cache folder."""
     from torch._inductor import aot_compile, aoti_load_package
     args, kwargs = program.example_inputs
+    folder = Path(tempfile.mkdtemp(prefix="aoti-tuning-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor-cache")
     files = aot_compile(program.module(), args, kwargs, options={**inductor, "aot_inductor.package": True})
     from torch.export.pt2_archive._package import package_pt2
-    path = Path(tempfile.mkdtemp()) / "tuning.pt2"
+    path = folder / "tuning.pt2"
     facts = build_facts(torch.device("cpu"), input_shape(program))
     package_pt2(str(path), aoti_files=files, extra_files={BUILD_FILE: json.dumps(facts)})
-    return aoti_load_package(str(path))
+    code = "/".join(Path(str(f)).name[:8] for f in files if str(f).endswith((".wrapper.cpp", ".kernel.cpp")))
+    return aoti_load_package(str(path)), code
 
 
-def _timings(runner, batches: list[int], threads: list[int], shape: tuple) -> dict:
-    """images/s (median run) at each thread count x batch; `runner` may be one per thread count."""
+def _timings(runner, plan: Plan, batches: list[int] | None = None) -> dict:
+    """images/s (median run) at each thread count x batch; `runner` may be one per thread count. With
+    --busy-cores, that many processes spin on the CPU meanwhile (a shared machine, or other serving workers)."""
     out = {}
-    for count in threads:
-        torch.set_num_threads(count)
-        run = runner[count] if isinstance(runner, dict) else runner
-        for batch in batches:
-            x = torch.rand(batch, *shape)
-            with torch.inference_mode():
-                ms = statistics.median(time_runs(lambda: run(x), WARMUP, REPEATS))
-            out[f"{count}x{batch}"] = round(batch * 1000 / ms, 2)
+    with _busy(plan.busy_cores):
+        for count in plan.threads:
+            torch.set_num_threads(count)
+            run = runner[count] if isinstance(runner, dict) else runner
+            for batch in batches or plan.batches:
+                x = torch.rand(batch, *plan.shape)
+                with torch.inference_mode():
+                    ms = statistics.median(time_runs(lambda: run(x), WARMUP, REPEATS))
+                out[f"{count}x{batch}"] = round(batch * 1000 / ms, 2)
     return out
+
+
+@contextlib.contextmanager
+def _busy(count: int):
+    import multiprocessing
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(count)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.terminate()
+            spinner.join()
+
+
+def _spin() -> None:
+    while True:
+        pass
 
 
 def _line(result: Result) -> str:
@@ -148,18 +183,21 @@ def _line(result: Result) -> str:
     cells = "  ".join(f"{k}: {v:6.1f}/s" for k, v in result.images_per_s.items())
     compile_s = f"compile {result.compile_s:5.1f} s" if result.compile_s is not None else " " * 15
     error = f"max abs {result.max_abs:.1e}" if result.max_abs is not None else ""
-    return f"  {result.configuration:22s} {shape:14s} {compile_s}  {cells}  {error}"
+    return f"  {result.configuration:22s} {shape:14s} {compile_s}  {cells}  {error}  {result.code}"
 
 
 def markdown(report: dict) -> str:
     keys = [f"{t}x{b}" for t in report["threads"] for b in report["batches"]]
     head = " | ".join(f"{k.split('x')[0]} thr, batch {k.split('x')[1]}" for k in keys)
+    busy = (f"; {report['busy_cores']} other process(es) spinning on the CPU while timing (--busy-cores)"
+            if report.get("busy_cores") else "")
     lines = [f"# AOTInductor on the CPU: {report['model']}", "",
              f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, torch "
              f"{report['machine']['torch']} (ISA {report['machine']['torch_cpu_capability']}). Images/s, median of "
-             f"≥{REPEATS} runs after {WARMUP} warm-up, random input at the model's size; one run.", "",
-             f"| configuration | batch compiled | compile s | max abs vs eager | {head} |",
-             "|---|---|---|---|" + "---|" * len(keys)]
+             f"≥{REPEATS} runs after {WARMUP} warm-up, random input at the model's size; one run"
+             f"{busy}.", "",
+             f"| configuration | batch compiled | compile s | max abs vs eager | {head} | generated code |",
+             "|---|---|---|---|" + "---|" * len(keys) + "---|"]
     for row in report["baselines"] + report["results"]:
         batch = "dynamic" if row["batch"] is None else str(row["batch"])
         if row["error"]:
@@ -167,8 +205,10 @@ def markdown(report: dict) -> str:
             continue
         cells = " | ".join(f"{row['images_per_s'][k]:.1f}" if k in row["images_per_s"] else "" for k in keys)
         error = "" if row["max_abs"] is None else f"{row['max_abs']:.1e}"
-        lines.append(f"| {row['configuration']} | {batch} | {row['compile_s'] or ''} | {error} | {cells} |")
-    lines += ["", "Configurations:"] + [f"- **{n}** `{c['inductor']}`: {c['what']}"
+        lines.append(f"| {row['configuration']} | {batch} | {row['compile_s'] or ''} | {error} | {cells} | "
+                     f"{row['code']} |")
+    lines += ["", "Equal generated code (Inductor's hashes of the wrapper and kernel sources) means the same "
+              "program: their difference in speed is this run's noise.", "", "Configurations:"] + [f"- **{n}** `{c['inductor']}`: {c['what']}"
                                         for n, c in report["configurations"].items()]
     return "\n".join(lines) + "\n"
 
@@ -208,7 +248,7 @@ def tuning_command(args) -> int:
         raise ExportError(f"unknown configuration(s) {', '.join(sorted(unknown))}; choose from "
                           f"{', '.join(c.name for c in CONFIGURATIONS)}")
     batches, threads = parse_batches(args.batches), parse_threads(args.threads, len(os.sched_getaffinity(0)))
-    report = run(models.get(args.model), names, batches, threads)
+    report = run(models.get(args.model), names, batches, threads, busy_cores=args.busy_cores)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "aoti-tuning.md", markdown(report))
     atomic_write_text(args.out / "aoti-tuning.json", json.dumps(report, indent=2))

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                              " (default: all; each compile takes about a minute for a ResNet on 2 cores)")
     tuning.add_argument("--batches", default="1,8", help="batch sizes (default: %(default)s)")
     tuning.add_argument("--threads", default="1,all", help="CPU thread counts (default: %(default)s)")
+    tuning.add_argument("--busy-cores", type=int, default=0, metavar="N",
+                        help="N processes spin on the CPU while timing: a machine shared with other work or other "
+                             "serving workers (default: 0)")
     tuning.add_argument("--out", type=Path, default=Path("bench-results"), help="where aoti-tuning.* go")
     return parser
 

@@ -1,8 +1,8 @@
 """AOTInductor packages (`.pt2` holding a compiled shared library) through `torch._inductor.aoti_load_package`.
 
-A package is machine code for one torch build, one device type and, on the CPU, one vector instruction set:
-loaded by another torch it may crash or compute wrongly, and an AVX-512 package on an AVX2-only CPU dies of an
-illegal instruction. So the exporter writes BUILD_FILE into the package (the PT2 archive's own extra-files
+A package is machine code for one torch build, one device type and, on the CPU, the compiling CPU itself
+(Inductor compiles with -march=native): loaded by another torch it may crash or compute wrongly, and an AVX-512
+package on an AVX2-only CPU dies of an illegal instruction. So the exporter writes BUILD_FILE into the package (the PT2 archive's own extra-files
 section) and this backend refuses, before loading any code, a package whose build does not match this process.
 """
 
@@ -32,6 +32,7 @@ def build_facts(device: torch.device, input_shape: list[int | None]) -> dict:
              "input_shape": input_shape}
     if device.type == "cpu":
         facts["cpu_isa"] = _vector_isa()
+        facts["cpu_flags"] = sorted(cpu_flags())  # the compiler is run with -march=native: every flag may be used
     else:
         facts["cuda"] = torch.version.cuda
         facts["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
@@ -62,6 +63,10 @@ def check_build(facts: dict, device: torch.device) -> None:
     if device.type == "cpu" and facts.get("device") == "cpu" and facts.get("cpu_isa") not in _runnable_isas():
         problems.append(f"compiled for the {facts.get('cpu_isa')} instruction set, which this CPU lacks "
                         f"(it runs {', '.join(_runnable_isas()) or 'no vector ISA torch knows'})")
+    missing = sorted(set(facts.get("cpu_flags") or ()) - cpu_flags()) if device.type == "cpu" and cpu_flags() else []
+    if missing:
+        problems.append(f"compiled with -march=native on a CPU with instructions this one lacks "
+                        f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''})")
     if device.type == "cuda" and facts.get("device") == "cuda":
         here = ".".join(map(str, torch.cuda.get_device_capability(device)))
         if facts.get("compute_capability") != here:
@@ -101,6 +106,16 @@ class AOTInductorBackend(Backend):
 
     def describe(self) -> dict:
         return {**super().describe(), "build": self.build}
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's instruction-set flags as Linux lists them (empty where /proc/cpuinfo is not)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
 
 
 def _vector_isa() -> str:

@@ -29,6 +29,8 @@ def test_a_package_of_this_build_passes_the_check():
     ({"torch": "2.13.0+cpu"}, "compiled by torch 2.13.0+cpu, this is torch " + torch.__version__),
     ({"device": "cuda", "compute_capability": "9.0"}, "compiled for cuda, asked to run on cpu"),
     ({"cpu_isa": "amx avx512_fp16"}, "compiled for the amx avx512_fp16 instruction set, which this CPU lacks"),
+    ({"cpu_flags": ["avx2", "amx_tile", "avx512_fp16"]}, "compiled with -march=native on a CPU with instructions "
+                                                         "this one lacks (amx_tile, avx512_fp16)"),
 ])
 def test_another_torch_device_or_instruction_set_is_refused_with_what_to_do(changes, expected):
     with pytest.raises(BuildMismatchError) as raised:
