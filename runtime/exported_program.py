@@ -9,22 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from runtime.base import Backend, RunOptions
-from runtime.torchscript import autocast_settings, configure_torch
+from runtime.torchscript import TorchModuleBackend
 
 
-class ExportedProgramBackend(Backend):
+class ExportedProgramBackend(TorchModuleBackend):
     format = "torch-export"
-    supported_precisions = ("fp32", "fp16", "bf16")
 
-    def __init__(self, path, options: RunOptions, name: str | None = None):
-        super().__init__(path, options, name)
-        self.device = options.torch_device
-        configure_torch(options)
-        program = torch.export.load(str(path))
-        self.module = program.module().to(self.device)  # a GraphModule: eval()/train() are not allowed on it
-        self.autocast = autocast_settings(options)
-
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode(), torch.autocast(**self.autocast):
-            return self.module(batch.to(self.device, non_blocking=True)).float().cpu()
+    def load(self, path: str, device: torch.device):
+        return torch.export.load(path).module().to(device)  # a GraphModule: eval()/train() are not allowed on it
