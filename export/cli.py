@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--model", default="resnet50", help="a registry name, e.g. resnet18 (default: %(default)s)")
     tuning.add_argument("--configurations", default=",".join(c.name for c in CONFIGURATIONS),
                         help="comma-separated, of: " + "; ".join(f"{c.name}: {c.what}" for c in CONFIGURATIONS) +
-                             " (default: all; each compile takes about a minute for a ResNet on 2 cores)")
+                             " (default: all; each compile takes up to a minute (max-autotune two) for a ResNet on 2 cores)")
     tuning.add_argument("--batches", default="1,8", help="batch sizes (default: %(default)s)")
     tuning.add_argument("--threads", default="1,all", help="CPU thread counts (default: %(default)s)")
     tuning.add_argument("--busy-cores", type=int, default=0, metavar="N",

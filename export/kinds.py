@@ -107,9 +107,9 @@ for _kind in (
                  "ahead of the interpreted torch forms; after the ONNX forms that keep the graph's control flow: a "
                  "package runs only under the torch build and CPU instruction set (or GPU) that compiled it",
                  AOTINDUCTOR_TOLERANCE, torch_export.aot_inductor, torch_export.program_control_flow,
-                 off_by_default="its C++ compile takes about a minute per ResNet on 2 cores and the package is "
+                 off_by_default="its C++ compile takes up to a minute per ResNet on 2 cores and the package is "
                                 "pinned to this torch build and CPU: built when asked for",
-                 announce="compiling with AOTInductor (C++; about a minute per ResNet on 2 cores)"),
+                 announce="compiling with AOTInductor (C++; up to a minute per ResNet on 2 cores)"),
     ArtifactKind("onnx-traced", "model.traced.onnx", "onnx",
                  "torch.onnx.export(dynamo=False) of the traced module", "example", 30,
                  f"{ONNX_RUNTIME_FIRST}; after the other exporters: it inherits the trace's one path",

@@ -40,7 +40,7 @@ def exported_program(context: BuildContext, kind) -> Artifact:
 
 def aot_inductor(context: BuildContext, kind) -> Artifact:
     """Compiled for context.device from the program with a dynamic batch; the C++ compile is the slow part
-    (about a minute for a ResNet on 2 cores), so the kind is built only when asked for (--formats)."""
+    (up to a minute for a ResNet on 2 cores), so the kind is built only when asked for (--formats)."""
     spatial = kind.spatial_dynamic(context.resizes_in_graph)
     program = context.program(spatial, device=context.device)
     module = program.module()
