@@ -74,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed runs last at least this long in all (default: %(default)s)")
     bench.add_argument("--gemm-size", type=int, default=GEMM_SIZE, help="N of the NxN peak GEMM (default: %(default)s)")
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.md/json/png go")
+
+    from export.aoti_tuning import CONFIGURATIONS
+    tuning = commands.add_parser("aoti-tuning", help="AOTInductor's CPU options measured on one model",
+                                 description="Compile the model's torch.export program with each AOTInductor "
+                                             "configuration and time it beside eager, the ExportedProgram and ONNX "
+                                             "Runtime in the same run; write aoti-tuning.md, .json and .png.")
+    tuning.set_defaults(command="aoti_tuning")
+    tuning.add_argument("--model", default="resnet50", help="a registry name, e.g. resnet18 (default: %(default)s)")
+    tuning.add_argument("--configurations", default=",".join(c.name for c in CONFIGURATIONS),
+                        help="comma-separated, of: " + "; ".join(f"{c.name}: {c.what}" for c in CONFIGURATIONS) +
+                             " (default: all; each compile takes up to a minute (max-autotune two) for a ResNet on 2 cores)")
+    tuning.add_argument("--batches", default="1,8", help="batch sizes (default: %(default)s)")
+    tuning.add_argument("--threads", default="1,all", help="CPU thread counts (default: %(default)s)")
+    tuning.add_argument("--busy-cores", type=int, default=0, metavar="N",
+                        help="N processes spin on the CPU while timing: a machine shared with other work or other "
+                             "serving workers (default: 0)")
+    tuning.add_argument("--out", type=Path, default=Path("bench-results"), help="where aoti-tuning.* go")
     return parser
 
 
@@ -129,7 +146,26 @@ def _archive_options(sub) -> None:
                      help="pin TorchServe maxBatchDelay in ms (default: not pinned; 50 on a GPU host)")
 
 
+def _formats_option(sub) -> None:
+    off = "; ".join(f"{k.name}: {k.off_by_default}" for k in kinds.fp32_kinds() if k.off_by_default)
+    sub.add_argument("--formats", default=None, metavar="LIST", type=_formats_list,
+                     help=f"comma-separated fp32 artifact kinds to build, or 'default' / 'all', e.g. "
+                          f"default,aotinductor (kinds: {', '.join(k.name for k in kinds.fp32_kinds())}; a kind made "
+                          f"from another brings it along; default: {', '.join(kinds.default_formats())} - every kind "
+                          f"but those that cost more than they give most exports: {off})")
+
+
+def _formats_list(text: str) -> list[str]:
+    names = []
+    for name in filter(None, (part.strip() for part in text.split(","))):
+        names += {"default": kinds.default_formats(), "all": [k.name for k in kinds.fp32_kinds()]}.get(name, [name])
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one kind, 'default' or 'all'")
+    return list(dict.fromkeys(names))
+
+
 def _serve_option(sub) -> None:
+    _formats_option(sub)
     sub.add_argument("--decode", choices=DECODE_MODES, default="draft",
                      help="draft: large JPEGs are decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (a 12 MP photo "
                           "about 10x faster), kept at least twice the resize per side, if the export's decode check "

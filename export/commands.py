@@ -31,7 +31,7 @@ def family_command(args) -> int:
     archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides)
     result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
                                                                precision=precision_request(args), serve=args.serve,
-                                                               decode=args.decode),
+                                                               decode=args.decode, formats=args.formats),
                           progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
@@ -50,7 +50,7 @@ def module_command(args) -> int:
     archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
     result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
                                                precision=precision_request(args), serve=args.serve,
-                                               decode=args.decode), progress)
+                                               decode=args.decode, formats=args.formats), progress)
     _print_serving(result, progress)
     _print_refused(result, progress)
     _print_files(out, progress)
@@ -201,3 +201,8 @@ def _print_refused(result, progress: Progress) -> None:
 def _print_files(out: Path, progress: Progress) -> None:
     listing = ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p in sorted(out.iterdir()) if p.is_file())
     progress.step(f"files in {out}: {listing}")
+
+
+def aoti_tuning_command(args) -> int:
+    from export.aoti_tuning import tuning_command
+    return tuning_command(args)

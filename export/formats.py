@@ -3,11 +3,13 @@
   trace                  torch.jit.trace      - records the one path the example took
   script                 torch.jit.script     - compiles Python control flow (prim::If / prim::Loop)
   onnx_from_torchscript  torch.onnx.export(dynamo=False) of the traced or scripted module (keeps If / Loop)
-  onnx_dynamo            torch.onnx.export(dynamo=True), torch.export-based (torch.cond / torch.while_loop)
+  onnx_dynamo            torch.onnx.export(dynamo=True) of the torch.export program (torch.cond / torch.while_loop)
+torch.export's own artifacts (ExportedProgram, AOTInductor) are made in export.torch_export.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import io
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ class Artifact:
     loaded: object | None = None  # the in-memory module, for kinds built from it and the control-flow census
     control_flow: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # kind-specific facts for the manifest (the build a package needs)
 
     def accepts(self, example_shape) -> str:
         if self.spatial_dynamic:
@@ -45,7 +48,7 @@ class Artifact:
 @dataclass
 class BuildContext:
     """What every exporter function may use: the verified module, its torch.export form, the example input,
-    the staging folder, and the artifacts built so far (kind -> Artifact)."""
+    the staging folder, the export's device, and the artifacts built so far (kind -> Artifact)."""
 
     module: nn.Module
     export_form: nn.Module | BaseException  # the error when the torch.export form failed its eval check
@@ -53,7 +56,24 @@ class BuildContext:
     folder: Path
     opset: int
     resizes_in_graph: bool
+    device: str = "cpu"
     built: dict = field(default_factory=dict)
+    programs: dict = field(default_factory=dict)  # (spatial_dynamic, device) -> ExportedProgram, made once
+
+    def program(self, spatial_dynamic: bool, device: str = "cpu") -> torch.export.ExportedProgram:
+        """torch.export of the module's torch.export form, with a dynamic batch (and height and width when
+        spatial_dynamic), exported once and shared by the kinds made from it."""
+        if isinstance(self.export_form, BaseException):  # it failed its eval check: only these forms are refused
+            raise self.export_form
+        key = (spatial_dynamic, device)
+        if key not in self.programs:
+            try:
+                self.programs[key] = export_program(self.export_form, self.example, spatial_dynamic, device)
+            except Exception as error:  # noqa: BLE001 - kept: every kind made from it is refused with it
+                self.programs[key] = error
+        if isinstance(self.programs[key], BaseException):
+            raise self.programs[key]
+        return self.programs[key]
 
     def artifact(self, kind, loaded=None, source_dynamic: bool = False) -> Artifact:
         return Artifact(kind.name, self.folder / kind.file_name, kind.format, kind.exporter,
@@ -99,24 +119,29 @@ def torch_export_form(module: nn.Module) -> nn.Module:
 
 
 def onnx_dynamo(context: BuildContext, kind) -> Artifact:
-    """torch.export-based exporter, given the module's torch.export form (see torch_export_form). The batch is
-    a dynamic dimension, exported from an example of at least EXPORT_BATCH rows: from a batch of 1, torch.export
-    specialises the batch to 1 in any model that reshapes with it (x.reshape(b, ...), flatten + attention) and
-    refuses the dynamic batch ("specialized it to be a constant (1)")."""
-    if isinstance(context.export_form, BaseException):  # it failed its eval check: only this form is refused
-        raise context.export_form
+    """torch.export-based ONNX exporter, from the program shared with the torch.export kinds (see
+    BuildContext.program)."""
     artifact = context.artifact(kind)
-    dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_DIM)}
-    if artifact.spatial_dynamic:
-        dims.update({2: torch.export.Dim("height", min=32, max=MAX_DIM),
-                     3: torch.export.Dim("width", min=32, max=MAX_DIM)})
-    form = context.export_form
-    argument = next(iter(_forward_argument_names(form)), "x")
-    program = torch.onnx.export(form, (export_example(context.example),), dynamo=True, opset_version=context.opset,
-                                external_data=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                                dynamic_shapes={argument: dims})
+    program = torch.onnx.export(context.program(artifact.spatial_dynamic), dynamo=True, opset_version=context.opset,
+                                external_data=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
     program.save(str(artifact.path), external_data=False)
     return artifact
+
+
+def export_program(form: nn.Module, example: torch.Tensor, spatial_dynamic: bool,
+                   device: str = "cpu") -> torch.export.ExportedProgram:
+    """torch.export of the module's torch.export form (see torch_export_form). The batch is a dynamic
+    dimension, exported from an example of at least EXPORT_BATCH rows: from a batch of 1, torch.export
+    specialises the batch to 1 in any model that reshapes with it (x.reshape(b, ...), flatten + attention) and
+    refuses the dynamic batch ("specialized it to be a constant (1)")."""
+    dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_DIM)}
+    if spatial_dynamic:
+        dims.update({2: torch.export.Dim("height", min=32, max=MAX_DIM),
+                     3: torch.export.Dim("width", min=32, max=MAX_DIM)})
+    if device != "cpu":
+        form = copy.deepcopy(form).to(device)
+    argument = next(iter(_forward_argument_names(form)), "x")
+    return torch.export.export(form, (export_example(example).to(device),), dynamic_shapes={argument: dims})
 
 
 def export_example(example: torch.Tensor) -> torch.Tensor:

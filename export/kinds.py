@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from export import formats
+from export import formats, torch_export
 from export.errors import ExportError
 from export.onnx_check import check_onnx, onnx_control_flow, torchscript_control_flow
-from export.parity import ONNX_TOLERANCE, TORCHSCRIPT_TOLERANCE, Tolerance
+from export.parity import (AOTINDUCTOR_TOLERANCE, EXPORTED_PROGRAM_TOLERANCE, ONNX_TOLERANCE, TORCHSCRIPT_TOLERANCE,
+                           Tolerance)
 
 INPUT_SIZES = {
     "example": "exactly the example's height x width (the traced size)",
@@ -43,6 +44,8 @@ class ArtifactKind:
     needs: tuple[str, ...] = ()  # kinds built first whose in-memory module this one reads
     precision: str = "fp32"
     sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
+    off_by_default: str = ""  # why --formats leaves it out unless asked for (empty: built by default)
+    announce: str = ""  # a slow exporter's progress line before it starts
 
     def __post_init__(self):
         if self.input_sizes not in INPUT_SIZES:
@@ -94,6 +97,19 @@ for _kind in (
     ArtifactKind("scripted", "model.scripted.pt", "torchscript", "torch.jit.script", "model", 40,
                  "TorchScript runs eager's own kernels (tight tolerance) but behind ONNX Runtime in speed",
                  TORCHSCRIPT_TOLERANCE, formats.script, _inspect_torchscript),
+    ArtifactKind("exported", "model.exported.pt2", "torch-export", "torch.export.export + torch.export.save "
+                 "(ExportedProgram)", "model", 35, "torch.export is TorchScript's maintained successor: eager's own "
+                 "kernels (tight tolerance), control flow kept as torch.cond; behind ONNX Runtime in speed (an "
+                 "interpreted graph), so after it", EXPORTED_PROGRAM_TOLERANCE, torch_export.exported_program,
+                 torch_export.program_control_flow),
+    ArtifactKind("aotinductor", "model.aoti.pt2", "aoti", "AOTInductor (torch._inductor.aot_compile, packaged "
+                 "with the torch build it needs)", "example", 25, "compiled ahead of time to this machine's code, "
+                 "ahead of the interpreted torch forms; after the ONNX forms that keep the graph's control flow: a "
+                 "package runs only under the torch build and CPU instruction set (or GPU) that compiled it",
+                 AOTINDUCTOR_TOLERANCE, torch_export.aot_inductor, torch_export.program_control_flow,
+                 off_by_default="its C++ compile takes up to a minute per ResNet on 2 cores and the package is "
+                                "pinned to this torch build and CPU: built when asked for",
+                 announce="compiling with AOTInductor (C++; up to a minute per ResNet on 2 cores)"),
     ArtifactKind("onnx-traced", "model.traced.onnx", "onnx",
                  "torch.onnx.export(dynamo=False) of the traced module", "example", 30,
                  f"{ONNX_RUNTIME_FIRST}; after the other exporters: it inherits the trace's one path",
@@ -137,8 +153,38 @@ def names() -> list[str]:
 
 
 def fp32_kinds() -> list[ArtifactKind]:
-    """What the pipeline builds, in table order (a kind's needs come before it)."""
+    """Every kind the pipeline can build, in table order (a kind's needs come before it)."""
     return [k for k in _TABLE.values() if not k.is_variant]
+
+
+def default_formats() -> list[str]:
+    """What an export builds without --formats: every fp32 kind but those off by default (each says why)."""
+    return [k.name for k in fp32_kinds() if not k.off_by_default]
+
+
+def chosen_formats(requested: list[str] | None, also: str | None = None) -> list[str]:
+    """The fp32 kinds to build, in table order: the requested ones (None: the default), `also` (the kind asked
+    for with --serve, when it is an fp32 kind) and the kinds they are made from. An unknown or
+    reduced-precision name is an error naming the choices."""
+    requested = list(default_formats() if requested is None else requested)
+    if also in _TABLE and not _TABLE[also].is_variant:
+        requested.append(also)
+    wanted = set()
+    for name in requested:
+        kind = _TABLE.get(name)
+        if kind is None or kind.is_variant:
+            raise ExportError(f"--formats: {name!r} is not an fp32 artifact kind; choose from "
+                              f"{', '.join(k.name for k in fp32_kinds())} (reduced precision: --precision)")
+        wanted.add(name)
+        wanted.update(_needed_by(kind))
+    return [k.name for k in fp32_kinds() if k.name in wanted]
+
+
+def _needed_by(kind: ArtifactKind) -> set[str]:
+    needed = set(kind.needs)
+    for name in kind.needs:
+        needed |= _needed_by(_TABLE[name])
+    return needed
 
 
 def variants(precision: str) -> list[ArtifactKind]:
@@ -154,6 +200,7 @@ def serving_preference() -> tuple[str, ...]:
     return tuple(k.name for k in sorted(ranked, key=lambda k: k.serving_rank))
 
 
-def estimated_bytes(parameter_bytes: int) -> int:
+def estimated_bytes(parameter_bytes: int, formats: list[str] | None = None) -> int:
     """Disk an export needs: each fp32 file is about the size of the parameters and buffers."""
-    return len({k.file_name for k in fp32_kinds()}) * parameter_bytes
+    chosen = set(formats or names())
+    return len({k.file_name for k in fp32_kinds() if k.name in chosen}) * parameter_bytes

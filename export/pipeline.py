@@ -73,6 +73,7 @@ class ExportOptions:
     serve: str | None = None  # --serve: a kind to serve instead of the rule's first choice (same conditions)
     precision: PrecisionRequest = field(default_factory=PrecisionRequest)  # int8/bf16/fp16 variants, gated
     decode: str = "draft"  # --decode: draft where the decode check passes (export/decode_check.py), or exact
+    formats: list[str] | None = None  # --formats: the fp32 kinds to build (None: export.kinds.default_formats)
 
 
 @dataclass
@@ -116,9 +117,11 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     refusals = Refusals(stage, progress)
     built = _build(entry, options, timed, progress)
     module, example = built.module, entry.example_input()
-    ensure_free_space(stage, kinds.estimated_bytes(formats.parameter_bytes(module)))
+    chosen = kinds.chosen_formats(options.formats, also=options.serve)
+    ensure_free_space(stage, kinds.estimated_bytes(formats.parameter_bytes(module), chosen))
     context = _verified_context(entry, module, example, stage, options, timed, progress)
-    build_artifacts(context, timed, refusals)
+    progress.step(formats_line(chosen))
+    build_artifacts(context, timed, refusals, chosen)
     artifacts = context.built
     with timed("inspect"):
         inspect_artifacts(artifacts, refusals)
@@ -216,7 +219,14 @@ def _verified_context(entry, module, example, stage, options, timed, progress) -
     progress.step("eval mode verified (module and its torch.export form): no submodule training, no grads, "
                   "repeatable outputs")
     return formats.BuildContext(module, export_form, example, stage, options.opset,
-                                entry.input_spec.resizes_in_graph)
+                                entry.input_spec.resizes_in_graph, options.device)
+
+
+def formats_line(chosen: list[str]) -> str:
+    """What will be built, and each kind left out with why (a default one only when --formats left it out)."""
+    left_out = [k for k in kinds.fp32_kinds() if k.name not in chosen]
+    notes = "; ".join(f"{k.name} not built: {k.off_by_default or 'not in --formats'}" for k in left_out)
+    return f"building {', '.join(chosen)}" + (f" ({notes}; --formats chooses)" if notes else "")
 
 
 def _variants(stage, options, entry, module, built, artifacts, parity, paths, refusals, progress):
@@ -309,7 +319,7 @@ def _artifact_record(folder: Path, artifact: formats.Artifact, entry: ModelEntry
     return ArtifactRecord(kind=artifact.kind, path=file.path, sha256=file.sha256, bytes=file.bytes,
                           format=artifact.format, exporter=artifact.exporter,
                           spatial_dynamic=artifact.spatial_dynamic, accepts=artifact.accepts(entry.input_spec.shape),
-                          control_flow=artifact.control_flow, checks=artifact.checks)
+                          control_flow=artifact.control_flow, checks=artifact.checks, details=artifact.details)
 
 
 def output_record(module, example, labels) -> OutputRecord:

@@ -5,6 +5,8 @@ record shape. `require_servable` is the one place an export with too few forms f
 
 from __future__ import annotations
 
+import time
+
 from export import formats, kinds
 from export.errors import ExportError
 from export.parity import Candidate as ParityCandidate, ParityReport, parity_inputs, run_parity
@@ -14,22 +16,26 @@ from models.registry import ModelEntry
 from runtime import RunOptions, open_artifact
 
 
-def build_artifacts(context: formats.BuildContext, timed, refusals: Refusals) -> None:
-    """Every fp32 kind of the table, in order, into context.built. An exporter that fails refuses its kind
-    (recorded with its reason, traceback in export.log) and the others go on; a kind made from a refused one
-    is skipped with the reason."""
-    for kind in kinds.fp32_kinds():
+def build_artifacts(context: formats.BuildContext, timed, refusals: Refusals, chosen: list[str]) -> None:
+    """The chosen fp32 kinds (export.kinds.chosen_formats), in table order, into context.built. An exporter that
+    fails refuses its kind (recorded with its reason, traceback in export.log) and the others go on; a kind
+    made from a refused one is skipped with the reason."""
+    for kind in map(kinds.get, chosen):
         missing = [n for n in kind.needs if n not in context.built]
         if missing:
             refusals.skip(kind.name, "needs", f"made from {', '.join(missing)}, which was not made")
             continue
+        if kind.announce:  # a slow exporter says so before it starts
+            refusals.progress.step(f"{kind.name}: {kind.announce} ...")
+        started = time.perf_counter()
         try:
             with timed(kind.name, native=True):
                 context.built[kind.name] = kind.build(context, kind)
         except Exception as error:  # noqa: BLE001 - any exporter may refuse a user's model: recorded, not raised
             refusals.refuse(kind.name, "build", error)
             continue
-        refusals.progress.step(f"{kind.name}: {kind.exporter} -> {kind.file_name}")
+        refusals.progress.step(f"{kind.name}: {kind.exporter} -> {kind.file_name} "
+                               f"({time.perf_counter() - started:.1f} s)")
 
 
 def inspect_artifacts(artifacts: dict, refusals: Refusals) -> None:

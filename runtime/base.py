@@ -24,6 +24,8 @@ BACKENDS: dict[str, str] = {
     "torchscript": "runtime.torchscript:TorchScriptBackend",
     "onnx": "runtime.onnxruntime:OnnxRuntimeBackend",
     "onnx-reference": "runtime.onnx_reference:ReferenceBackend",
+    "torch-export": "runtime.exported_program:ExportedProgramBackend",
+    "aoti": "runtime.aoti:AOTInductorBackend",
 }
 
 

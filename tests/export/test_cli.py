@@ -96,16 +96,18 @@ def test_user_module_with_a_branch_gets_a_warning_naming_the_input(tmp_path):
     assert "refusing to serve 'traced': silently diverges from eager on:" in refused.stderr
     assert (store / "gated.mar").read_bytes() == archive and Manifest.read(out) == before
     assert sorted(p.name for p in store.iterdir()) == ["gated.mar"]
-    # torch.export refuses the data-dependent branch: recorded with its reason, the traceback kept in export.log
-    assert "onnx-dynamo" not in manifest.artifacts and "onnx-dynamo" not in decision.candidates
-    refusal = manifest.refused["onnx-dynamo"]
-    assert (refusal.step, refusal.error, refusal.log) == ("build", "TorchExportError", "export.log")
-    assert refusal.location.endswith("models_for_tests.py:20")  # the user's `if x.mean() > 0.75:`
-    assert "onnx-dynamo NOT MADE, build: TorchExportError: " in result.stdout
+    # torch.export refuses the data-dependent branch: both forms made from its program are refused with its
+    # reason, the traceback kept in export.log
+    for kind in ("exported", "onnx-dynamo"):
+        assert kind not in manifest.artifacts and kind not in decision.candidates
+        refusal = manifest.refused[kind]
+        assert (refusal.step, refusal.error, refusal.log) == ("build", "GuardOnDataDependentSymNode", "export.log")
+        assert refusal.location.endswith("models_for_tests.py:20")  # the user's `if x.mean() > 0.75:`
+        assert f"{kind} NOT MADE, build: GuardOnDataDependentSymNode: " in result.stdout
     assert "(traceback in export.log)" in result.stdout and "Traceback" not in result.stdout + result.stderr
     assert "export.log" in manifest.files
     log = (out / "export.log").read_text()
-    assert log.startswith("--- onnx-dynamo refused at build\nTraceback (most recent call last):") and "torch.export" in log
+    assert log.startswith("--- exported refused at build\nTraceback (most recent call last):") and "torch.export" in log
     assert "\x1b[" not in refusal.message  # the manifest holds the reason, not terminal colours
 
 

@@ -29,7 +29,7 @@ STORE = "store"
 # step being run -> what appears just before it: a file in the run's staging folder ("." for the folder
 # itself), or STORE for the run's scratch folder in the model store (the archive step). The kinds are built
 # in table order, each one's file written before the next kind starts.
-_BUILT = kinds.fp32_kinds()
+_BUILT = [kinds.get(k) for k in kinds.default_formats()]
 KILL_DURING = {
     "build": ".",
     **{kind.name: before.file_name for before, kind in zip(_BUILT, _BUILT[1:])},

@@ -16,7 +16,7 @@ from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
 
-FILE_NAMES = {k.name: k.file_name for k in kinds.fp32_kinds()}
+FILE_NAMES = {k: kinds.get(k).file_name for k in kinds.default_formats()}
 
 
 def _eager():
@@ -56,8 +56,9 @@ def test_every_artifact_is_written_and_recorded(resnet18_export):
 
 def test_progress_names_each_kind_its_exporter_and_file(resnet18_export):
     lines = resnet18_export["stdout"].splitlines()
-    for kind in kinds.fp32_kinds():
-        assert any(line.endswith(f"] {kind.name}: {kind.exporter} -> {kind.file_name}") for line in lines), kind.name
+    for kind in map(kinds.get, kinds.default_formats()):
+        shown = f"] {kind.name}: {kind.exporter} -> {kind.file_name} ("
+        assert any(shown in line and line.endswith(" s)") for line in lines), kind.name  # with its duration
 
 
 @pytest.mark.parametrize("kind", list(FILE_NAMES))

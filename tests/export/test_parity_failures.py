@@ -29,7 +29,7 @@ def export_copy(resnet18_export, tmp_path):
 
 def test_parity_passes_on_every_artifact(resnet18_export):
     summary = json.loads((resnet18_export["out"] / "parity.json").read_text())["summary"]
-    assert set(summary) == {k.name for k in kinds.fp32_kinds()}
+    assert set(summary) == set(kinds.default_formats())
     assert all(s["passed"] and s["top1_agreement"] == 1.0 for s in summary.values())
     # each kind was held to its own tolerance from the kinds table
     assert all(s["tolerance"] == {"atol": kinds.get(k).tolerance.atol, "rtol": kinds.get(k).tolerance.rtol}

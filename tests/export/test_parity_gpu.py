@@ -23,5 +23,5 @@ def test_parity_on_cuda_passes_for_every_artifact(tmp_path):
     result = export_model(models.get("resnet18"), ExportOptions(tmp_path / "gpu", "random", device="cuda:0"),
                           Progress(quiet=True))
     assert not result.parity.failures
-    assert set(result.parity.summary()) == {k.name for k in kinds.fp32_kinds()}
+    assert set(result.parity.summary()) == set(kinds.default_formats())
     assert result.manifest.decision().served == "onnx-dynamo"

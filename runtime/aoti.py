@@ -1,0 +1,129 @@
+"""AOTInductor packages (`.pt2` holding a compiled shared library) through `torch._inductor.aoti_load_package`.
+
+A package is machine code for one torch build, one device type and, on the CPU, the compiling CPU itself
+(Inductor compiles with -march=native): loaded by another torch it may crash or compute wrongly, and an AVX-512
+package on an AVX2-only CPU dies of an illegal instruction. So the exporter writes BUILD_FILE into the package (the PT2 archive's own extra-files
+section) and this backend refuses, before loading any code, a package whose build does not match this process.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import torch
+
+from runtime.base import ArtifactError, ArtifactRunError, Backend, RunOptions
+from runtime.torchscript import configure_torch
+
+BUILD_FILE = "vision_export_build.json"  # in the package's extra/ folder
+EXTRA_FOLDER = "/extra/"
+
+
+class BuildMismatchError(ArtifactError):
+    """The package was compiled for another torch build, device type or CPU instruction set."""
+
+
+def build_facts(device: torch.device, input_shape: list[int | None]) -> dict:
+    """What a package compiled in this process for `device` is tied to, and the input shape it was compiled
+    for (None: a dynamic dimension), written into it by the exporter."""
+    facts = {"torch": torch.__version__, "torch_git": torch.version.git_version, "device": device.type,
+             "input_shape": input_shape}
+    if device.type == "cpu":
+        facts["cpu_isa"] = _vector_isa()
+        facts["cpu_flags"] = sorted(cpu_flags())  # the compiler is run with -march=native: every flag may be used
+    else:
+        facts["cuda"] = torch.version.cuda
+        facts["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    return facts
+
+
+def read_build_facts(path: str | Path) -> dict:
+    """The facts recorded in a package, or an error saying the file is not a package we wrote."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith(EXTRA_FOLDER + BUILD_FILE)), None)
+            if name is None:
+                raise BuildMismatchError(f"{path} has no {BUILD_FILE}: it was not written by `python -m export`, "
+                                         "so the torch build it needs is unknown; re-export it")
+            return json.loads(archive.read(name))
+    except (zipfile.BadZipFile, json.JSONDecodeError) as error:
+        raise BuildMismatchError(f"{path} is not a readable AOTInductor package ({error}); re-export it") from None
+
+
+def check_build(facts: dict, device: torch.device) -> None:
+    """Refuse a package this process cannot run safely; the message says what to do."""
+    fix = "re-export with --formats aotinductor under the torch that will serve it (or serve another kind)"
+    problems = []
+    if facts.get("device") != device.type:
+        problems.append(f"compiled for {facts.get('device')}, asked to run on {device.type}")
+    if facts.get("torch") != torch.__version__:
+        problems.append(f"compiled by torch {facts.get('torch')}, this is torch {torch.__version__}")
+    if device.type == "cpu" and facts.get("device") == "cpu" and facts.get("cpu_isa") not in _runnable_isas():
+        problems.append(f"compiled for the {facts.get('cpu_isa')} instruction set, which this CPU lacks "
+                        f"(it runs {', '.join(_runnable_isas()) or 'no vector ISA torch knows'})")
+    missing = sorted(set(facts.get("cpu_flags") or ()) - cpu_flags()) if device.type == "cpu" and cpu_flags() else []
+    if missing:
+        problems.append(f"compiled with -march=native on a CPU with instructions this one lacks "
+                        f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''})")
+    if device.type == "cuda" and facts.get("device") == "cuda":
+        here = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        if facts.get("compute_capability") != here:
+            problems.append(f"compiled for compute capability {facts.get('compute_capability')}, this GPU is {here}")
+    if problems:
+        raise BuildMismatchError("AOTInductor package refused before loading: " + "; ".join(problems) + f"; {fix}")
+
+
+class AOTInductorBackend(Backend):
+    format = "aoti"
+
+    def __init__(self, path, options: RunOptions, name: str | None = None):
+        super().__init__(path, options, name)
+        self.device = options.torch_device
+        self.build = read_build_facts(path)
+        check_build(self.build, self.device)  # before any of the package's code is loaded
+        configure_torch(options)
+        from torch._inductor import aoti_load_package
+        index = self.device.index if self.device.index is not None else (0 if self.device.type == "cuda" else -1)
+        self.runner = aoti_load_package(str(path), device_index=index)
+
+    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+        self.check_shape(batch)
+        with torch.inference_mode():
+            return self.runner(batch.to(self.device, non_blocking=True).contiguous()).float().cpu()
+
+    def check_shape(self, batch: torch.Tensor) -> None:
+        """A package checks nothing about its inputs (unless AOTI_RUNTIME_CHECK_INPUTS is set) and computes
+        garbage on a shape it was not compiled for: refuse one here, as the other runtimes do."""
+        expected = self.build.get("input_shape")
+        if expected is None:
+            return
+        if len(expected) != batch.dim() or any(e is not None and e != d for e, d in zip(expected, batch.shape)):
+            shown = " x ".join("N" if e is None else str(e) for e in expected)
+            raise ArtifactRunError(f"{self.name} was compiled for inputs of shape {shown}, got "
+                                   f"{' x '.join(map(str, batch.shape))}")
+
+    def describe(self) -> dict:
+        return {**super().describe(), "build": self.build}
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's instruction-set flags as Linux lists them (empty where /proc/cpuinfo is not)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def _vector_isa() -> str:
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    return str(pick_vec_isa())
+
+
+def _runnable_isas() -> list[str]:
+    """The vector instruction sets Inductor may use on this CPU (an AVX-512 CPU also runs AVX2 packages)."""
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+    return [str(isa) for isa in valid_vec_isa_list()]
