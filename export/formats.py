@@ -123,7 +123,8 @@ def onnx_dynamo(context: BuildContext, kind) -> Artifact:
     BuildContext.program)."""
     artifact = context.artifact(kind)
     program = torch.onnx.export(context.program(artifact.spatial_dynamic), dynamo=True, opset_version=context.opset,
-                                external_data=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+                                external_data=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                                dynamic_shapes=(dynamic_dims(artifact.spatial_dynamic),))  # names the ONNX dims
     program.save(str(artifact.path), external_data=False)
     return artifact
 
@@ -134,14 +135,21 @@ def export_program(form: nn.Module, example: torch.Tensor, spatial_dynamic: bool
     dimension, exported from an example of at least EXPORT_BATCH rows: from a batch of 1, torch.export
     specialises the batch to 1 in any model that reshapes with it (x.reshape(b, ...), flatten + attention) and
     refuses the dynamic batch ("specialized it to be a constant (1)")."""
+    if device != "cpu":
+        form = copy.deepcopy(form).to(device)
+    argument = next(iter(_forward_argument_names(form)), "x")
+    return torch.export.export(form, (export_example(example).to(device),),
+                               dynamic_shapes={argument: dynamic_dims(spatial_dynamic)})
+
+
+def dynamic_dims(spatial_dynamic: bool) -> dict:
+    """The input's dynamic dimensions, named as the ONNX files name them: the batch, and height and width
+    when the model resizes in its graph."""
     dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_DIM)}
     if spatial_dynamic:
         dims.update({2: torch.export.Dim("height", min=32, max=MAX_DIM),
                      3: torch.export.Dim("width", min=32, max=MAX_DIM)})
-    if device != "cpu":
-        form = copy.deepcopy(form).to(device)
-    argument = next(iter(_forward_argument_names(form)), "x")
-    return torch.export.export(form, (export_example(example).to(device),), dynamic_shapes={argument: dims})
+    return dims
 
 
 def export_example(example: torch.Tensor) -> torch.Tensor:

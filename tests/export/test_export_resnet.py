@@ -38,7 +38,8 @@ def test_every_artifact_is_written_and_recorded(resnet18_export):
         assert record.kind == kind and record.path == FILE_NAMES[kind]
         assert path.is_file() and path.stat().st_size == record.bytes
         assert record.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-        assert record.format == kinds.get(kind).format == ("onnx" if kind.startswith("onnx") else "torchscript")
+        expected_format = "onnx" if kind.startswith("onnx") else "torch-export" if kind == "exported" else "torchscript"
+        assert record.format == kinds.get(kind).format == expected_format
         assert record.exporter == kinds.get(kind).exporter and record.precision == "fp32"
     for name, record in manifest.files.items():
         assert record.sha256 == hashlib.sha256((out / name).read_bytes()).hexdigest()
@@ -68,9 +69,9 @@ def test_artifact_matches_eager(resnet18_export, kind, batch):
     x = torch.rand(batch, 3, 224, 224, generator=torch.Generator().manual_seed(batch))
     with torch.inference_mode():
         expected = _eager()(x)
-    if path.suffix == ".pt":
+    if path.suffix in (".pt", ".pt2"):  # each through its own library, not runtime/
         with torch.inference_mode():
-            got = torch.jit.load(str(path))(x)
+            got = (torch.jit.load(str(path)) if path.suffix == ".pt" else torch.export.load(str(path)).module())(x)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     else:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

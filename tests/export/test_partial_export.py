@@ -24,10 +24,10 @@ def _export(tmp_path, factory: str):
 @pytest.mark.slow
 def test_an_unscriptable_model_is_exported_in_every_other_form(tmp_path):
     """scripted cannot be made (a namedtuple attribute), onnx-scripted is made from it: both refused; traced,
-    onnx-traced and onnx-dynamo are made, pass parity, and the rule serves the first of them."""
+    exported, onnx-traced and onnx-dynamo are made, pass parity, and the rule serves the first of them."""
     result = _export(tmp_path, "unscriptable")
     manifest = Manifest.read(result.out)
-    assert set(manifest.artifacts) == {"traced", "onnx-traced", "onnx-dynamo"}
+    assert set(manifest.artifacts) == {"traced", "exported", "onnx-traced", "onnx-dynamo"}
     scripted, onnx_scripted = manifest.refused["scripted"], manifest.refused["onnx-scripted"]
     assert (scripted.step, scripted.error) == ("build", "RuntimeError") and "'widen'" in scripted.message
     assert scripted.location.startswith(f"{USER_FILE}:") and scripted.log == "export.log"
