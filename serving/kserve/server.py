@@ -14,8 +14,8 @@ from pathlib import Path
 from serving.kserve.config import REFUSAL, KServeSettings
 
 from serving.processes import alive, read_pgid, running_until_exit, stop_group
-from serving.torchserve.config import (EXAMPLE_IMAGE, PROJECT_ROOT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S,
-                                       STOP_TIMEOUT_S, ServingError)
+from serving.torchserve.config import (EXAMPLE_IMAGE, PROBE_TIMEOUT_S, PROJECT_ROOT, READY_TIMEOUT_S, STOP_TIMEOUT_S,
+                                       ServingError)
 
 POLL_S = 1.0
 LOG_TAIL_LINES = 5
@@ -62,7 +62,7 @@ def poll_for_prediction(settings: KServeSettings, name: str, body: dict, process
         if process is not None and process.poll() is not None:
             raise ServingError(f"the KServe server exited with code {process.returncode}: {exit_reason(settings)}")
         try:
-            response = requests.post(settings.predict_url(name), json=body, timeout=REQUEST_TIMEOUT_S)
+            response = requests.post(settings.predict_url(name), json=body, timeout=PROBE_TIMEOUT_S)
             if response.status_code == 200:
                 return response.json()["predictions"][0]
             last = f"HTTP {response.status_code}: {response.text[:200]}"

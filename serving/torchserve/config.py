@@ -20,6 +20,10 @@ EXAMPLE_IMAGE = PROJECT_ROOT / "examples" / "cat.jpg"
 READY_TIMEOUT_S = 240  # start until every model has answered a real prediction (a cold JVM plus model loads)
 STOP_TIMEOUT_S = 60  # SIGTERM to SIGKILL
 REQUEST_TIMEOUT_S = 60  # one HTTP request to a running server; a slow shared machine must not turn latency into errors
+# one readiness probe: TorchServe holds a prediction until a worker is up, so a probe sent while workers die
+# would wait out REQUEST_TIMEOUT_S before the logs were read again (a failed load took 70 s to report, now ~15 s);
+# a probe that times out is simply sent again, so a slow first answer is still waited for (READY_TIMEOUT_S)
+PROBE_TIMEOUT_S = 10
 MODEL_RESPONSE_TIMEOUT_S = 120  # TorchServe's per-model responseTimeout: a worker slower than this is restarted
 
 HOST = "127.0.0.1"

@@ -21,9 +21,9 @@ from pathlib import Path
 from handlers.policy import THREADS_ENV, ServingPolicy
 from models.errors import VisionExportError
 # Settings, ports and timeouts live in config.py; free_port and on_free_ports are also reached through `server`.
-from serving.torchserve.config import (EXAMPLE_IMAGE, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S,  # noqa: F401
-                                       ServerSettings, ServingError, free_port, on_free_ports, token_auth_switched_on,
-                                       write_run_config)
+from serving.torchserve.config import (EXAMPLE_IMAGE, PROBE_TIMEOUT_S, READY_TIMEOUT_S,  # noqa: F401
+                                       REQUEST_TIMEOUT_S, STOP_TIMEOUT_S, ServerSettings, ServingError, free_port,
+                                       on_free_ports, token_auth_switched_on, write_run_config)
 from serving.processes import alive, read_pgid, running_until_exit, stop_group
 from serving.torchserve.logs import exit_reason, load_failure
 
@@ -140,7 +140,7 @@ def poll_for_prediction(url: str, body: bytes, headers, deadline: float, process
         if failure:
             raise ServingError(f"the model failed to load: {failure}")
         try:
-            response = requests.post(url, data=body, timeout=REQUEST_TIMEOUT_S,
+            response = requests.post(url, data=body, timeout=PROBE_TIMEOUT_S,
                                      headers={"Content-Type": "image/jpeg", **headers()})
             if response.status_code == 200:
                 return response.json()
