@@ -9,6 +9,7 @@ from pathlib import Path
 from export import kinds
 from export.calibration import DEFAULT_CALIBRATION_SAMPLES
 from export.errors import ExportError
+from runtime.machine import cpu_flags
 
 PRECISIONS = kinds.precisions()
 DEFAULT_PRECISIONS = ("fp32",)
@@ -59,8 +60,5 @@ def check_hardware(precisions: tuple[str, ...], device: str) -> None:
 
 
 def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = cpu_flags()
     return any(feature in flags for feature in BF16_CPU_FEATURES)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from runtime.base import ArtifactError, ArtifactRunError, Backend, RunOptions
+from runtime.machine import cpu_flags
 from runtime.torchscript import configure_torch
 
 BUILD_FILE = "vision_export_build.json"  # in the package's extra/ folder
@@ -60,19 +61,29 @@ def check_build(facts: dict, device: torch.device) -> None:
         problems.append(f"compiled for {facts.get('device')}, asked to run on {device.type}")
     if facts.get("torch") != torch.__version__:
         problems.append(f"compiled by torch {facts.get('torch')}, this is torch {torch.__version__}")
-    if device.type == "cpu" and facts.get("device") == "cpu" and facts.get("cpu_isa") not in _runnable_isas():
-        problems.append(f"compiled for the {facts.get('cpu_isa')} instruction set, which this CPU lacks "
-                        f"(it runs {', '.join(_runnable_isas()) or 'no vector ISA torch knows'})")
-    missing = sorted(set(facts.get("cpu_flags") or ()) - cpu_flags()) if device.type == "cpu" and cpu_flags() else []
-    if missing:
-        problems.append(f"compiled with -march=native on a CPU with instructions this one lacks "
-                        f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''})")
+    if device.type == "cpu":
+        problems += _cpu_problems(facts)
     if device.type == "cuda" and facts.get("device") == "cuda":
         here = ".".join(map(str, torch.cuda.get_device_capability(device)))
         if facts.get("compute_capability") != here:
             problems.append(f"compiled for compute capability {facts.get('compute_capability')}, this GPU is {here}")
     if problems:
         raise BuildMismatchError("AOTInductor package refused before loading: " + "; ".join(problems) + f"; {fix}")
+
+
+def _cpu_problems(facts: dict) -> list[str]:
+    """What a package compiled for facts' CPU would execute that this CPU lacks."""
+    problems = []
+    runnable = _runnable_isas()
+    if facts.get("device") == "cpu" and facts.get("cpu_isa") not in runnable:
+        problems.append(f"compiled for the {facts.get('cpu_isa')} instruction set, which this CPU lacks "
+                        f"(it runs {', '.join(runnable) or 'no vector ISA torch knows'})")
+    here = cpu_flags()
+    missing = sorted(set(facts.get("cpu_flags") or ()) - here) if here else []  # no /proc/cpuinfo: unknown
+    if missing:
+        problems.append(f"compiled with -march=native on a CPU with instructions this one lacks "
+                        f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''})")
+    return problems
 
 
 class AOTInductorBackend(Backend):
@@ -106,16 +117,6 @@ class AOTInductorBackend(Backend):
 
     def describe(self) -> dict:
         return {**super().describe(), "build": self.build}
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's instruction-set flags as Linux lists them (empty where /proc/cpuinfo is not)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 def _vector_isa() -> str:
