@@ -25,9 +25,8 @@ from export import formats
 from export.atomic import atomic_write_text
 from export.bench_peak import time_runs
 from export.bench_report import machine_info
-from export.torch_export import AOTI_CONFIGS, input_shape
+from export.torch_export import AOTI_CONFIGS, compile_package
 from runtime import RunOptions, open_artifact
-from runtime.aoti import BUILD_FILE, build_facts
 from runtime.eager import EagerBackend
 
 WARMUP, REPEATS = 2, 5
@@ -128,17 +127,13 @@ def _tune(configuration, form, module, example, program, batch, plan: Plan, say)
 def _compile_and_load(program, inductor: dict):
     """Compiled cold: Inductor's on-disk cache (kernels, whole graphs) would make a repeated compile of the same
     model look several times faster than a user's first one, so each compile gets an empty cache folder."""
-    from torch._inductor import aot_compile, aoti_load_package
-    args, kwargs = program.example_inputs
+    from torch._inductor import aoti_load_package
     folder = Path(tempfile.mkdtemp(prefix="aoti-tuning-"))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor-cache")
-    files = aot_compile(program.module(), args, kwargs, options={**inductor, "aot_inductor.package": True})
-    from torch.export.pt2_archive._package import package_pt2
+    package = compile_package(program, "cpu", inductor)
     path = folder / "tuning.pt2"
-    facts = build_facts(torch.device("cpu"), input_shape(program))
-    package_pt2(str(path), aoti_files=files, extra_files={BUILD_FILE: json.dumps(facts)})
-    code = "/".join(Path(str(f)).name[:8] for f in files if str(f).endswith((".wrapper.cpp", ".kernel.cpp")))
-    return aoti_load_package(str(path)), code
+    path.write_bytes(package.data)
+    return aoti_load_package(str(path)), package.code
 
 
 def _timings(runner, plan: Plan, batches: list[int] | None = None) -> dict:

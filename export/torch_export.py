@@ -14,6 +14,8 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -41,17 +43,33 @@ def exported_program(context: BuildContext, kind) -> Artifact:
 def aot_inductor(context: BuildContext, kind) -> Artifact:
     """Compiled for context.device from the program with a dynamic batch; the C++ compile is the slow part
     (up to a minute for a ResNet on 2 cores), so the kind is built only when asked for (--formats)."""
-    spatial = kind.spatial_dynamic(context.resizes_in_graph)
-    program = context.program(spatial, device=context.device)
-    module = program.module()
-    args, kwargs = program.example_inputs
-    from torch._inductor import aot_compile
-    files = aot_compile(module, args, kwargs, options={**AOTI_CONFIGS, "aot_inductor.package": True})
-    facts = {**build_facts(torch.device(context.device), input_shape(program)), "inductor_configs": AOTI_CONFIGS}
+    program = context.program(kind.spatial_dynamic(context.resizes_in_graph), device=context.device)
+    package = compile_package(program, context.device)
     artifact = context.artifact(kind, loaded=program)
-    atomic_write_bytes(artifact.path, _package(files, facts))
-    artifact.details["build"] = facts
+    atomic_write_bytes(artifact.path, package.data)
+    artifact.details["build"] = package.facts
     return artifact
+
+
+@dataclass
+class Package:
+    data: bytes  # the .pt2 package, our build record inside
+    facts: dict  # the build record (runtime.aoti.build_facts and the Inductor settings)
+    code: str  # Inductor's hashes of the generated wrapper and kernel sources: equal = the same program
+
+
+def compile_package(program: torch.export.ExportedProgram, device: str = "cpu",
+                    inductor_configs: dict = AOTI_CONFIGS) -> Package:
+    """AOTInductor's compile of the program for device, packaged with the build it is tied to."""
+    from torch._inductor import aot_compile
+    from torch.export.pt2_archive._package import package_pt2
+    args, kwargs = program.example_inputs
+    files = aot_compile(program.module(), args, kwargs, options={**inductor_configs, "aot_inductor.package": True})
+    facts = {**build_facts(torch.device(device), input_shape(program)), "inductor_configs": inductor_configs}
+    buffer = io.BytesIO()
+    package_pt2(buffer, aoti_files=files, extra_files={BUILD_FILE: json.dumps(facts)})
+    code = "/".join(Path(str(f)).name[:8] for f in files if str(f).endswith((".wrapper.cpp", ".kernel.cpp")))
+    return Package(buffer.getvalue(), facts, code)
 
 
 def input_shape(program: torch.export.ExportedProgram) -> list[int | None]:
@@ -59,13 +77,6 @@ def input_shape(program: torch.export.ExportedProgram) -> list[int | None]:
     name = program.graph_signature.user_inputs[0]
     node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == name)
     return [d if isinstance(d, int) else None for d in node.meta["val"].shape]
-
-
-def _package(files: list, facts: dict) -> bytes:
-    from torch.export.pt2_archive._package import package_pt2
-    buffer = io.BytesIO()
-    package_pt2(buffer, aoti_files=files, extra_files={BUILD_FILE: json.dumps(facts)})
-    return buffer.getvalue()
 
 
 def program_control_flow(artifact: Artifact) -> None:
