@@ -1,5 +1,6 @@
 """A server started in its own process group, known by a pid file in its run folder: alive or not, and stopped
-with its whole group (the launcher and every worker it started). TorchServe's and KServe's starts share it."""
+with its whole group (the launcher and every worker it started); and the one readiness loop, which POSTs until
+a real answer comes. TorchServe's, KServe's and the LitServe peer's starts share it."""
 
 from __future__ import annotations
 
@@ -121,3 +122,34 @@ def serve_until_stopped(process: subprocess.Popen, stop: Callable[[], object], n
         stop()
         print(f"\n{name} stopped")
         return 0
+
+
+class NoAnswer(VisionExportError):
+    """The deadline passed without an accepted answer; `last` says what the server answered (or why not)."""
+
+    def __init__(self, last: str):
+        super().__init__(last)
+        self.last = last
+
+
+def poll_for_answer(post: Callable[[], "requests.Response"], check: Callable[[], None], deadline: float,
+                    accept: Callable[[object], bool] = lambda response: True, interval: float = 1.0,
+                    retry_on: tuple = ()):
+    """Call post() until it answers 200 and accept(response), before the deadline: that response. check() runs
+    before each try and raises when waiting is pointless (the server exited, a model cannot load); a connection
+    error (not listening yet) or one of retry_on is tried again. NoAnswer with the last answer at the deadline."""
+    import requests
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        check()
+        try:
+            response = post()
+            if response.status_code == 200 and accept(response):
+                return response
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+        except retry_on as error:
+            last = str(error)
+        except requests.RequestException as error:  # not listening yet, or a worker still loading
+            last = f"{type(error).__name__}: {error}"[:300]
+        time.sleep(interval)
+    raise NoAnswer(last)

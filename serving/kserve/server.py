@@ -13,7 +13,7 @@ from pathlib import Path
 
 from serving.kserve.config import REFUSAL, KServeSettings
 
-from serving.processes import alive, read_pgid, running_until_exit, stop_group
+from serving.processes import NoAnswer, alive, poll_for_answer, read_pgid, running_until_exit, stop_group
 from serving.torchserve.config import (EXAMPLE_IMAGE, PROBE_TIMEOUT_S, PROJECT_ROOT, READY_TIMEOUT_S, STOP_TIMEOUT_S,
                                        ServingError)
 
@@ -57,20 +57,17 @@ def wait_until_serving(settings: KServeSettings, process: subprocess.Popen | Non
 
 def poll_for_prediction(settings: KServeSettings, name: str, body: dict, process, deadline: float) -> dict:
     import requests
-    last = "no answer yet"
-    while time.monotonic() < deadline:
+
+    def check() -> None:
         if process is not None and process.poll() is not None:
             raise ServingError(f"the KServe server exited with code {process.returncode}: {exit_reason(settings)}")
-        try:
-            response = requests.post(settings.predict_url(name), json=body, timeout=PROBE_TIMEOUT_S)
-            if response.status_code == 200:
-                return response.json()["predictions"][0]
-            last = f"HTTP {response.status_code}: {response.text[:200]}"
-        except requests.RequestException as error:  # not listening yet
-            last = f"{type(error).__name__}: {error}"[:300]
-        time.sleep(POLL_S)
-    raise ServingError(f"no successful prediction from {settings.predict_url(name)} in time (last: {last}); "
-                       f"{exit_reason(settings)}")
+    try:
+        response = poll_for_answer(lambda: requests.post(settings.predict_url(name), json=body,
+                                                         timeout=PROBE_TIMEOUT_S), check, deadline, interval=POLL_S)
+    except NoAnswer as timeout:
+        raise ServingError(f"no successful prediction from {settings.predict_url(name)} in time (last: "
+                           f"{timeout.last}); {exit_reason(settings)}") from None
+    return response.json()["predictions"][0]
 
 
 def exit_reason(settings: KServeSettings) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from serving.measure.command import MeasureError
 from serving.measure.loadgen import content_type
+from serving.processes import NoAnswer, poll_for_answer
 from serving.torchserve.config import HOST, PROJECT_ROOT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S, free_port
 
 FORM_FIELD = "content"  # the form field peer_litserve.py reads
@@ -67,21 +68,20 @@ def wait_until_ready(url: str, form: Path, process: subprocess.Popen, run_dir: P
     """POST the form until LitServe answers 200 with predictions; its exit or the timeout is a MeasureError
     with the end of its log."""
     import requests
-    body, deadline, last = form.read_bytes(), time.monotonic() + timeout, "no answer yet"
-    while time.monotonic() < deadline:
+    body = form.read_bytes()
+
+    def check() -> None:
         if process.poll() is not None:
             raise MeasureError(f"the LitServe peer exited with code {process.returncode}:\n{log_tail(run_dir)}")
-        try:
-            response = requests.post(url, data=body, headers={"Content-Type": FORM_CONTENT_TYPE},
-                                     timeout=REQUEST_TIMEOUT_S)
-            if response.status_code == 200 and "predictions" in response.json():
-                return response.json()
-            last = f"HTTP {response.status_code}: {response.text[:200]}"
-        except requests.RequestException as error:  # not listening yet
-            last = f"{type(error).__name__}: {error}"[:300]
-        time.sleep(POLL_S)
-    raise MeasureError(f"the LitServe peer gave no prediction at {url} within {timeout:.0f} s (last: {last}):\n"
-                       f"{log_tail(run_dir)}")
+
+    def post():
+        return requests.post(url, data=body, headers={"Content-Type": FORM_CONTENT_TYPE}, timeout=REQUEST_TIMEOUT_S)
+    try:
+        return poll_for_answer(post, check, time.monotonic() + timeout, accept=lambda r: "predictions" in r.json(),
+                               interval=POLL_S).json()
+    except NoAnswer as late:
+        raise MeasureError(f"the LitServe peer gave no prediction at {url} within {timeout:.0f} s (last: "
+                           f"{late.last}):\n{log_tail(run_dir)}") from None
 
 
 def stop(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> None:

@@ -24,7 +24,7 @@ from models.errors import VisionExportError
 from serving.torchserve.config import (EXAMPLE_IMAGE, PROBE_TIMEOUT_S, READY_TIMEOUT_S,  # noqa: F401
                                        REQUEST_TIMEOUT_S, STOP_TIMEOUT_S, ServerSettings, ServingError, free_port,
                                        on_free_ports, token_auth_switched_on, write_run_config)
-from serving.processes import alive, read_pgid, running_until_exit, stop_group
+from serving.processes import NoAnswer, alive, poll_for_answer, read_pgid, running_until_exit, stop_group
 from serving.torchserve.logs import exit_reason, load_failure
 
 PID_FILE = "torchserve.pgid"
@@ -128,29 +128,26 @@ def wait_until_serving(settings: ServerSettings, process: subprocess.Popen | Non
 
 def poll_for_prediction(url: str, body: bytes, headers, deadline: float, process: subprocess.Popen | None,
                         log_dir: Path) -> dict:
-    """The one readiness loop: POST the image to url until it answers 200 (its JSON returned). headers() is
-    asked each time (keys appear once TorchServe has written them); process is what must stay alive, log_dir
-    where TorchServe's logs say why a model will not load."""
+    """The readiness loop for TorchServe: POST the image to url until it answers 200 (its JSON returned).
+    headers() is asked each time (keys appear once TorchServe has written them); process is what must stay
+    alive, log_dir where TorchServe's logs say why a model will not load."""
     import requests
-    last = "no answer yet"
-    while time.monotonic() < deadline:
+
+    def check() -> None:
         if process is not None and process.poll() is not None:
             raise ServingError(f"TorchServe exited with code {process.returncode}: {exit_reason(log_dir)}")
         failure = load_failure(log_dir)
         if failure:
             raise ServingError(f"the model failed to load: {failure}")
-        try:
-            response = requests.post(url, data=body, timeout=PROBE_TIMEOUT_S,
-                                     headers={"Content-Type": "image/jpeg", **headers()})
-            if response.status_code == 200:
-                return response.json()
-            last = f"HTTP {response.status_code}: {response.text[:200]}"
-        except KeysNotWritten as error:
-            last = str(error)
-        except requests.RequestException as error:  # not listening yet, or a worker still loading
-            last = f"{type(error).__name__}: {error}"[:300]
-        time.sleep(1.0)
-    raise ServingError(f"no successful prediction from {url} in time (last: {last}); {exit_reason(log_dir)}")
+
+    def post():
+        return requests.post(url, data=body, timeout=PROBE_TIMEOUT_S,
+                             headers={"Content-Type": "image/jpeg", **headers()})
+    try:
+        return poll_for_answer(post, check, deadline, retry_on=(KeysNotWritten,)).json()
+    except NoAnswer as timeout:
+        raise ServingError(f"no successful prediction from {url} in time (last: {timeout.last}); "
+                           f"{exit_reason(log_dir)}") from None
 
 
 @contextlib.contextmanager
