@@ -156,8 +156,8 @@ def v2_response(request: InferRequest, model_name: str, answers: list[dict]) -> 
     tensors = {LABELS: np.array([[p["label"].encode() for p in row] for row in rows], dtype=np.object_),
                INDICES: np.array([[p["index"] for p in row] for row in rows], dtype=np.int64),
                PROBABILITIES: np.array([[p["probability"] for p in row] for row in rows], dtype=np.float32)}
-    outputs = [InferOutput(name, list(data.shape), meta["datatype"], data)
-               for meta in OUTPUT_METADATA for name, data in [(meta["name"], tensors[meta["name"]])]]
+    outputs = [InferOutput(meta["name"], list(tensors[meta["name"]].shape), meta["datatype"], tensors[meta["name"]])
+               for meta in OUTPUT_METADATA]
     # a request may leave its id out; KServe's response model requires one (its own requests get a uuid)
     return InferResponse(request.id or str(uuid.uuid4()), model_name, outputs, parameters={
         "model": answers[0]["model"], "artifact": answers[0]["artifact"]},
