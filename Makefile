@@ -40,16 +40,16 @@ test-fast: setup
 # Both benchmarks in one run: in-process (every artifact, this machine's GEMM peak), then TorchServe under
 # hey for each configuration against the naive baseline; bench-results/{bench,results}.{md,json,png}.
 bench: setup
-	$(PY) -m serving bench --export-dir artifacts/$(ARCH)
+	$(PY) -m measure bench --export-dir artifacts/$(ARCH)
 
 bench-inprocess: setup
-	$(PY) -m export bench artifacts/$(ARCH)
+	$(PY) -m measure inprocess artifacts/$(ARCH)
 
 # On a CUDA machine, from a plain checkout (no venv needed): export on the GPU, parity, backends,
 # in-process GPU benchmark, TorchServe on the GPU. Without CUDA: one line, exit 0.
 GPU_OUT ?= gpu-results
 gpu-check:
-	PYTHONPATH=. python3 -m serving gpu-check $(GPU_OUT)
+	PYTHONPATH=. python3 -m measure gpu-check $(GPU_OUT)
 
 clean:
 	rm -rf artifacts model-store .serving bench-results

@@ -11,7 +11,7 @@ Writes, from scikit-image's photographs (installed offline), the sizes and forma
 | 12mp-sideways.jpg | 4032x3024, EXIF Orientation 6 | 3024x4032 | a phone photo taken upright: the sensor's raster stored sideways with the tag that turns it |
 | screenshot.png | 1600x1200 | 1600x1200 | a lossless upload |
 
-The photographs are export/phone_photos.py's (seeded grain, phone-like JPEG quality 90 4:2:0, the same ones
+The photographs are export/checks/phone_photos.py's (seeded grain, phone-like JPEG quality 90 4:2:0, the same ones
 the export's decode check measures draft decoding on); sizes.json lists every fact of every file. Same seed,
 same bytes. Every file is written atomically (a temporary file, then renamed).
 """
@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image
 
 from export.atomic import atomic_write_bytes, atomic_write_text
-from export.phone_photos import phone_jpeg, png, upright_photo
+from export.checks.phone_photos import phone_jpeg, png, upright_photo
 
 INDEX_FILE = "sizes.json"
 

@@ -7,7 +7,7 @@ sample photographs that shows an ImageNet-1k class (installed with scikit-image,
 (`-000.png`) and as N seeded augmentations of it: a random resized crop, a horizontal flip half the time,
 a small brightness/contrast/saturation jitter, then JPEG at one of several qualities or PNG. The folder
 names are the labels exactly as the models list them, so the export's accuracy report maps them onto the
-model's outputs (export.accuracy.label_targets) and reports top-1/top-5 per precision and the drop.
+model's outputs (export.precision.gate.label_targets) and reports top-1/top-5 per precision and the drop.
 
 Which photographs, and the label each honestly is:
 - chelsea -> "tabby": a ginger tabby cat. ImageNet's tabby / tiger cat / Egyptian cat are confused by its
@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 from export.atomic import atomic_write_bytes
-from export.calibration import sample_photo
+from export.precision.calibration import sample_photo
 
 DEFAULT_CROPS = 12
 DEFAULT_SEED = 0

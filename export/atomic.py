@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import tempfile
@@ -124,12 +123,3 @@ def ensure_free_space(folder: Path, needed: int) -> None:
         raise OutputDirError(f"not enough free disk space in {folder}: the export needs about "
                              f"{needed * margin / 1e6:.0f} MB and {free / 1e6:.0f} MB are free; "
                              "free some space or choose another folder with --out")
-
-
-def describe_os_error(error: OSError) -> str:
-    if error.errno == errno.ENOSPC:
-        return (f"disk full while writing {error.filename or 'the export'}; "
-                "free some space or choose another folder with --out")
-    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"permission denied writing {error.filename}; choose a writable folder with --out"
-    return f"{error.strerror or error} ({error.filename})"

@@ -6,10 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from export import formats, kinds
-from export.errors import ParityError
-from models.contract import DECODE_MODES
-from models.errors import EXIT_ERROR, EXIT_INTERRUPTED, VisionExportError
+from contract.cli import run_command
+from contract.records import DECODE_MODES
+from export.forms import exporters, kinds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,61 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
                                       description="Export the control-flow demos and the ResNet resize branch; "
                                                   "report where traced artifacts silently go wrong.")
     controlflow.add_argument("--out", type=Path, default=Path("artifacts/controlflow"))
-    controlflow.add_argument("--opset", type=int, default=formats.DEFAULT_OPSET)
+    controlflow.add_argument("--opset", type=int, default=exporters.DEFAULT_OPSET)
 
     parity = commands.add_parser("parity", help="re-check an existing export folder (hashes, then parity)",
                                  description="Verify every sha256 against manifest.json, then re-run parity.")
     parity.add_argument("folder", type=Path)
     _device_option(parity)
 
-    from export.bench import DEFAULT_BATCHES, DEFAULT_REPEATS, DEFAULT_THREADS, DEFAULT_WARMUP, GEMM_SIZE, MIN_TIMED_S
-    bench = commands.add_parser("bench", help="in-process benchmark of every artifact against this machine's peak",
-                                description="Time eager and every artifact of each export folder through runtime/ "
-                                            "at each batch and thread count; measure this machine's GEMM peak in "
-                                            "the same run; write bench.md, bench.json and bench.png.")
-    bench.add_argument("folders", nargs="*", type=Path, metavar="EXPORT_DIR",
-                       help="export folders (default: artifacts/resnet50)")
-    bench.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="batch sizes (default: %(default)s)")
-    bench.add_argument("--threads", default=DEFAULT_THREADS,
-                       help="CPU thread counts, 'all' = every core (default: %(default)s; 1 is one worker's share "
-                            "under the CPU serving policy on up to 4 cores)")
-    bench.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timed runs at least (default: %(default)s)")
-    bench.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed runs first (default: %(default)s)")
-    bench.add_argument("--min-seconds", type=float, default=MIN_TIMED_S,
-                       help="timed runs last at least this long in all (default: %(default)s)")
-    bench.add_argument("--gemm-size", type=int, default=GEMM_SIZE, help="N of the NxN peak GEMM (default: %(default)s)")
-    bench.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.md/json/png go")
-
-    from export.aoti_tuning import CONFIGURATIONS
-    tuning = commands.add_parser("aoti-tuning", help="AOTInductor's CPU options measured on one model",
-                                 description="Compile the model's torch.export program with each AOTInductor "
-                                             "configuration and time it beside eager, the ExportedProgram and ONNX "
-                                             "Runtime in the same run; write aoti-tuning.md, .json and .png.")
-    tuning.set_defaults(command="aoti_tuning")
-    tuning.add_argument("--model", default="resnet50", help="a registry name, e.g. resnet18 (default: %(default)s)")
-    tuning.add_argument("--configurations", default=",".join(c.name for c in CONFIGURATIONS),
-                        help="comma-separated, of: " + "; ".join(f"{c.name}: {c.what}" for c in CONFIGURATIONS) +
-                             " (default: all; each compile takes up to a minute (max-autotune two) for a ResNet on 2 cores)")
-    tuning.add_argument("--batches", default="1,8", help="batch sizes (default: %(default)s)")
-    tuning.add_argument("--threads", default="1,all", help="CPU thread counts (default: %(default)s)")
-    tuning.add_argument("--busy-cores", type=int, default=0, metavar="N",
-                        help="N processes spin on the CPU while timing: a machine shared with other work or other "
-                             "serving workers (default: 0)")
-    tuning.add_argument("--out", type=Path, default=Path("bench-results"), help="where aoti-tuning.* go")
     return parser
 
 
 def _common(sub, weights_help: str, default_out: str) -> None:
     sub.add_argument("--weights", default="auto", help=f"{weights_help} (default: auto)")
     sub.add_argument("--out", type=Path, default=None, help=f"output folder (default: {default_out})")
-    sub.add_argument("--opset", type=int, default=formats.DEFAULT_OPSET,
-                     help=f"ONNX opset (default: {formats.DEFAULT_OPSET})")
+    sub.add_argument("--opset", type=int, default=exporters.DEFAULT_OPSET,
+                     help=f"ONNX opset (default: {exporters.DEFAULT_OPSET})")
     _device_option(sub)
     _precision_options(sub)
 
 
 def _precision_options(sub) -> None:
-    from export.calibration import DEFAULT_CALIBRATION_SAMPLES
+    from export.precision.calibration import DEFAULT_CALIBRATION_SAMPLES
     sub.add_argument("--precision", default="fp32", metavar="LIST",
                      help=f"comma-separated: fp32 plus any of {', '.join(kinds.precisions()[1:])} (int8: ONNX Runtime "
                           "static QDQ; bf16: CPU autocast; fp16: GPU, needs --device cuda); each variant is gated "
@@ -179,33 +144,17 @@ def _serve_option(sub) -> None:
                           "'serving')")
 
 
+MEASUREMENTS = {"bench": "inprocess", "aoti-tuning": "aoti-tuning"}  # now python -m measure
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in MEASUREMENTS:
+        from contract.cli import moved
+        return moved(f"python -m export {argv[0]}", f"python -m measure {MEASUREMENTS[argv[0]]}")
     args = build_parser().parse_args(argv)
     from export import commands  # imported late: --help stays fast
     return run_command(lambda: getattr(commands, f"{args.command}_command")(args))
-
-
-INTERRUPTED = "interrupted: nothing was swapped into the output folder; re-run to export"
-
-
-def run_command(command, interrupted: str = INTERRUPTED) -> int:
-    """The one place a user-facing error becomes a message and an exit code (python -m export / serving)."""
-    try:
-        return command()
-    except VisionExportError as error:
-        if isinstance(error, ParityError) or getattr(error, "table", None):  # AccuracyGateError carries one too
-            print(f"\n{error.table}\n", file=sys.stderr)
-        print(f"error: {error}", file=sys.stderr)
-        for note in getattr(error, "__notes__", []):
-            print(f"  {note}", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        print(f"\n{interrupted}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except OSError as error:
-        from export.atomic import describe_os_error
-        print(f"error: {describe_os_error(error)}", file=sys.stderr)
-        return EXIT_ERROR
 
 
 if __name__ == "__main__":

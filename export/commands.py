@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from export.archive import ArchiveRequest
+from contract.records import Manifest
 from export.atomic import atomic_write_text, ensure_writable_dir
+from export.checks.parity import Candidate, parity_inputs, report_json, report_markdown, run_parity
+from export.checks.trace_vs_script import CONCLUSION, compact_table, markdown_section
 from export.errors import ExportError
-from export import kinds
-from export.manifest import verify_hashes
-from export.parity import Candidate, parity_inputs, report_json, report_markdown, run_parity
+from export.forms import kinds
+from export.package.archive import ArchiveRequest
+from export.package.manifest import verify_hashes
+from export.package.rebuild import entry_from_manifest, weights_from_manifest
 from export.pipeline import ExportOptions, Progress, export_model
-from export.rebuild import entry_from_manifest, weights_from_manifest
-from export.trace_vs_script import CONCLUSION, compact_table, markdown_section
-from models.contract import Manifest
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
 
@@ -117,15 +117,9 @@ def _same_weights(manifest: Manifest, module, progress: Progress) -> None:
         progress.step(f"rebuilt weights are the exported ones (state_dict sha256 {recorded[:16]})")
 
 
-def bench_command(args) -> int:
-    """In-process benchmark of every artifact against this machine's measured peak (export/bench.py)."""
-    from export.bench import bench_command as run_bench
-    return run_bench(args)
-
-
 def precision_request(args):
-    """--precision/--calibration/--validation/--gate -> export.precision_request.PrecisionRequest (checked here)."""
-    from export.precision_request import PrecisionRequest, check_hardware, parse_precisions
+    """--precision/--calibration/--validation/--gate -> export.precision.request.PrecisionRequest (checked here)."""
+    from export.precision.request import PrecisionRequest, check_hardware, parse_precisions
     for name in ("calibration", "validation"):
         folder = getattr(args, name)
         if folder is not None and not folder.is_dir():
@@ -201,8 +195,3 @@ def _print_refused(result, progress: Progress) -> None:
 def _print_files(out: Path, progress: Progress) -> None:
     listing = ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p in sorted(out.iterdir()) if p.is_file())
     progress.step(f"files in {out}: {listing}")
-
-
-def aoti_tuning_command(args) -> int:
-    from export.aoti_tuning import tuning_command
-    return tuning_command(args)

@@ -1,8 +1,8 @@
-"""The export room's errors, all in the one family rooted at models.errors.VisionExportError."""
+"""The export room's errors, all in the one family rooted at contract.errors.VisionExportError."""
 
 from __future__ import annotations
 
-from models.errors import EXIT_PARITY, VisionExportError
+from contract.errors import EXIT_PARITY, VisionExportError
 from runtime.integrity import IntegrityError  # noqa: F401  (re-exported: the manifest check raises it)
 
 
@@ -28,7 +28,7 @@ class ParityError(ExportError):
     exit_code = EXIT_PARITY
 
     def __init__(self, failures: list, table: str):
-        self.failures = failures  # list[export.parity.Comparison]
+        self.failures = failures  # list[export.checks.parity.Comparison]
         self.table = table
         worst = max(failures, key=lambda c: c.metrics["max_abs"])
         names = sorted({c.artifact for c in failures})

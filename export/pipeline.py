@@ -13,30 +13,30 @@ from pathlib import Path
 
 import torch
 
-from export import formats, kinds
-from export.archive import ArchiveRequest, PendingArchive, prepare_archive
+from contract.errors import VisionExportError
+from contract.records import LABELS_NAME, ArtifactRecord, Manifest, ModelInfo, OutputRecord, ServingDecision
 from export.atomic import atomic_write_text, ensure_free_space, staged_directory
-from export.bench_peak import time_runs
-from export.decode_check import record_decode_check
-from export.eval_check import prepare_for_export
-from export.interrupt import stop_if_interrupted, watch as watch_interrupts
-from export.manifest import file_record, write_manifest
+from export.checks.decode import record_decode_check
+from export.checks.eval_mode import prepare_for_export
+from export.checks.parity import ParityReport, report_json, report_markdown
+from export.checks.second_opinion import reference_agreement, second_opinion_markdown
+from export.checks.trace_vs_script import CONCLUSION, ArtifactUnderTest, compact_table, compare_paths, markdown_section
 from export.errors import ExportError
-from export.precision import PrecisionReport, build_variants, requested_variant_kinds
-from export.precision_request import PrecisionRequest
+from export.forms import exporters, kinds
+from export.interrupt import stop_if_interrupted
+from export.interrupt import watch as watch_interrupts
+from export.package.archive import ArchiveRequest, PendingArchive, prepare_archive
+from export.package.manifest import file_record, write_manifest
+from export.package.selection import Candidate, decide
+from export.precision.request import PrecisionRequest
+from export.precision.variants import PrecisionReport, build_variants, requested_variant_kinds
 from export.refusals import EXPORT_LOG, Refusals
 from export.steps import build_artifacts, inspect_artifacts, open_artifacts, parity_step, require_servable
-from export.second_opinion import reference_agreement, second_opinion_markdown
-from export.parity import ParityReport, report_json, report_markdown
-from export.selection import Candidate, decide
-from export.trace_vs_script import (CONCLUSION, ArtifactUnderTest, compact_table, compare_paths,
-                                    markdown_section)
 from export.warnings_log import WarningLog
-from models.contract import LABELS_NAME, ArtifactRecord, Manifest, ModelInfo, OutputRecord, ServingDecision
-from models.errors import VisionExportError
 from models.registry import BuiltModel, ModelEntry
 from models.weights import state_dict_fingerprint
 from runtime.eager import EagerBackend
+from runtime.timing import time_runs
 
 LATENCY_WARMUP = 1
 LATENCY_RUNS = 5  # batch-1 latency is recorded for information; it never chooses the served artifact
@@ -66,14 +66,14 @@ class Progress:
 class ExportOptions:
     out: Path
     weights: str = "auto"
-    opset: int = formats.DEFAULT_OPSET
+    opset: int = exporters.DEFAULT_OPSET
     device: str = "cpu"
     fail_on_parity: bool = True
     archive: ArchiveRequest | None = None  # also build NAME.mar, committed only with the export
     serve: str | None = None  # --serve: a kind to serve instead of the rule's first choice (same conditions)
     precision: PrecisionRequest = field(default_factory=PrecisionRequest)  # int8/bf16/fp16 variants, gated
-    decode: str = "draft"  # --decode: draft where the decode check passes (export/decode_check.py), or exact
-    formats: list[str] | None = None  # --formats: the fp32 kinds to build (None: export.kinds.default_formats)
+    decode: str = "draft"  # --decode: draft where the decode check passes (export/checks/decode.py), or exact
+    formats: list[str] | None = None  # --formats: the fp32 kinds to build (None: export.forms.kinds.default_formats)
 
 
 @dataclass
@@ -118,7 +118,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     built = _build(entry, options, timed, progress)
     module, example = built.module, entry.example_input()
     chosen = kinds.chosen_formats(options.formats, also=options.serve)
-    ensure_free_space(stage, kinds.estimated_bytes(formats.parameter_bytes(module), chosen))
+    ensure_free_space(stage, kinds.estimated_bytes(exporters.parameter_bytes(module), chosen))
     context = _verified_context(entry, module, example, stage, options, timed, progress)
     progress.step(formats_line(chosen))
     build_artifacts(context, timed, refusals, chosen)
@@ -205,12 +205,12 @@ def _build(entry: ModelEntry, options: ExportOptions, timed, progress: Progress)
     return built
 
 
-def _verified_context(entry, module, example, stage, options, timed, progress) -> formats.BuildContext:
+def _verified_context(entry, module, example, stage, options, timed, progress) -> exporters.BuildContext:
     """Eval mode verified on the module (an error: every form is made from it) and on its torch.export form
     (when that is another module and fails, only the forms made from it are refused, by their exporter)."""
     with timed("eval_check"):
         prepare_for_export(module, example)
-        export_form = formats.torch_export_form(module)
+        export_form = exporters.torch_export_form(module)
         if export_form is not module:
             try:
                 prepare_for_export(export_form, example)
@@ -218,7 +218,7 @@ def _verified_context(entry, module, example, stage, options, timed, progress) -
                 export_form = error
     progress.step("eval mode verified (module and its torch.export form): no submodule training, no grads, "
                   "repeatable outputs")
-    return formats.BuildContext(module, export_form, example, stage, options.opset,
+    return exporters.BuildContext(module, export_form, example, stage, options.opset,
                                 entry.input_spec.resizes_in_graph, options.device)
 
 
@@ -246,7 +246,7 @@ def _variants(stage, options, entry, module, built, artifacts, parity, paths, re
 
 def serving_decision(entry: ModelEntry, artifacts: dict, parity: ParityReport, paths: dict,
                      variants: PrecisionReport | None = None, requested: str | None = None) -> ServingDecision:
-    """Apply export.selection's declared rule to this export's results. A reduced-precision variant inherits
+    """Apply export.package.selection's declared rule to this export's results. A reduced-precision variant inherits
     its fp32 source's parity and divergence, and carries its own accuracy-gate verdict."""
     diverging = _diverging(paths)
     example_size = tuple(entry.input_spec.shape[1:])
@@ -286,7 +286,7 @@ def _variant_records(stage: Path, variants: PrecisionReport, artifacts: dict, en
 
 
 def _print_gate(variants: PrecisionReport, mode: str, progress: Progress) -> None:
-    from export.accuracy import render_table
+    from export.precision.gate import render_table
     results = [v.gate for v in variants.variants.values() if v.gate]
     progress.step("accuracy gate (vs fp32 eager, held-out images):\n" + render_table(results))
     for note in variants.notes:
@@ -314,7 +314,7 @@ class _Timer:
         return False
 
 
-def _artifact_record(folder: Path, artifact: formats.Artifact, entry: ModelEntry) -> ArtifactRecord:
+def _artifact_record(folder: Path, artifact: exporters.Artifact, entry: ModelEntry) -> ArtifactRecord:
     file = file_record(folder, artifact.path.name)
     return ArtifactRecord(kind=artifact.kind, path=file.path, sha256=file.sha256, bytes=file.bytes,
                           format=artifact.format, exporter=artifact.exporter,

@@ -1,4 +1,4 @@
-"""Forms an export could not make or keep, each as one `models.contract.Refusal`.
+"""Forms an export could not make or keep, each as one `contract.records.Refusal`.
 
 Any step may refuse a form (an exporter, the ONNX checks, loading, running the parity inputs, a reduced-precision
 variant): the form is recorded with the exception's type, its first meaningful line and the model code's file and
@@ -15,9 +15,9 @@ import sysconfig
 import traceback
 from pathlib import Path
 
+from contract.records import Refusal
 from export.atomic import atomic_write_text
 from export.interrupt import stop_if_interrupted
-from models.contract import Refusal
 
 EXPORT_LOG = "export.log"  # full tracebacks of refused forms: the terminal gets one line each
 MESSAGE_CHARS = 300

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import time
 
-from export import formats, kinds
+from contract.records import ServingDecision
+from export.checks.parity import Candidate as ParityCandidate
+from export.checks.parity import ParityReport, parity_inputs, run_parity
 from export.errors import ExportError
-from export.parity import Candidate as ParityCandidate, ParityReport, parity_inputs, run_parity
+from export.forms import exporters, kinds
 from export.refusals import EXPORT_LOG, Refusals
-from models.contract import ServingDecision
 from models.registry import ModelEntry
 from runtime import RunOptions, open_artifact
 
 
-def build_artifacts(context: formats.BuildContext, timed, refusals: Refusals, chosen: list[str]) -> None:
-    """The chosen fp32 kinds (export.kinds.chosen_formats), in table order, into context.built. An exporter that
+def build_artifacts(context: exporters.BuildContext, timed, refusals: Refusals, chosen: list[str]) -> None:
+    """The chosen fp32 kinds (export.forms.kinds.chosen_formats), in table order, into context.built. An exporter that
     fails refuses its kind (recorded with its reason, traceback in export.log) and the others go on; a kind
     made from a refused one is skipped with the reason."""
     for kind in map(kinds.get, chosen):
@@ -64,7 +65,7 @@ def open_artifacts(artifacts: dict, device: str, refusals: Refusals) -> dict:
 
 def parity_step(entry: ModelEntry, eager, artifacts: dict, backends: dict, refusals: Refusals) -> ParityReport:
     """Every artifact against eager. One that cannot run a parity input at all (its runtime raises on a batch
-    size, or a size its kind claims) is refused; one that runs and differs fails parity (export.parity)."""
+    size, or a size its kind claims) is refused; one that runs and differs fails parity (export.checks.parity)."""
     inputs = parity_inputs(entry.input_spec.shape, entry.input_spec.value_range,
                            spatial_dynamic=entry.input_spec.resizes_in_graph)
     parity = run_parity(eager, {k: ParityCandidate(backends[k], kinds.get(k).tolerance, a.spatial_dynamic)

@@ -14,7 +14,6 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
-
 OUTPUT_LINES_KEPT = 20  # per step: enough to read what an exporter said, not a log dump
 
 

@@ -23,9 +23,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from contract.records import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
 from handlers.decode import checked_topk
 from handlers.policy import machine_policy, this_machine
-from models.contract import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
 from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
 from runtime.base import Backend
 from runtime.gpu_decode import NvjpegDecoder
@@ -62,7 +62,7 @@ class StageTimes:
             self.ms[stage] += (time.perf_counter() - start) * 1000
 
     def line(self, size: int) -> str:
-        """The line `python -m serving bench` parses (STAGE_LINE in serving/measure/): keep its form."""
+        """The line `python -m measure bench` parses (STAGE_LINE in measure/): keep its form."""
         return f"batch of {size}: " + " ".join(f"{s}={self.ms[s]:.2f}ms" for s in STAGES)
 
 
@@ -131,7 +131,7 @@ class ImageClassifierCore:
         threads = worker_threads(config.threads, threads)
         # torch's own pool runs the resize and crop even when ONNX Runtime runs the model; left at every core
         # it competes with the other workers' inference. Pinned to the worker's share, served resnet50 (fp32
-        # ONNX, 2 workers) went from 13.5 to 15.8 req/s at concurrency 8 (python -m serving bench, one run).
+        # ONNX, 2 workers) went from 13.5 to 15.8 req/s at concurrency 8 (python -m measure bench, one run).
         torch.set_num_threads(threads)
         precision = run_precision(record, config, device)
         backend = open_artifact(record.format, folder / record.path,

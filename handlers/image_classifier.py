@@ -14,10 +14,10 @@ from typing import Callable
 
 import torch
 
-from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # serving.measure reads STAGES here
+from contract.errors import VisionExportError
+from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # measure reads STAGES here
 from handlers.decode import image_bytes, requested_topk
 from handlers.policy import THREADS_ENV
-from models.errors import VisionExportError
 from runtime import IntegrityError
 from runtime.images import RequestError
 

@@ -1,7 +1,7 @@
 """The serving policy, decided on the machine that serves (not the one that exported).
 
 GPU: one worker per GPU, batches of up to GPU_BATCH_SIZE within GPU_BATCH_DELAY_MS keep the device busy.
-CPU: measured with `python -m serving bench` (resnet50, ONNX Runtime, 2 cores): batching gains no
+CPU: measured with `python -m measure bench` (resnet50, ONNX Runtime, 2 cores): batching gains no
 throughput on a CPU (a batch of 8 costs 8 single passes) and its delay adds latency, while a worker per
 core overlaps one request's decoding with another's inference. Workers are capped at MAX_CPU_WORKERS so a
 many-core host does not load dozens of copies; threads per worker = cores // workers, so workers x

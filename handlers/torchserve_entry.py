@@ -1,6 +1,6 @@
 """TorchServe's handler file (the archive's --handler): a module-level `handle` over ImageClassifier.
 
-TorchServe imports this file from the unpacked archive, where handlers/, runtime/, models/errors.py and models/contract.py sit beside it.
+TorchServe imports this file from the unpacked archive, where handlers/, runtime/, contract/errors.py and contract/records.py sit beside it.
 """
 
 from handlers.image_classifier import ImageClassifier

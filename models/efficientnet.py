@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torchvision.ops import Conv2dNormActivation
 
-from models.contract import ImageContract
+from contract.records import ImageContract
 from models.preprocess import ImagePreprocess
 from models.probes import resize_probes
 from models.registry import BuiltModel, Family, InputSpec, ModelEntry, WeightsInfo, register, register_family

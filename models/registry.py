@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from models.contract import ImageContract, InputRecord
-from models.errors import VisionExportError
+from contract.errors import VisionExportError
+from contract.records import ImageContract, InputRecord
 
 
 class UnknownModelError(VisionExportError, LookupError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torchvision
 
+from contract.records import ImageContract
 from models.preprocess import ImagePreprocess
 from models.probes import resize_probes
-from models.contract import ImageContract
 from models.registry import BuiltModel, Family, InputSpec, ModelEntry, register, register_family
 from models.weights import resolve_torchvision
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.errors import VisionExportError
-from models.contract import ImageContract
+from contract.errors import VisionExportError
+from contract.records import ImageContract
 from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo
 from models.weights import RANDOM_SEED, load_state_dict_file, seeded, state_dict_fingerprint
 

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from models.errors import VisionExportError
+from contract.errors import VisionExportError
 from models.registry import WeightsInfo
 
 RANDOM_SEED = 0

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from models.errors import VisionExportError
+from contract.errors import VisionExportError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 

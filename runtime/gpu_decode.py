@@ -15,7 +15,7 @@ RequestError):
   - a torchvision without its GPU image ops: everything, logged once at construction.
 nvJPEG's IDCT and chroma upsampling are not libjpeg's, so its pixels differ from the exact decode by about as
 much as draft decoding does: the core uses it only where the export's decode check allowed draft, and the
-GPU check (serving/measure/gpu_steps.py) measures its speed and its deviation from the exact decode.
+GPU check (measure/gpu/steps.py) measures its speed and its deviation from the exact decode.
 torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; its warning is captured here.
 """
 
@@ -30,7 +30,7 @@ from typing import Callable, ContextManager
 import torch
 from PIL import Image
 
-from models.contract import ImageContract
+from contract.records import ImageContract
 from runtime.images import check_header, orientation, preprocess, upright
 
 logger = logging.getLogger(__name__)

@@ -5,11 +5,11 @@ tools (calibration, accuracy checks) read image folders through the very same on
 Decoding is PIL's; EXIF orientation is honoured; every mode (grayscale, RGBA, palette, CMYK, 16-bit) becomes
 RGB. Resizing and cropping are torchvision's, called as weights.transforms() calls them.
 
-Two decode modes (models.contract.DECODE_MODES): "exact" decodes every pixel; "draft" lets libjpeg decode a
+Two decode modes (contract.records.DECODE_MODES): "exact" decodes every pixel; "draft" lets libjpeg decode a
 large JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (PIL's `draft`) as long as both sides stay at least
 DRAFT_FACTOR times the resize, then resizes as usual. A 12 MP photo for a 232-pixel resize is decoded at
 1008x756; anything smaller than twice that floor (and every other format) is decoded exactly. The export
-measures what draft changes on real photos with the served artifact and records it (export/decode_check.py).
+measures what draft changes on real photos with the served artifact and records it (export/checks/decode.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF  # the functions weights.transforms() itself calls
 
-from models.contract import ImageContract
-from models.errors import VisionExportError
+from contract.errors import VisionExportError
+from contract.records import ImageContract
 
 # Limits checked from the header before decoding, so a small file cannot expand into gigabytes.
 MAX_PIXELS = 40_000_000  # 40 megapixels: any camera photo; a decompression bomb is far larger

@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from models.errors import EXIT_INTEGRITY, VisionExportError
+from contract.errors import EXIT_INTEGRITY, VisionExportError
 
 
 class IntegrityError(VisionExportError):

@@ -7,9 +7,8 @@ from a plain checkout, without the virtualenv's packages).
   python -m serving --engine kserve [--detach | stop]   the same archives in KServe's own ModelServer
   python -m serving config --out F config.properties with this machine's serving policy
   python -m serving kserve OUT     KServe material (TorchServe runtime); triton OUT: a Triton repository
-  python -m serving bench | soak | faults | gpu-check   measurements (serving/measure/)
-  python -m serving pipeline       the request path's ceiling in one process, per body size
-  python -m serving decoders       JPEG decoders compared (PIL exact/draft, torchvision) per body size
+
+Measurements (bench, soak, faults, gpu-check, pipeline, decoders) are `python -m measure COMMAND`.
 
 `python -m serving COMMAND --help` for each command's options.
 """
@@ -23,15 +22,10 @@ import sys
 COMMANDS = {
     "kserve": ("serving.deploy", "deploy", True),
     "triton": ("serving.deploy", "deploy", True),
-    "bench": ("serving.measure.bench", "main", False),
-    "soak": ("serving.measure.soak", "main", False),
-    "faults": ("serving.measure.faults", "main", False),
-    "gpu-check": ("serving.measure.gpu_check", "main", False),
-    "pipeline": ("serving.measure.pipeline", "main", False),
-    "decoders": ("serving.measure.decoders", "main", False),
 }
 TORCHSERVE = ("serving.torchserve.cli", "main", True)  # start / stop / config, and no command at all
 TORCHSERVE_ACTIONS = ("start", "stop", "config")
+MEASUREMENTS = ("bench", "soak", "faults", "gpu-check", "pipeline", "decoders")  # now python -m measure
 ENGINES = {"torchserve": TORCHSERVE, "kserve": ("serving.kserve.cli", "main", True)}  # --engine (default torchserve)
 
 
@@ -52,15 +46,18 @@ def main(argv=None) -> int:
     if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
         print(__doc__)
         return 0
-    if argv and not argv[0].startswith("-") and argv[0] not in (*COMMANDS, *TORCHSERVE_ACTIONS):
+    if argv and not argv[0].startswith("-") and argv[0] not in (*COMMANDS, *TORCHSERVE_ACTIONS, *MEASUREMENTS):
         print(f"python -m serving: unknown command {argv[0]!r}; choose from "
               f"{', '.join((*TORCHSERVE_ACTIONS, *COMMANDS))} (python -m serving --help)", file=sys.stderr)
         return 2
+    if argv and argv[0] in MEASUREMENTS:
+        from contract.cli import moved
+        return moved(f"python -m serving {argv[0]}", f"python -m measure {argv[0]}")
     engine, argv = engine_of(argv)
     module, function, with_name = COMMANDS.get(argv[0], engine) if argv else engine
     command = getattr(importlib.import_module(module), function)
     if module == "serving.deploy":  # the writers raise our errors; run_command turns them into exit codes
-        from export.cli import run_command
+        from contract.cli import run_command
         return run_command(lambda: command(argv))
     return command(argv if with_name else argv[1:])
 

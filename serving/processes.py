@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from models.errors import VisionExportError
+from contract.errors import VisionExportError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -20,6 +20,12 @@ def run_export(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def run_measure(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m measure ...` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "measure", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 @pytest.fixture(scope="session")
 def resnet18_export(tmp_path_factory) -> dict:
     """resnet18, random weights: every artifact, the manifest and model-store/resnet18.mar."""
@@ -46,7 +52,7 @@ def resnet18_unpacked(resnet18_export, tmp_path_factory) -> Path:
 def lite0_int8_export(tmp_path_factory) -> dict:
     """efficientnet-lite0, the packaged ImageNet weights, --precision fp32,int8 (gated, with its fp32
     fallback): every artifact, the manifest and model-store/efficientnet-lite0.mar."""
-    from models.contract import Manifest
+    from contract.records import Manifest
     base = tmp_path_factory.mktemp("lite0-int8")
     out, store = base / "artifacts", base / "model-store"
     result = run_export("efficientnet", "--arch", "lite0", "--precision", "fp32,int8", "--out", str(out),
@@ -60,7 +66,7 @@ def lite0_int8_export(tmp_path_factory) -> dict:
 def aoti_export(tmp_path_factory) -> dict:
     """A small user model with torch.export's own artifacts only (--formats exported,aotinductor): the
     ExportedProgram and an AOTInductor package compiled for this CPU (~15 s)."""
-    from models.contract import Manifest
+    from contract.records import Manifest
     out = tmp_path_factory.mktemp("aoti") / "plain"
     result = run_export("module", str(ROOT / "tests" / "export" / "user_models" / "models_for_tests.py") + ":plain",
                         "--input-shape", "1,3,16,16", "--out", str(out), "--formats", "exported,aotinductor")

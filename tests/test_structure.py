@@ -1,9 +1,9 @@
-"""The five rooms and the one error family, checked from the source (what a newcomer is told is true).
+"""The rooms and the one error family, checked from the source (what a newcomer is told is true).
 
-models -> runtime -> export -> handlers -> serving: a room imports only rooms to its left (sub-rooms included).
-runtime/ and handlers/ travel inside the TorchServe archive, so they may use nothing of models/ but the error
-root and the contract, and the contract itself is standard library only. Nobody reads manifest.json's keys
-but the contract.
+contract -> models -> runtime -> export -> handlers -> serving -> measure: a room imports only rooms to its left
+(sub-rooms included). contract/, runtime/ and handlers/ travel inside the TorchServe archive, so they import
+nothing but each other (runtime and handlers) or the standard library (the contract). Nobody reads
+manifest.json's keys but the contract.
 """
 
 import ast
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from models.errors import VisionExportError
+from contract.errors import VisionExportError
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("models", "runtime", "export", "handlers", "serving")
-SHIPPED_FROM_MODELS = {"models.errors", "models.contract"}
+ROOMS = ("contract", "models", "runtime", "export", "handlers", "serving", "measure")
+SHIPPED = ("contract", "runtime", "handlers")  # what every archive carries, each package whole
 MAX_MODULE_LINES = 400
-# Reading manifest.json's keys by hand (outside models/contract.py) is what the contract replaced.
+# Reading manifest.json's keys by hand (outside contract/records.py) is what the contract replaced.
 RAW_MANIFEST_READS = ('["serving"]', '["artifacts"]', '["preprocessing"]', '"default_artifact"', 'manifest["',
                       "manifest.json\").read_text", "manifest.json').read_text")
 
@@ -54,39 +54,38 @@ def test_imports_point_one_way(room):
 @pytest.mark.parametrize("room", ["runtime", "handlers"])
 def test_what_the_archive_ships_imports_nothing_it_does_not_ship(room):
     for file, names in room_imports(room).items():
-        outside = {n for n in names if n.split(".")[0] not in ("runtime", "handlers")
-                   and not any(n == m or n.startswith(m + ".") for m in SHIPPED_FROM_MODELS)}
+        outside = {n for n in names if n.split(".")[0] not in SHIPPED}
         assert not outside, f"{file} imports {sorted(outside)}, which the .mar does not carry"
 
 
-def test_archive_sources_match_what_the_handler_needs():
-    from export.archive import ARCHIVE_SOURCES
-    assert ARCHIVE_SOURCES == {"handlers": None, "runtime": None, "models": ("errors.py", "contract.py")}
+def test_the_archive_ships_exactly_the_packages_development_imports():
+    from export.package.archive import ARCHIVE_SOURCES
+    assert sorted(ARCHIVE_SOURCES) == sorted(SHIPPED)
 
 
 def test_the_contract_is_standard_library_only():
     import sys
-    path = ROOT / "models" / "contract.py"
-    imported = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module if node.module.startswith("models.") else node.module.split(".")[0])
-    outside = {n for n in imported if n not in sys.stdlib_module_names and n != "models.errors"}
-    assert not outside, f"models/contract.py imports {sorted(outside)}: the archive ships it without dependencies"
+    for path in room_sources("contract"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+        outside = {n for n in imported if n not in sys.stdlib_module_names and n != "contract"}
+        assert not outside, f"{path.name} imports {sorted(outside)}: the archive ships contract/ without dependencies"
 
 
 def test_nobody_reads_manifest_keys_but_the_contract():
     offenders = {}
     for folder in ROOMS + ("examples", "docker"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path == ROOT / "models" / "contract.py":
+            if path == ROOT / "contract" / "records.py":
                 continue
             found = [pattern for pattern in RAW_MANIFEST_READS if pattern in path.read_text()]
             if found:
                 offenders[str(path.relative_to(ROOT))] = found
-    assert not offenders, f"raw manifest reads outside models/contract.py: {offenders}"
+    assert not offenders, f"raw manifest reads outside contract/records.py: {offenders}"
 
 
 def test_no_module_is_over_the_size_limit():

@@ -2,7 +2,7 @@
 
 Triton runs the graph only, so this client does the JPEG -> tensor step itself with the handler's own
 function (handlers.core.input_row: the project's decoding and the export's preprocessing contract, read from
-manifest.json with models.contract); normalisation is inside the graph.
+manifest.json with contract.records); normalisation is inside the graph.
 
     python -m examples.clients.v2_client examples/cat.jpg --url http://127.0.0.1:8000 \\
         --manifest artifacts/resnet50/manifest.json
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import requests
 
+from contract.records import MANIFEST_NAME, Manifest, read_labels
 from handlers.core import input_row
-from models.contract import MANIFEST_NAME, Manifest, read_labels
 
 DATATYPES = {"float32": "FP32", "float16": "FP16"}
 
@@ -41,7 +41,7 @@ def logits_from_v2(response: dict, output_name: str) -> np.ndarray:
 
 
 def top_k(logits: np.ndarray, labels: dict[int, str], k: int = 5) -> list[dict]:
-    """The handler's answer form; `labels` as models.contract.read_labels gives them."""
+    """The handler's answer form; `labels` as contract.records.read_labels gives them."""
     probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     order = np.argsort(-probabilities)[:k]
     return [{"label": labels.get(int(i), str(i)), "index": int(i), "probability": round(float(probabilities[i]), 6)}

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from models.contract import Manifest
+from contract.records import Manifest
 from serving.deploy.common import DEFAULT_EXPORT_DIR
-from serving.deploy.kserve import STORAGE_URI_PLACEHOLDER as KSERVE_URI, write_kserve
-from serving.deploy.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI, write_triton
+from serving.deploy.kserve import STORAGE_URI_PLACEHOLDER as KSERVE_URI
+from serving.deploy.kserve import write_kserve
+from serving.deploy.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI
+from serving.deploy.triton import write_triton
 
 TARGETS = {"kserve": "KServe: storage layouts + InferenceServices for its TorchServe runtime and for our image "
                      "with the kserve engine",

@@ -7,18 +7,18 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.errors import VisionExportError
 from handlers.policy import GPU_BATCH_SIZE
-from models.errors import VisionExportError
 from models.resnet import DEFAULT_ARCH
 
 DEFAULT_EXPORT_DIR = Path("artifacts") / DEFAULT_ARCH  # where `python -m export resnet` writes by default
 # Measured on this project's 2-core machine (README, Benchmarks: resnet50, ONNX Runtime, CPU policy of 2
 # workers x 1 thread): about 16 requests/s per replica, reached from concurrency 2 on. Used when no
-# bench-results/results.json from `python -m serving bench` is at hand.
+# bench-results/results.json from `python -m measure bench` is at hand.
 MEASURED_CPU_REPLICA_RPS = 16.0
 MEASURED_CPU_SATURATING_CONCURRENCY = 2
 # The kserve engine, measured the same way (docs/bench-run-issue22: resnet18, ONNX Runtime, 2 workers x 1
-# thread, `python -m serving bench --configurations default,kserve`): 23.1 requests/s per replica at best,
+# thread, `python -m measure bench --configurations default,kserve`): 23.1 requests/s per replica at best,
 # 90 % of it from concurrency 1 on. Used for its InferenceService when no results.json has kserve rows.
 MEASURED_KSERVE_CPU_REPLICA_RPS = 23.1
 MEASURED_KSERVE_CPU_SATURATING_CONCURRENCY = 1

@@ -15,10 +15,17 @@ import math
 import shutil
 from pathlib import Path
 
+from contract.records import Manifest
 from handlers.policy import GPU_BATCH_DELAY_MS
-from models.contract import Manifest
-from serving.deploy.common import (DeployError, ReplicaNumbers, autoscaling, dump_yaml, fresh_output, publish,
-                                   replica_numbers)
+from serving.deploy.common import (
+    DeployError,
+    ReplicaNumbers,
+    autoscaling,
+    dump_yaml,
+    fresh_output,
+    publish,
+    replica_numbers,
+)
 
 API_VERSION = "serving.kserve.io/v1beta1"
 STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/{model}-{device}"  # docs/scaling.md: or s3://BUCKET/...

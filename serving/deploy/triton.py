@@ -14,11 +14,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from contract.records import ArtifactRecord, Manifest
 from handlers.policy import GPU_BATCH_DELAY_MS, GPU_BATCH_SIZE
-from models.contract import ArtifactRecord, Manifest
 from runtime.integrity import verify_file
-from serving.deploy.common import (DeployError, autoscaling, dump_yaml, fresh_output, publish,
-                                   replica_numbers)
+from serving.deploy.common import DeployError, autoscaling, dump_yaml, fresh_output, publish, replica_numbers
 
 MAX_BATCH_SIZE = 32  # the largest batch the benchmarks run; the ONNX batch dimension is dynamic
 PREFERRED_BATCH_SIZES = (GPU_BATCH_SIZE // 2, GPU_BATCH_SIZE)  # the serving policy's batch, and half of it

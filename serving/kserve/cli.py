@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from export.cli import run_command
+from contract.cli import run_command
 from serving.kserve import server
 from serving.kserve.config import HTTP_PORT, KServeSettings
 from serving.processes import serve_until_stopped, start_until_ready

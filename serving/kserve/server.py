@@ -12,10 +12,15 @@ import time
 from pathlib import Path
 
 from serving.kserve.config import REFUSAL, KServeSettings
-
 from serving.processes import NoAnswer, alive, poll_for_answer, read_pgid, running_until_exit, stop_group
-from serving.torchserve.config import (EXAMPLE_IMAGE, PROBE_TIMEOUT_S, PROJECT_ROOT, READY_TIMEOUT_S, STOP_TIMEOUT_S,
-                                       ServingError)
+from serving.torchserve.config import (
+    EXAMPLE_IMAGE,
+    PROBE_TIMEOUT_S,
+    PROJECT_ROOT,
+    READY_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    ServingError,
+)
 
 POLL_S = 1.0
 LOG_TAIL_LINES = 5

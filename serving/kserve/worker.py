@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
+from contract.errors import VisionExportError
 from handlers.batching import BatchPolicy
 from handlers.kserve_model import ImageClassifierModel
 from handlers.policy import ServingPolicy
-from models.errors import VisionExportError
 from serving.kserve import app
 from serving.kserve.config import REFUSAL, KServeSettings
 

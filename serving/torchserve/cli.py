@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from export.cli import run_command
+from contract.cli import run_command
 from handlers.policy import ServingPolicy, machine_policy, this_machine, with_overrides
 from serving.processes import serve_until_stopped, start_until_ready
-from serving.torchserve import config as ts, server
-from serving.torchserve.logs import exit_reason
+from serving.torchserve import config as ts
+from serving.torchserve import server
 from serving.torchserve.config import ServingError
+from serving.torchserve.logs import exit_reason
 
 
 def parse(argv):

@@ -9,8 +9,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.errors import VisionExportError
 from handlers.policy import ServingPolicy, machine_policy, this_machine
-from models.errors import VisionExportError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent.parent

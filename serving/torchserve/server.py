@@ -18,13 +18,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from contract.errors import VisionExportError
 from handlers.policy import THREADS_ENV, ServingPolicy
-from models.errors import VisionExportError
-# Settings, ports and timeouts live in config.py; free_port and on_free_ports are also reached through `server`.
-from serving.torchserve.config import (EXAMPLE_IMAGE, PROBE_TIMEOUT_S, READY_TIMEOUT_S,  # noqa: F401
-                                       REQUEST_TIMEOUT_S, STOP_TIMEOUT_S, ServerSettings, ServingError, free_port,
-                                       on_free_ports, token_auth_switched_on, write_run_config)
 from serving.processes import NoAnswer, alive, poll_for_answer, read_pgid, running_until_exit, stop_group
+
+# Settings, ports and timeouts live in config.py; free_port and on_free_ports are also reached through `server`.
+from serving.torchserve.config import (  # noqa: F401
+    EXAMPLE_IMAGE,
+    PROBE_TIMEOUT_S,
+    READY_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    ServerSettings,
+    ServingError,
+    free_port,
+    on_free_ports,
+    token_auth_switched_on,
+    write_run_config,
+)
 from serving.torchserve.logs import exit_reason, load_failure
 
 PID_FILE = "torchserve.pgid"

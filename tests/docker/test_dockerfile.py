@@ -20,9 +20,9 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import pytest
+from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 from dockerfile_parse.util import WordSplitter
-from docker.utils.build import exclude_paths
 from packaging.requirements import InvalidRequirement, Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ OUT_OF_CONTEXT = ("artifacts/resnet50/model.traced.pt", "model-store/resnet.mar"
                   "tests/docker/test_dockerfile.py")
 # What the image needs from it besides the COPY sources themselves: files the code opens at run time.
 IN_CONTEXT = ("serving/torchserve/config.properties", "docker/entrypoint.sh", "docker/healthcheck.sh", "runtime/base.py",
-              "models/errors.py", *(f"{package.replace('.', '/')}/__init__.py" for package in PACKAGES))
+              "contract/errors.py", *(f"{package.replace('.', '/')}/__init__.py" for package in PACKAGES))
 # pip/uv options that take a value (the value is not a requirement).
 PIP_OPTIONS_WITH_VALUE = {"-r", "-c", "-i", "-e", "-f", "-p", "--index-url", "--extra-index-url", "--python",
                           "--target", "--constraint", "--requirement", "--find-links"}
@@ -368,7 +368,7 @@ def test_build_context_has_the_code_and_nothing_else(stages):
     assert context_problems(ROOT, patterns, copied) == []
     context = exclude_paths(str(ROOT), patterns)
     assert not [path for path in context if path.split("/")[0] in (".git", ".venv", "tests")]
-    assert {"runtime/base.py", "models/errors.py"} <= context
+    assert {"runtime/base.py", "contract/errors.py"} <= context
 
 
 def write_tree(root: Path, paths) -> Path:
@@ -439,7 +439,7 @@ def test_dockerignore_check_catches_a_missing_pattern(tmp_path, removed):
     assert problems == [f".dockerignore lets {DOCKERIGNORE_LINES[removed]} into the build context"]
 
 
-@pytest.mark.parametrize("added", ["runtime", "models/errors.py", "serving/torchserve/*.properties", "**/*.py"])
+@pytest.mark.parametrize("added", ["runtime", "contract/errors.py", "serving/torchserve/*.properties", "**/*.py"])
 def test_dockerignore_check_catches_dropped_code(tmp_path, added):
     root = write_tree(tmp_path, OUT_OF_CONTEXT + IN_CONTEXT)
     problems = context_problems(root, dockerignore_patterns(DOCKERIGNORE.read_text()) + [added], ["runtime"])

@@ -11,9 +11,9 @@ import time
 import pytest
 import requests
 
-from export.archive import build_archive
-from models.contract import Manifest
-from serving.measure import faults, workers
+from contract.records import Manifest
+from export.package.archive import build_archive
+from measure.reliability import faults, workers
 from serving.torchserve import server
 from serving.torchserve.config import on_free_ports
 from tests.answers import assert_same_answer, expected_answer
@@ -48,7 +48,7 @@ def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(resnet18_e
     assert len(result.pids_after) == len(result.pids_before)
     # TorchServe's reaction is bounded here; the cold start of the new worker (Python, imports, model load)
     # depends on how busy the machine is: 7-13 s on this 2-core machine, 17-26 s beside a full CI run. The
-    # issue's 15 s for the whole recovery is what `python -m serving faults` enforces and reports.
+    # issue's 15 s for the whole recovery is what `python -m measure faults` enforces and reports.
     assert result.respawn_s <= faults.RESPAWN_LIMIT_S
     assert result.failed <= LOAD_THREADS  # at most the requests in flight at the kill
     assert result.requests_after_recovery > 0 and result.failed_after_recovery == 0

@@ -5,7 +5,6 @@ that line instead of waiting; a truncated archive is reported as soon as TorchSe
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from export.archive import build_archive
-from models.contract import Manifest
+from contract.records import Manifest
+from export.package.archive import build_archive
 from serving.torchserve.server import free_port
 from tests.conftest import ROOT
 

@@ -9,7 +9,7 @@ import pytest
 import requests
 import torch
 
-from models.contract import Manifest, read_labels
+from contract.records import read_labels
 from runtime import RunOptions, open_artifact
 from runtime.images import decode_image, preprocess
 from serving.torchserve import server

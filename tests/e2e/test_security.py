@@ -16,7 +16,6 @@ import requests
 from serving.torchserve import server
 from serving.torchserve.config import DEFAULT_CONFIG, free_port
 from tests.answers import assert_same_answer, expected_answer
-from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -114,7 +113,7 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
 
 @pytest.mark.skipif(shutil.which("hey") is None, reason="the load generator hey is not installed")
 def test_the_benchmark_works_with_token_authorisation(resnet18_export, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "serving", "bench", "--export-dir", str(resnet18_export["out"]),
+    done = subprocess.run([sys.executable, "-m", "measure", "bench", "--export-dir", str(resnet18_export["out"]),
                            "--configurations", "default", "--requests", "10", "--concurrency", "1",
                            "--inprocess", "none", "--token-auth", "--out", str(tmp_path / "bench")], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.skipif(shutil.which("hey") is None, reason="the load generator hey is not installed")
 def test_thirty_seconds_at_concurrency_16_with_tokens_without_errors_or_growing_memory(resnet18_export, tmp_path):
     out = tmp_path / "soak"
-    done = subprocess.run([sys.executable, "-m", "serving", "soak", "--model-store", str(resnet18_export["model_store"]),
+    done = subprocess.run([sys.executable, "-m", "measure", "soak", "--model-store", str(resnet18_export["model_store"]),
                            "--duration", "30", "--slice", "10", "--concurrency", "16", "--token-auth", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -18,8 +18,8 @@ import pytest
 import requests
 from PIL import Image
 
-from export.archive import build_archive
-from models.contract import Manifest
+from contract.records import Manifest
+from export.package.archive import build_archive
 from serving.torchserve import server
 from serving.torchserve.server import free_port
 from tests.answers import assert_same_answer, cached_answers

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from contract.records import Manifest, read_labels
 from handlers.policy import machine_policy
-from models.contract import Manifest, read_labels
 from models.weights import state_dict_fingerprint
 from serving.torchserve import server
 from tests.answers import assert_same_answer, expected_answer

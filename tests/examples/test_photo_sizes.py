@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from examples import photo_sizes
-from export import phone_photos
+from export.checks import phone_photos
 from runtime.images import decode_image
 
 pytestmark = pytest.mark.slow  # a 12 MP image with grain: ~10 s

@@ -4,8 +4,8 @@ import hashlib
 
 import models
 from examples.validation_folder import PHOTOS, build_folder, main
-from export.accuracy import label_targets
-from export.calibration import load_folder
+from export.precision.calibration import load_folder
+from export.precision.gate import label_targets
 
 CROPS = 2
 

@@ -5,10 +5,20 @@ import math
 import pytest
 import torch
 
-from export.accuracy import (EXIT_ACCURACY_GATE, GATE_PASSED, INT8_TOLERANCE, TOLERANCE_BY_PRECISION,
-                             AccuracyGateError, accuracy, agreement_metrics, judge, label_targets, render_table)
-from export.precision import PrecisionError, choose_activation_type, parse_precisions
-from export.selection import Candidate, decide
+from export.package.selection import Candidate, decide
+from export.precision.gate import (
+    EXIT_ACCURACY_GATE,
+    GATE_PASSED,
+    INT8_TOLERANCE,
+    TOLERANCE_BY_PRECISION,
+    AccuracyGateError,
+    accuracy,
+    agreement_metrics,
+    judge,
+    label_targets,
+    render_table,
+)
+from export.precision.variants import PrecisionError, choose_activation_type, parse_precisions
 
 SIZE = (3, 224, 224)
 

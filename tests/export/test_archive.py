@@ -6,11 +6,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from export.archive import COMMON_CONFIG, ArchiveRequest, archived_manifest, model_config_yaml
+from contract.records import (
+    ArtifactRecord,
+    ContractError,
+    HandlerConfig,
+    ImageContract,
+    InputRecord,
+    Manifest,
+    ModelInfo,
+    OutputRecord,
+)
 from export.errors import ExportError
-from export.selection import Candidate, decide
-from models.contract import (ArtifactRecord, ContractError, HandlerConfig, ImageContract, InputRecord, Manifest,
-                             ModelInfo, OutputRecord)
+from export.package.archive import COMMON_CONFIG, ArchiveRequest, archived_manifest, model_config_yaml
+from export.package.selection import Candidate, decide
 
 SIZE = (3, 224, 224)
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import models
-from export import formats, kinds
-from export.parity import Candidate, parity_inputs, run_parity
+from export.checks.parity import Candidate, parity_inputs, run_parity
+from export.forms import exporters, kinds
 from runtime import open_artifact
 from runtime.eager import EagerBackend
 
@@ -44,10 +44,10 @@ def folded_wrongly(module: nn.Module, mistake) -> nn.Module:
     return wrong
 
 
-def export_onnx(module: nn.Module, folder) -> formats.Artifact:
+def export_onnx(module: nn.Module, folder) -> exporters.Artifact:
     """The pipeline's exporter functions for KIND and the kinds it needs, in table order."""
     example = torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    context = formats.BuildContext(module, module, example, folder, formats.DEFAULT_OPSET, resizes_in_graph=False)
+    context = exporters.BuildContext(module, module, example, folder, exporters.DEFAULT_OPSET, resizes_in_graph=False)
     for name in kinds.get(KIND).needs + (KIND,):
         kind = kinds.get(name)
         context.built[name] = kind.build(context, kind)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from export import kinds
-from models.contract import MANIFEST_NAME, Manifest
+from contract.records import MANIFEST_NAME, Manifest
+from export.forms import kinds
 from tests.conftest import ROOT, run_export
 
 USER_FILE = Path(__file__).parent / "user_models" / "models_for_tests.py"

@@ -1,4 +1,4 @@
-"""export/decode_check.py: what draft decoding changes, measured with the served artifact, gated, recorded in
+"""export/checks/decode.py: what draft decoding changes, measured with the served artifact, gated, recorded in
 the manifest, and what the handler then does with it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 import models
-from export.decode_check import DECODE_TOLERANCE, DRAFT_SCALES, check_images, check_tensors, judge
+from contract.records import ContractError, HandlerConfig
+from export.checks.decode import DECODE_TOLERANCE, DRAFT_SCALES, check_images, check_tensors, judge
 from handlers.core import ImageClassifierCore
-from models.contract import ContractError, HandlerConfig
 from runtime.images import decode_image, draft_floor, preprocess
 
 RESNET18 = replace(models.get("resnet18").input_spec.record().image_contract(), decode="draft")

@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from export.accuracy import EXIT_ACCURACY_GATE, INT8_TOLERANCE
-from models.contract import ImageContract, Manifest
+from contract.records import ImageContract, Manifest
+from export.precision.gate import EXIT_ACCURACY_GATE, INT8_TOLERANCE
 from runtime.images import preprocess
 from tests.conftest import run_export
 

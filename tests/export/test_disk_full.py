@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from export.atomic import atomic_write_bytes, describe_os_error
+from contract.cli import describe_os_error
+from export.atomic import atomic_write_bytes
 from tests.conftest import run_export
 
 

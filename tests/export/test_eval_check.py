@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
+from export.checks.eval_mode import prepare_for_export
 from export.errors import EvalModeError
-from export.eval_check import prepare_for_export
 
 
 class StuckDropout(nn.Module):

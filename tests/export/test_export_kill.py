@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from export import kinds
-from export.archive import SCRATCH_PREFIX
 from export.atomic import PARTIAL_MARK
+from export.forms import kinds
+from export.package.archive import SCRATCH_PREFIX
 from tests.conftest import ROOT, run_export
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import models
-from export import kinds
-from models.contract import MANIFEST_NAME, SCHEMA_VERSION, HandlerConfig, Manifest, read_labels
+from contract.records import MANIFEST_NAME, SCHEMA_VERSION, HandlerConfig, Manifest, read_labels
+from export.forms import kinds
 from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
@@ -122,12 +122,12 @@ def test_archive_holds_handler_runtime_contract_artifact_manifest_labels_and_con
         # decided once at export: the archive serves what the export's manifest says, first of the preference
         assert archived == manifest and served.kind == manifest.decision().served == "onnx-dynamo"
         assert {"torchserve_entry.py", MANIFEST_NAME, "index_to_name.json", "model-config.yaml",
-                "handlers/image_classifier.py", "runtime/base.py", "runtime/onnxruntime.py", "models/errors.py",
-                "models/contract.py", served.path} <= names
+                "handlers/image_classifier.py", "runtime/base.py", "runtime/onnxruntime.py", "contract/errors.py",
+                "contract/records.py", served.path} <= names
         assert hashlib.sha256(archive.read(served.path)).hexdigest() == served.sha256
         # the archive ships runtime/, handlers/, the error root and the contract, never export/ or other models/
         assert not {n for n in names if n.startswith("export/")}
-        assert {n for n in names if n.startswith("models/")} == {"models/errors.py", "models/contract.py"}
+        assert {n for n in names if n.startswith("models/")} == {"contract/errors.py", "contract/records.py"}
         assert config["maxBatchDelay"] == 40  # pinned by --max-batch-delay 40 in the export command
         assert not {"batchSize", "minWorkers", "maxWorkers"} & set(config)  # decided where it is served
         assert set(config["handler"]) <= set(HandlerConfig.keys()) and "artifact" not in config["handler"]

@@ -1,4 +1,4 @@
-"""Accuracy-aware int8 (export/int8_fallback.py): the graph edit that puts nodes back in fp32 survives ONNX
+"""Accuracy-aware int8 (export/precision/int8_fallback.py): the graph edit that puts nodes back in fp32 survives ONNX
 Runtime's own session optimisations, the ranking finds the node that does the damage, and EfficientNet-Lite0
 exported with --precision fp32,int8 passes the gate with its fp32 nodes recorded and is served as onnx-int8.
 Real ONNX Runtime quantization throughout."""
@@ -12,9 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from export import int8_fallback
-from export.calibration import TensorReader
-from models.contract import Manifest
+from export.precision.calibration import TensorReader
+from export.precision import int8_fallback
 
 
 class TwoConvs(nn.Module):

@@ -4,7 +4,7 @@ This test adds `onnx-ort-optimized` (ONNX Runtime's offline graph optimisation o
 opened by its own small backend under a new format) from the outside, and shows it exported, parity-checked,
 chosen by the serving rule, packaged and served by the engine-independent request core, without touching the
 pipeline, parity, selection, the archive or the handler. Counted in files: a real addition puts the row in
-export/kinds.py, the exporter in export/formats.py, the backend in runtime/ and one line in runtime/base.py's
+export/forms/kinds.py, the exporter in export/forms/exporters.py, the backend in runtime/ and one line in runtime/base.py's
 BACKENDS; before the table it was about seven places in six files.
 """
 
@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import models
-from export import kinds
-from export.archive import ArchiveRequest
-from export.formats import BuildContext
-from export.parity import ONNX_TOLERANCE
+from contract.records import INPUT_NAME, Manifest
+from export.checks.parity import ONNX_TOLERANCE
+from export.forms import kinds
+from export.forms.exporters import BuildContext
+from export.package.archive import ArchiveRequest
 from export.pipeline import ExportOptions, Progress, export_model
-from models.contract import INPUT_NAME, Manifest
 from runtime import base
 from runtime.base import Backend, RunOptions
 

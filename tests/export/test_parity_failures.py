@@ -9,10 +9,10 @@ import pytest
 from onnx import numpy_helper
 
 import models
-from export import kinds
+from contract.records import MANIFEST_NAME, SCHEMA_VERSION, Manifest
+from export.checks.parity import Candidate, parity_inputs, run_parity
 from export.errors import ParityError
-from export.parity import Candidate, parity_inputs, run_parity
-from models.contract import MANIFEST_NAME, SCHEMA_VERSION, Manifest
+from export.forms import kinds
 from runtime import file_sha256, open_artifact
 from runtime.eager import EagerBackend
 from tests.conftest import run_export
@@ -68,7 +68,7 @@ def test_recheck_names_a_modified_artifact(export_copy):
         handle.seek(-10, 2)
         handle.write(b"0123456789")
     result = run_export("parity", str(export_copy))
-    assert result.returncode == 4  # models.errors.EXIT_INTEGRITY
+    assert result.returncode == 4  # contract.errors.EXIT_INTEGRITY
     recorded = Manifest.read(export_copy).artifacts["onnx-scripted"].sha256
     assert f"model.scripted.onnx: sha256 {file_sha256(export_copy / 'model.scripted.onnx')} but the manifest " \
            f"records {recorded}" in result.stderr

@@ -3,9 +3,17 @@ import math
 import pytest
 import torch
 
+from export.checks.parity import (
+    ONNX_TOLERANCE,
+    Candidate,
+    Tolerance,
+    compare_outputs,
+    parity_inputs,
+    run_parity,
+    structured_images,
+    topk_agreement,
+)
 from export.errors import ParityError
-from export.parity import (ONNX_TOLERANCE, Candidate, Tolerance, compare_outputs, parity_inputs, run_parity,
-                           structured_images, topk_agreement)
 from runtime.base import ArtifactRunError
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.records import Manifest
 from export.errors import ExportError
 from export.pipeline import ExportOptions, Progress, export_model, output_record
-from models.contract import Manifest
 from models.user_module import user_entry
 from tests.conftest import ROOT
 
@@ -95,6 +95,7 @@ def test_the_state_dict_fingerprint_tells_a_recheck_that_the_weights_changed(tmp
     """Loaded weights are 'as the factory built them'; the fingerprint recorded at export makes a parity re-check
     refuse to compare against other weights (the checkpoint was replaced since)."""
     import argparse
+
     from export.commands import parity_command
     from models.weights import state_dict_fingerprint
     source = tmp_path / "loads.py"

@@ -13,11 +13,18 @@ import pytest
 import torch
 import yaml
 
+from contract.records import MANIFEST_NAME, Manifest
 from export.errors import ExportError
-from export import kinds
-from export.precision import (BF16_CPU_FEATURES, RANGES_FILE, PrecisionError, PrecisionRequest, build_variants,
-                              check_hardware, cpu_has_native_bf16)
-from models.contract import MANIFEST_NAME, Manifest
+from export.forms import kinds
+from export.precision.variants import (
+    BF16_CPU_FEATURES,
+    RANGES_FILE,
+    PrecisionError,
+    PrecisionRequest,
+    build_variants,
+    check_hardware,
+    cpu_has_native_bf16,
+)
 from tests.conftest import run_export
 
 INT8_FILE = kinds.get("onnx-int8").file_name

@@ -2,9 +2,9 @@
 
 import pytest
 
-from export import kinds
 from export.errors import ExportError
-from export.selection import Candidate, decide, redecide
+from export.forms import kinds
+from export.package.selection import Candidate, decide, redecide
 
 SIZE = (3, 224, 224)
 PREFERENCE = kinds.serving_preference()

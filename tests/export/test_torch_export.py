@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from export import kinds
+from export.checks.parity import AOTINDUCTOR_TOLERANCE, EXPORTED_PROGRAM_TOLERANCE
 from export.cli import build_parser
 from export.errors import ExportError
-from export.parity import AOTINDUCTOR_TOLERANCE, EXPORTED_PROGRAM_TOLERANCE
-from tests.conftest import run_export
+from export.forms import kinds
+from tests.conftest import run_export, run_measure
 
 
 def test_the_default_formats_leave_out_only_the_kinds_that_say_why():
@@ -74,6 +74,6 @@ def test_the_aotinductor_compile_is_a_progress_step_and_parity_holds_it_to_its_t
 
 
 def test_the_tuning_command_refuses_an_unknown_configuration_before_compiling_anything():
-    result = run_export("aoti-tuning", "--model", "resnet18", "--configurations", "default,turbo")
+    result = run_measure("aoti-tuning", "--model", "resnet18", "--configurations", "default,turbo")
     assert result.returncode == 1
     assert "unknown configuration(s) turbo; choose from default, default-static, freezing" in result.stderr

@@ -9,10 +9,10 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import models
-from export import kinds
-from export.parity import ONNX_TOLERANCE
+from export.checks.parity import ONNX_TOLERANCE
+from export.checks.trace_vs_script import REJECTED, ArtifactUnderTest, compare_paths, markdown_section
+from export.forms import kinds
 from export.pipeline import ExportOptions, Progress, export_model
-from export.trace_vs_script import REJECTED, ArtifactUnderTest, compare_paths, markdown_section
 from runtime.base import Backend, RunOptions
 from runtime.eager import EagerBackend
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.records import Manifest, read_labels
 from examples.clients import DEFAULT_MODEL, kserve_v1_client, torchserve_client, v2_client
 from handlers.core import ImageClassifierCore
-from models.contract import Manifest, read_labels
 from models.resnet import DEFAULT_ARCH
 from runtime import open_artifact
 from tests.conftest import ROOT

@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 import models
+from contract.records import MANIFEST_NAME, ContractError, Manifest
 from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
-from models.contract import ContractError, Manifest, MANIFEST_NAME
 from runtime import IntegrityError, open_artifact
 from runtime.images import RequestError, decode_image, preprocess
 from runtime.onnxruntime import OnnxRuntimeBackend

@@ -16,9 +16,9 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from contract.errors import VisionExportError
+from contract.records import ContractError, InputRecord
 from handlers.decode import MAX_TOPK, image_bytes, requested_topk
-from models.contract import ContractError, InputRecord
-from models.errors import VisionExportError
 from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, ImageContract, RequestError, decode_image, preprocess
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)

@@ -12,8 +12,8 @@ import yaml
 from PIL import Image
 from ts.context import Context, RequestProcessor
 
+from contract.records import ContractError, Manifest
 from handlers.image_classifier import ImageClassifier, select_device
-from models.contract import ContractError, Manifest
 from runtime import IntegrityError, RunOptions, open_artifact
 from runtime.onnxruntime import CUDA_PROVIDER
 from tests.answers import assert_same_answer, expected_answer

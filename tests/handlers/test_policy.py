@@ -4,8 +4,7 @@ import torch
 
 from handlers.core import worker_threads
 from handlers.image_classifier import offered_threads, select_device
-from handlers.policy import (GPU_BATCH_SIZE, MAX_CPU_WORKERS, THREADS_ENV, machine_policy, this_machine,
-                             with_overrides)
+from handlers.policy import GPU_BATCH_SIZE, MAX_CPU_WORKERS, THREADS_ENV, machine_policy, this_machine, with_overrides
 
 
 def test_gpu_host_gets_one_batching_worker_per_gpu():

@@ -10,8 +10,8 @@ import torchvision
 from PIL import Image
 
 import models
-from runtime.images import decode_image, preprocess
 from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+from runtime.images import decode_image, preprocess
 
 PHOTOS = {"chelsea (cat)": skimage.data.chelsea, "astronaut": skimage.data.astronaut, "coffee": skimage.data.coffee}
 

@@ -3,8 +3,8 @@ import torch
 import torch.nn.functional as F
 
 import models
+from contract.records import ImageContract, InputRecord
 from models.preprocess import ImagePreprocess
-from models.contract import ImageContract, InputRecord
 from models.registry import UnknownModelError
 
 

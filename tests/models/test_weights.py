@@ -113,7 +113,7 @@ def _is_identity(layer: torch.nn.BatchNorm2d) -> dict[str, bool]:
 
 
 def _logits(module: torch.nn.Module) -> torch.Tensor:
-    from export.parity import structured_images  # photo-like inputs: gradients, shapes, noise
+    from export.checks.parity import structured_images  # photo-like inputs: gradients, shapes, noise
     with torch.no_grad():
         return module.eval()(structured_images(4, 3, 224, 224, seed=3))
 

@@ -58,7 +58,7 @@ class Recorder(logging.Handler):
 
     def __init__(self, engine: str, out: Path):
         super().__init__(logging.WARNING)
-        from models.contract import ImageContract
+        from contract.records import ImageContract
         self.contract = ImageContract(resize=24, crop=CROP)
         self.out, self.started, self.current = out, time.monotonic(), b""
         self.stats = Stats(engine)
@@ -108,6 +108,7 @@ class Recorder(logging.Handler):
 def check(data: bytes, contract) -> None:
     """The property fuzzed: a RequestError, or a uint8 (3, H, W) image within the limits and a [0, 1] row."""
     import torch
+
     from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, decode_image, preprocess
     image = decode_image(data)
     channels, height, width = image.shape

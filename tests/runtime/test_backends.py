@@ -7,12 +7,11 @@ import torch
 from torch import nn
 
 import runtime
-from models.errors import VisionExportError
+from contract.errors import VisionExportError
 from runtime import ArtifactError, IntegrityError, RunOptions, UnknownFormatError, open_artifact, verify_file
 from runtime.base import BACKENDS, ArtifactRunError, backend_class
 from runtime.eager import EagerBackend
-from runtime.onnxruntime import (CPU_PROVIDER, CUDA_PROVIDER, OnnxRuntimeBackend, check_session_providers,
-                                 providers_for)
+from runtime.onnxruntime import CPU_PROVIDER, CUDA_PROVIDER, OnnxRuntimeBackend, check_session_providers, providers_for
 from runtime.torchscript import TorchScriptBackend, autocast_settings
 
 

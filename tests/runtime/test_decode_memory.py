@@ -45,7 +45,7 @@ def measure(photo: Path, address_space_extra_mib: int | None = None, decode: str
     type of what decode_image raised is reported instead."""
     import torch
 
-    from models.contract import ImageContract
+    from contract.records import ImageContract
     from runtime.images import decode_image, preprocess
     torch.set_num_threads(WORKER_THREADS)
     from runtime.images import draft_floor

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from models.contract import ImageContract
+from contract.records import ImageContract
 from runtime.gpu_decode import NvjpegDecoder, nvjpeg_orientation
 from runtime.images import RequestError, decode_image, preprocess
 

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from models.contract import (ArtifactRecord, ImageContract, InputRecord, Manifest, ModelInfo, OutputRecord,
-                             ServingDecision)
+from contract.records import (
+    ArtifactRecord,
+    ImageContract,
+    InputRecord,
+    Manifest,
+    ModelInfo,
+    OutputRecord,
+    ServingDecision,
+)
 
 FORMATS = {"traced": "torchscript", "scripted": "torchscript", "onnx-traced": "onnx", "onnx-dynamo": "onnx",
            "onnx-int8": "onnx"}

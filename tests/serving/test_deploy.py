@@ -16,8 +16,8 @@ import pytest
 import requests
 import yaml
 
+from contract.records import Manifest, read_labels
 from examples.clients import kserve_v1_client, torchserve_client, v2_client
-from models.contract import Manifest, read_labels
 from serving.torchserve import server
 from serving.torchserve.config import DEFAULT_CONFIG, on_free_ports
 from tests.answers import assert_same_answer, expected_answer

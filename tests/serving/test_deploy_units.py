@@ -6,8 +6,8 @@ import pytest
 from google.protobuf.text_format import ParseError
 
 from serving.deploy.common import MEASURED_CPU_REPLICA_RPS, DeployError, ReplicaNumbers, replica_numbers
-from serving.deploy.kserve_predictor import engine_inference_service
 from serving.deploy.kserve import inference_service, kserve_config_properties, storage_upload_objects
+from serving.deploy.kserve_predictor import engine_inference_service
 from serving.deploy.triton import served_onnx
 from tests.serving.manifests import manifest
 from tests.serving.schemas import parse_model_config, validate_inference_service, validate_kubernetes

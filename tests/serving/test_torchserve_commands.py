@@ -1,5 +1,5 @@
 """`python -m serving`'s command table: every command resolves to its function, imported only when asked
-for, so `python -m serving gpu-check` runs without the virtualenv's packages."""
+for, so `python -m measure gpu-check` runs without the virtualenv's packages."""
 
 import importlib
 import subprocess
@@ -25,8 +25,7 @@ def test_the_dispatcher_imports_no_command_until_one_is_asked_for():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("command, usage", [("bench", "python -m serving bench"), ("kserve", "kserve"),
-                                            ("stop", "python -m serving")])
+@pytest.mark.parametrize("command, usage", [("kserve", "kserve"), ("stop", "python -m serving")])
 def test_help_of_a_command_is_its_own(command, usage):
     done = subprocess.run([sys.executable, "-m", "serving", command, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
@@ -38,3 +37,10 @@ def test_an_unknown_command_lists_every_command_without_importing_them():
                           timeout=60)
     assert done.returncode == 2 and "unknown command 'nope'" in done.stderr, done.stdout + done.stderr
     assert all(command in done.stderr for command in ("start", "stop", "config", *COMMANDS)), done.stderr
+
+
+@pytest.mark.parametrize("command", ["bench", "soak", "faults", "gpu-check", "pipeline", "decoders"])
+def test_a_measurement_asked_of_serving_says_where_it_moved(command):
+    done = subprocess.run([sys.executable, "-m", "serving", command, "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and f"python -m measure {command}" in done.stderr, done.stdout + done.stderr

@@ -1,6 +1,6 @@
 """A small attention model whose torch.export needs a dynamic batch: it reshapes with the batch (patch tokens,
 multi-head attention), so torch.export from a batch-1 example specialises the batch to 1 and refuses it as
-dynamic; the pipeline exports it from a batch-2 example (export.formats.EXPORT_BATCH).
+dynamic; the pipeline exports it from a batch-2 example (export.forms.exporters.EXPORT_BATCH).
 
 Expected forms: traced, scripted and onnx-dynamo, right at batches 1, 2, 3 and 8. Refused: onnx-traced (in eval
 mode nn.MultiheadAttention takes its fused fast path, aten::_native_multi_head_attention, which the legacy ONNX

@@ -1,0 +1,373 @@
+"""The contract between export and serving: what an export folder and a TorchServe archive promise.
+
+export/ writes these records (manifest.json, model-config.yaml's handler section); the handler, serving/,
+the KServe/Triton writers, the GPU check and the example clients read them through this module only.
+Standard library only, no torch: the archive ships this file beside contract/errors.py, and it sits in the
+leftmost room so a registry entry can declare its ImageContract with the very class the handler reads.
+
+A manifest written under another SCHEMA_VERSION is refused with both versions named: fields change meaning
+between versions, and serving a half-understood manifest is worse than asking for a re-export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contract.errors import VisionExportError
+
+SCHEMA_VERSION = 3  # 3: refused kinds are Refusal records (were strings)
+MANIFEST_NAME = "manifest.json"
+LABELS_NAME = "index_to_name.json"
+INPUT_NAME = "input"  # the artifacts' input and output tensor names (ONNX graphs, Triton, v2 clients)
+OUTPUT_NAME = "output"
+# How request images are decoded (runtime/images.py): "exact" decodes every pixel; "draft" decodes large JPEGs at
+# a reduced scale in the DCT domain, recorded by the export only when its decode check passed
+# (export/checks/decode.py); the handler setting `decode: exact` turns it off.
+DECODE_MODES = ("exact", "draft")
+
+
+class ContractError(VisionExportError):
+    """A manifest or handler setting this code cannot use; the message says which field and what to do."""
+
+
+class SchemaVersionError(ContractError):
+    """manifest.json was written under another schema version than this code reads."""
+
+    def __init__(self, where: str, found: Any):
+        self.found = found
+        super().__init__(f"{where}: manifest schema version {found!r}, but this code reads version "
+                         f"{SCHEMA_VERSION}; re-run the export (`python -m export ...`) with this version to "
+                         f"rewrite it, or serve it with the version of this project that wrote it")
+
+
+def _from_dict(cls, data: Any, where: str):
+    """A dataclass from a JSON object: missing required fields and unknown fields are named."""
+    if not isinstance(data, dict):
+        raise ContractError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    required = [n for n, f in fields.items()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [n for n in required if n not in data]
+    if unknown or missing:
+        problems = ([f"missing {', '.join(missing)}"] if missing else []) + \
+                   ([f"unknown {', '.join(unknown)}"] if unknown else [])
+        raise ContractError(f"{where}: {'; '.join(problems)}; re-run the export to rewrite it")
+    return cls(**data)
+
+
+def _plain(value: Any) -> Any:
+    """Records to JSON-ready values (tuples become lists, nested records dicts)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# ---------------------------------------------------------------- the input and output of the model
+
+@dataclass(frozen=True)
+class ImageContract:
+    """How request bytes become one input row: the evaluation transform of the weights (normalisation is
+    inside the exported graph). The handler, the calibration reader and the v2 client all apply this."""
+
+    resize: int  # the shorter side is resized to this many pixels
+    crop: tuple[int, int]  # then a centre crop of (height, width)
+    interpolation: str = "bilinear"
+    antialias: bool = True
+    decode: str = "exact"  # see DECODE_MODES
+    source: str = ""  # where these numbers come from (e.g. the weights' own transforms())
+
+    def __post_init__(self):
+        object.__setattr__(self, "crop", tuple(int(v) for v in self.crop))
+        if self.resize < 1 or len(self.crop) != 2 or min(self.crop) < 1:
+            raise ContractError(f"preprocessing: resize {self.resize} and crop {self.crop} must be positive "
+                                "(crop as height, width)")
+        if self.decode not in DECODE_MODES:
+            raise ContractError(f"preprocessing.decode {self.decode!r} is not one of {', '.join(DECODE_MODES)}")
+
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ImageContract":
+        return _from_dict(cls, data, "manifest input.preprocessing")
+
+
+@dataclass
+class InputRecord:
+    example_shape: tuple[int, ...]  # batch first
+    name: str = INPUT_NAME
+    dtype: str = "float32"
+    layout: str = "NCHW"
+    color: str = "RGB"
+    value_range: tuple[float, float] = (0.0, 1.0)
+    dynamic_batch: bool = True
+    resizes_in_graph: bool = False  # any spatial size at or above min_size is resized in the graph
+    min_size: int = 0
+    preprocessing: ImageContract | None = None  # None: not an image model the handler can serve
+
+    def __post_init__(self):
+        self.example_shape = tuple(int(d) for d in self.example_shape)
+        self.value_range = tuple(float(v) for v in self.value_range)
+        if isinstance(self.preprocessing, dict):
+            self.preprocessing = ImageContract.from_dict(self.preprocessing)
+
+    def handler_input(self) -> tuple[int, ...] | None:
+        """(C, H, W) of the rows the handler sends, or None when the model takes no image."""
+        if self.preprocessing is None:
+            return None
+        return (self.example_shape[1], *self.preprocessing.crop)
+
+    def image_contract(self) -> ImageContract:
+        if self.preprocessing is None:
+            raise ContractError("this model takes no RGB image input (N x 3 x H x W in [0, 1]), so the image "
+                                "handler cannot serve it; export without --model-store")
+        return self.preprocessing
+
+
+@dataclass
+class OutputRecord:
+    shape: list  # ["batch", classes, ...]
+    name: str = OUTPUT_NAME
+    dtype: str = "float32"
+    meaning: str = ""
+    labels: str | None = None  # the labels file in the export folder and the archive, if any
+    classes: int | None = None
+
+
+# ---------------------------------------------------------------- what was written and proven
+
+@dataclass
+class FileRecord:
+    path: str  # relative to the export folder
+    sha256: str
+    bytes: int
+
+
+@dataclass
+class ArtifactRecord:
+    kind: str  # a row of export.forms.kinds' table
+    path: str
+    sha256: str
+    bytes: int
+    format: str  # which runtime backend opens it
+    exporter: str  # how it was made
+    spatial_dynamic: bool  # accepts other H x W (resized in the graph)
+    accepts: str  # in words, for people
+    precision: str = "fp32"  # what it computes in
+    run_precision: str = "fp32"  # how the backend must run it (autocast variants)
+    source: str | None = None  # reduced-precision variants: the fp32 kind it was made from
+    control_flow: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # kind-specific facts (quantizer settings, gate, ...)
+
+    def accepts_input(self, chw: tuple[int, ...], example_shape: tuple[int, ...]) -> bool:
+        return self.spatial_dynamic or tuple(chw) == tuple(example_shape[1:])
+
+
+@dataclass
+class ServingDecision:
+    """The served artifact, decided once at export by export.package.selection's declared rule; only read after."""
+
+    served: str | None
+    rule: str
+    preference: list
+    candidates: dict  # kind -> "served" | "servable (...)" | why not
+    servable: list
+    requested: str | None = None  # --serve, when the user chose
+    speed_only: bool = False  # the benchmark served a gate-failed variant for its speed; never deployed
+    latency_ms_batch1: dict = field(default_factory=dict)  # for information; never chooses
+
+    def served_kind(self) -> str:
+        if self.served is None:
+            raise ContractError("no artifact of this export may be served: " + "; ".join(
+                f"{k}: {why}" for k, why in self.candidates.items()))
+        return self.served
+
+
+@dataclass
+class Refusal:
+    """A form an export could not make or keep: the step that refused it and why. Every refusal has this shape
+    (an exporter, an ONNX check, loading, running the parity inputs, a reduced-precision variant); the other
+    forms go on without it."""
+
+    step: str  # build | inspect | load | parity | precision | needs (a form it is made from is missing)
+    error: str  # the exception's type ("" for a form skipped because another is missing)
+    message: str  # the first meaningful line (of the innermost cause when the error wraps another)
+    location: str = ""  # the model code's file:line when the error points there
+    log: str = ""  # the file of the export folder holding the full traceback
+
+    def line(self) -> str:
+        """One line for the terminal and the summary."""
+        where = f" at {self.location}" if self.location else ""
+        log = f" (traceback in {self.log})" if self.log else ""
+        what = f"{self.error}: {self.message}" if self.error else self.message
+        return f"{self.step}: {what}{where}{log}"
+
+
+@dataclass
+class ModelInfo:
+    name: str  # the registry's or the user's model name
+    family: str
+    description: str
+    source: dict = field(default_factory=dict)  # how to rebuild: {"registry": NAME} or {"module": REF, ...}
+
+
+@dataclass
+class Manifest:
+    model: ModelInfo
+    weights: dict
+    input: InputRecord
+    output: OutputRecord
+    opset: int
+    artifacts: dict = field(default_factory=dict)  # kind -> ArtifactRecord
+    refused: dict = field(default_factory=dict)  # kind -> Refusal: why it could not be made (or kept)
+    files: dict = field(default_factory=dict)  # other files (labels, reports) -> FileRecord
+    serving: ServingDecision | None = None
+    parity: dict = field(default_factory=dict)
+    trace_vs_script: dict = field(default_factory=dict)
+    precision: dict = field(default_factory=dict)  # reduced-precision variants: calibration, gate, choice
+    decode_check: dict = field(default_factory=dict)  # draft vs exact decoding on the served artifact (measured)
+    timings_s: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    exporter_output: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    created: str = ""
+    schema: int = SCHEMA_VERSION
+
+    # ---- reading
+    @classmethod
+    def from_dict(cls, data: Any, where: str = MANIFEST_NAME) -> "Manifest":
+        if not isinstance(data, dict):
+            raise ContractError(f"{where}: not a JSON object; re-run the export")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise SchemaVersionError(where, data.get("schema"))
+        data = dict(data)
+        data["model"] = _from_dict(ModelInfo, data.get("model"), f"{where} model")
+        data["input"] = _from_dict(InputRecord, data.get("input"), f"{where} input")
+        data["output"] = _from_dict(OutputRecord, data.get("output"), f"{where} output")
+        data["artifacts"] = {k: _from_dict(ArtifactRecord, v, f"{where} artifacts.{k}")
+                             for k, v in (data.get("artifacts") or {}).items()}
+        data["refused"] = {k: _from_dict(Refusal, v, f"{where} refused.{k}")
+                           for k, v in (data.get("refused") or {}).items()}
+        data["files"] = {k: _from_dict(FileRecord, v, f"{where} files.{k}") for k, v in (data.get("files") or {}).items()}
+        if data.get("serving") is not None:
+            data["serving"] = _from_dict(ServingDecision, data["serving"], f"{where} serving")
+        return _from_dict(cls, data, where)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = MANIFEST_NAME) -> "Manifest":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ContractError(f"{where} is not JSON ({error}); re-run the export") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def read(cls, folder: str | Path) -> "Manifest":
+        """manifest.json of an export folder or an unpacked archive."""
+        path = Path(folder) / MANIFEST_NAME
+        if not path.is_file():
+            raise ContractError(f"{path} not found: {folder} is not a complete export; run `python -m export ...`")
+        return cls.from_json(path.read_text(), str(path))
+
+    # ---- writing
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
+    # ---- questions readers ask
+    def decision(self) -> ServingDecision:
+        if self.serving is None:
+            raise ContractError("the manifest has no serving decision; re-run the export")
+        return self.serving
+
+    def served_record(self) -> ArtifactRecord:
+        """The artifact this export (or archive) serves, as decided at export."""
+        kind = self.decision().served_kind()
+        if kind not in self.artifacts:
+            raise ContractError(f"the serving decision names {kind!r}, which the manifest does not record "
+                                f"(has: {', '.join(self.artifacts)}); rebuild the archive with `python -m export`")
+        return self.artifacts[kind]
+
+    def fp32_artifacts(self) -> dict:
+        return {k: r for k, r in self.artifacts.items() if r.precision == "fp32"}
+
+    def recorded_files(self) -> list:
+        """Every file whose sha256 the manifest holds (artifacts first)."""
+        return list(self.artifacts.values()) + list(self.files.values())
+
+
+# ---------------------------------------------------------------- what model-config.yaml carries
+
+TORCHSERVE_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """model-config.yaml's `handler:` section. Which artifact is served is not here: the manifest says."""
+
+    topk: int = 5
+    fp16: bool = False  # TorchScript on a GPU under fp16 autocast
+    threads: int | None = None  # pinned CPU threads per worker; None: the serving machine decides
+    simulate_hang_s: float = 0.0  # tests of TorchServe's response timeout only
+    decode: str | None = None  # "exact": decode every pixel even where the export's decode check allows draft
+
+    def __post_init__(self):
+        if self.decode not in (None, "exact"):
+            raise ContractError(f"handler.decode may only be \"exact\" (decode every pixel), got {self.decode!r}: "
+                                "draft decoding is allowed by the export's decode check, never by a setting")
+        topk, threads = _number(self.topk, int, "topk"), _number(self.threads, int, "threads")
+        hang = _number(self.simulate_hang_s, float, "simulate_hang_s")
+        if not 1 <= topk <= 100:
+            raise ContractError(f"handler.topk must be from 1 to 100, got {self.topk}")
+        if threads is not None and threads < 1:
+            raise ContractError(f"handler.threads must be at least 1 (or absent), got {self.threads}")
+        if hang < 0:
+            raise ContractError(f"handler.simulate_hang_s must be >= 0, got {self.simulate_hang_s}")
+        object.__setattr__(self, "topk", topk)
+        object.__setattr__(self, "threads", threads)
+        object.__setattr__(self, "simulate_hang_s", hang)
+        if not isinstance(self.fp16, bool):
+            raise ContractError(f"handler.fp16 must be true or false, got {self.fp16!r}")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "HandlerConfig":
+        return _from_dict(cls, dict(data or {}), "model-config.yaml handler")
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in _plain(self).items() if v is not None}
+
+
+def _number(value: Any, kind: type, name: str):
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ContractError(f"handler.{name} must be a number, got {value!r}") from None
+
+
+def read_labels(path: str | Path) -> dict[int, str]:
+    """index_to_name.json: {"0": "tench", ...} -> {0: "tench", ...}."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return {int(k): str(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError) as error:
+        raise ContractError(f"labels file {path} cannot be read ({error}); rebuild with `python -m export`") from None

@@ -1,0 +1,288 @@
+"""Hold every artifact to eager PyTorch: same inputs, explicit tolerances, and all the error statistics.
+
+In the spirit of Polygraphy's comparator: an output passes when |candidate - eager| <= atol + rtol * |eager|
+element-wise. The metrics also say how close it came (the smallest atol / rtol that would have passed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from export.errors import ParityError
+from runtime.base import ArtifactRunError, Backend
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+# fp32 defaults. TorchScript runs the very same ATen kernels as eager, so it should agree to rounding
+# (1e-5). ONNX Runtime fuses Conv+BatchNorm and sums in other orders and kernels; over the ~1e4-1e5
+# multiply-adds behind each ResNet logit that moves results by ~1e-5 relative, so rtol 1e-3 (atol 1e-4
+# for outputs near zero) leaves headroom for that, while a changed weight (errors >= 1e-2) still fails.
+# Each kind names its tolerance in export.forms.kinds.
+TORCHSCRIPT_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
+ONNX_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
+# torch.export's ExportedProgram is an ATen graph run by eager's own kernels: TorchScript's tolerance.
+EXPORTED_PROGRAM_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
+# AOTInductor generates its own fused, vectorised kernels and folds BatchNorm into frozen weights (other
+# summation orders, like ONNX Runtime's fusions): ONNX Runtime's tolerance, measured ~3e-6 on ResNet logits.
+AOTINDUCTOR_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
+
+OTHER_SPATIAL_SIZE = (320, 288)  # non-square, not the default: exercises the in-graph resize
+TOPK = (1, 5)
+
+
+@dataclass
+class InputBatch:
+    name: str
+    tensor: torch.Tensor
+    default_size: bool = True  # False: only for artifacts that claim to accept other sizes
+
+
+@dataclass
+class Comparison:
+    artifact: str
+    inputs: str
+    shape: list[int]
+    metrics: dict
+    tolerance: Tolerance
+    passed: bool
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "tolerance": asdict(self.tolerance)}
+
+
+@dataclass
+class ParityReport:
+    comparisons: list[Comparison] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[Comparison]:
+        return [c for c in self.comparisons if not c.passed]
+
+    def passed(self, artifact: str) -> bool:
+        mine = [c for c in self.comparisons if c.artifact == artifact]
+        return bool(mine) and all(c.passed for c in mine)
+
+    def summary(self) -> dict[str, dict]:
+        out = {}
+        for artifact in dict.fromkeys(c.artifact for c in self.comparisons):
+            mine = [c for c in self.comparisons if c.artifact == artifact]
+            out[artifact] = {
+                "passed": all(c.passed for c in mine),
+                "max_abs": max(c.metrics["max_abs"] for c in mine),
+                "max_rel": max(c.metrics["max_rel"] for c in mine),
+                "min_cosine": min(c.metrics["cosine"] for c in mine),
+                "top1_agreement": _min_or_none(c.metrics.get("top1_agreement") for c in mine),
+                "top5_agreement": _min_or_none(c.metrics.get("top5_agreement") for c in mine),
+                "tolerance": asdict(mine[0].tolerance),
+                "inputs": len(mine),
+            }
+        return out
+
+    def as_dict(self) -> dict:
+        return {"summary": self.summary(), "comparisons": [c.as_dict() for c in self.comparisons],
+                "skipped": self.skipped}
+
+    def table(self) -> str:
+        return render_table(self.comparisons)
+
+    def unrunnable(self) -> dict[str, Comparison]:
+        """artifact -> its first comparison whose input its runtime refused to run (an error, not numbers)."""
+        found: dict[str, Comparison] = {}
+        for c in self.comparisons:
+            if "traceback" in c.metrics:
+                found.setdefault(c.artifact, c)
+        return found
+
+    def drop(self, artifact: str) -> None:
+        """Forget an artifact that left the export (refused): its comparisons and skips."""
+        self.comparisons = [c for c in self.comparisons if c.artifact != artifact]
+        self.skipped.pop(artifact, None)
+
+    def raise_on_failure(self) -> None:
+        if self.failures:
+            raise ParityError(self.failures, render_table(self.failures))
+
+
+def _min_or_none(values):
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+# ---------------------------------------------------------------- inputs
+
+def structured_images(count: int, channels: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
+    """Photo-like images in [0, 1]: gradients, shapes on backgrounds, and noise at several scales."""
+    generator = torch.Generator().manual_seed(seed)
+    ys = torch.linspace(0, 1, height).view(height, 1).expand(height, width)
+    xs = torch.linspace(0, 1, width).view(1, width).expand(height, width)
+    images = []
+    for index in range(count):
+        kind = index % 4
+        if kind == 0:  # colour gradients
+            planes = [(xs * (c + 1) / channels + ys * (channels - c) / channels) / 2 for c in range(channels)]
+            image = torch.stack(planes)
+        elif kind == 1:  # a disc and a rectangle on a flat background
+            image = torch.rand(channels, 1, 1, generator=generator).expand(channels, height, width).clone()
+            cy, cx, r = torch.rand(3, generator=generator) * torch.tensor([1.0, 1.0, 0.3]) + torch.tensor([0, 0, 0.1])
+            disc = ((ys - cy) ** 2 + (xs - cx) ** 2) < r ** 2
+            image[:, disc] = torch.rand(channels, 1, generator=generator)
+            image[:, height // 4: height // 2, width // 2: 3 * width // 4] = torch.rand(channels, 1, 1, generator=generator)
+        elif kind == 2:  # checkerboard with soft edges
+            period = 4 + index % 13
+            checker = ((torch.arange(height) // period).view(-1, 1) + (torch.arange(width) // period).view(1, -1)) % 2
+            image = checker.float().expand(channels, height, width) * 0.8 + 0.1
+        else:  # multi-scale noise: coarse blobs + mid texture + fine grain
+            image = torch.zeros(channels, height, width)
+            for cells, weight in ((4, 0.5), (16, 0.3), (max(height, 1), 0.2)):
+                coarse = torch.rand(1, channels, cells, cells, generator=generator)
+                image += weight * F.interpolate(coarse, size=(height, width), mode="bilinear",
+                                                align_corners=False)[0]
+        images.append(image.clamp(0, 1))
+    return torch.stack(images)
+
+
+def parity_inputs(example_shape: tuple[int, ...], value_range=(0.0, 1.0), seed: int = 0,
+                  spatial_dynamic: bool = False) -> list[InputBatch]:
+    """Seeded random inputs in the model's range and structured images, at batch 1, 2 and 8."""
+    generator = torch.Generator().manual_seed(seed)
+    low, high = value_range
+    item = tuple(example_shape[1:])
+
+    def random(batch, shape=item):
+        return low + (high - low) * torch.rand((batch,) + tuple(shape), generator=generator)
+
+    def structured(batch, shape=item):
+        if len(shape) != 3:
+            return random(batch, shape)
+        return low + (high - low) * structured_images(batch, *shape, seed=seed + batch)
+
+    batches = [InputBatch("random b1", random(1)), InputBatch("structured b2", structured(2)),
+               InputBatch("mixed b8", torch.cat([random(4), structured(4)]))]
+    if spatial_dynamic and len(item) == 3:
+        other = (item[0],) + OTHER_SPATIAL_SIZE
+        batches.append(InputBatch(f"structured b2 @{other[1]}x{other[2]}", structured(2, other), default_size=False))
+    return batches
+
+
+# ---------------------------------------------------------------- metrics
+
+def compare_outputs(reference: torch.Tensor, candidate: torch.Tensor, tolerance: Tolerance) -> tuple[dict, bool]:
+    reference = reference.detach().double().cpu()
+    candidate = candidate.detach().double().cpu()
+    if reference.shape != candidate.shape:
+        return {"error": f"shape {tuple(candidate.shape)} != eager {tuple(reference.shape)}",
+                "max_abs": math.inf, "max_rel": math.inf, "cosine": -1.0}, False
+    diff = (candidate - reference).abs()
+    magnitude = reference.abs()
+    relative = diff / magnitude.clamp_min(1e-12)
+    metrics = {
+        "max_abs": diff.max().item(),
+        "mean_abs": diff.mean().item(),
+        "median_abs": diff.median().item(),
+        "max_rel": relative.max().item(),
+        "cosine": F.cosine_similarity(reference.flatten(), candidate.flatten(), dim=0, eps=1e-12).item(),
+        # smallest tolerances that would have passed, each with the other one held at its setting
+        "required_atol": (diff - tolerance.rtol * magnitude).clamp_min(0).max().item(),
+        "required_rtol": ((diff - tolerance.atol).clamp_min(0) / magnitude.clamp_min(1e-12)).max().item(),
+    }
+    if not torch.isfinite(candidate).all():
+        metrics["error"] = "non-finite values in the artifact's output"
+    for k in TOPK:
+        metrics[f"top{k}_agreement"] = topk_agreement(reference, candidate, k)
+    passed = "error" not in metrics and bool((diff <= tolerance.atol + tolerance.rtol * magnitude).all())
+    return metrics, passed
+
+
+def topk_agreement(reference: torch.Tensor, candidate: torch.Tensor, k: int) -> float | None:
+    """Fraction of rows whose top-k class sets are identical (order-insensitive); None if not (N, classes)."""
+    if reference.dim() != 2 or reference.shape[1] < k:
+        return None
+    ref_top = reference.topk(k, dim=1).indices.sort(dim=1).values
+    cand_top = candidate.topk(k, dim=1).indices.sort(dim=1).values
+    return (ref_top == cand_top).all(dim=1).double().mean().item()
+
+
+# ---------------------------------------------------------------- running
+
+@dataclass(frozen=True)
+class Candidate:
+    """An opened artifact under test, the tolerance its kind is held to, and whether it claims other sizes."""
+
+    runner: Backend
+    tolerance: Tolerance
+    spatial_dynamic: bool
+
+
+def run_parity(eager: Backend, candidates: dict[str, Candidate], inputs: list[InputBatch]) -> ParityReport:
+    report = ParityReport()
+    for batch in inputs:
+        expected = eager(batch.tensor)
+        for name, candidate in candidates.items():
+            if not batch.default_size and not candidate.spatial_dynamic:
+                report.skipped.setdefault(name, "fixed input size: other sizes are not claimed")
+                continue
+            try:
+                metrics, passed = compare_outputs(expected, candidate.runner(batch.tensor), candidate.tolerance)
+            except ArtifactRunError as error:  # the artifact's runtime refused the input: a failure, with its cause
+                metrics, passed = {"error": str(error)[:300], "traceback": error.cause_traceback(),
+                                   "max_abs": math.inf, "max_rel": math.inf, "cosine": -1.0}, False
+            report.comparisons.append(Comparison(name, batch.name, list(batch.tensor.shape), metrics,
+                                                 candidate.tolerance, passed))
+    return report
+
+
+def render_table(comparisons: list[Comparison]) -> str:
+    header = ("| artifact | inputs | max abs | mean abs | median abs | max rel | cosine | top-1 | top-5 "
+              "| atol / rtol | needed atol / rtol | result |")
+    lines = [header, "|" + "---|" * 12]
+    for c in comparisons:
+        m = c.metrics
+        result = "pass" if c.passed else "FAIL" + (f" ({m['error']})" if "error" in m else "")
+        lines.append(
+            f"| {c.artifact} | {c.inputs} | {_g(m['max_abs'])} | {_g(m.get('mean_abs'))} | {_g(m.get('median_abs'))} "
+            f"| {_g(m['max_rel'])} | {_cos(m['cosine'])} | {_pct(m.get('top1_agreement'))} "
+            f"| {_pct(m.get('top5_agreement'))} | {c.tolerance.atol:g} / {c.tolerance.rtol:g} "
+            f"| {_g(m.get('required_atol'))} / {_g(m.get('required_rtol'))} | {result} |")
+    return "\n".join(lines)
+
+
+def _g(value) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def _cos(value) -> str:
+    return f"{value:.7f}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def report_markdown(report: ParityReport, title: str) -> str:
+    summary = report.summary()
+    lines = [f"# Parity: {title}", "",
+             "Each artifact against eager PyTorch on the same inputs. Pass: |artifact - eager| <= atol + rtol*|eager|.",
+             "", "| artifact | result | worst max abs | worst max rel | min cosine | top-1 | top-5 |",
+             "|---|---|---|---|---|---|---|"]
+    for name, s in summary.items():
+        lines.append(f"| {name} | {'pass' if s['passed'] else 'FAIL'} | {_g(s['max_abs'])} | {_g(s['max_rel'])} "
+                     f"| {_cos(s['min_cosine'])} | {_pct(s['top1_agreement'])} | {_pct(s['top5_agreement'])} |")
+    lines += ["", "## Every comparison", "", report.table(), ""]
+    for name, why in report.skipped.items():
+        lines.append(f"- {name}: other input sizes skipped ({why})")
+    return "\n".join(lines) + "\n"
+
+
+def report_json(report: ParityReport) -> str:
+    return json.dumps(report.as_dict(), indent=2, default=str)

@@ -1,0 +1,2 @@
+"""The forms an export can write: the table of artifact kinds (kinds.py) and the exporter functions that make
+each one (exporters.py: TorchScript and ONNX; torch_export.py: torch.export's own artifacts)."""

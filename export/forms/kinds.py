@@ -1,0 +1,211 @@
+"""The table of artifact kinds: one row per kind of file an export can write.
+
+A row says everything the pipeline, parity, selection, precision and the CLI need to know about a kind: its
+file name, its format (which runtime backend opens it), how it is built, the tolerance parity holds it to,
+where it stands in the serving preference and why, and which input sizes it accepts. They iterate this
+table instead of naming kinds. A new backend is one row here (`register`), one backend file in runtime/ and
+one exporter function (`build(context, kind) -> exporters.Artifact`). Any exporter may refuse a model: the
+pipeline records the refusal (export.refusals) and goes on with the other kinds.
+
+Reduced-precision variants (int8, fp16, bf16) are rows too: export.precision.variants builds and gates them from an
+fp32 source named in `sources`; they are not held to eager by parity but by the accuracy gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from export.checks.onnx_checks import check_onnx, onnx_control_flow, torchscript_control_flow
+from export.checks.parity import (
+    AOTINDUCTOR_TOLERANCE,
+    EXPORTED_PROGRAM_TOLERANCE,
+    ONNX_TOLERANCE,
+    TORCHSCRIPT_TOLERANCE,
+    Tolerance,
+)
+from export.errors import ExportError
+from export.forms import exporters, torch_export
+
+INPUT_SIZES = {
+    "example": "exactly the example's height x width (the traced size)",
+    "model": "any height x width when the model resizes in its graph, else the example's",
+    "source": "what the fp32 artifact it was made from accepts",
+}
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    name: str
+    file_name: str
+    format: str  # the runtime backend that opens it (runtime.base.BACKENDS)
+    exporter: str  # how it is made, in words (recorded in the manifest)
+    input_sizes: str  # a key of INPUT_SIZES
+    serving_rank: int | None  # lower is preferred; None: served only when asked for with --serve
+    rank_reason: str
+    tolerance: Tolerance | None = None  # parity against eager; None: gated on accuracy instead
+    build: Callable | None = None  # fp32 kinds: build(context, kind) -> exporters.Artifact
+    inspect: Callable | None = None  # inspect(artifact): structural checks and control-flow census
+    needs: tuple[str, ...] = ()  # kinds built first whose in-memory module this one reads
+    precision: str = "fp32"
+    sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
+    off_by_default: str = ""  # why --formats leaves it out unless asked for (empty: built by default)
+    announce: str = ""  # a slow exporter's progress line before it starts
+
+    def __post_init__(self):
+        if self.input_sizes not in INPUT_SIZES:
+            raise ValueError(f"kind {self.name}: input_sizes must be one of {', '.join(INPUT_SIZES)}")
+        if self.precision == "fp32" and (self.build is None or self.tolerance is None):
+            raise ValueError(f"kind {self.name}: an fp32 kind needs an exporter (build) and a parity tolerance")
+
+    @property
+    def is_variant(self) -> bool:
+        return self.precision != "fp32"
+
+    def spatial_dynamic(self, resizes_in_graph: bool, source_dynamic: bool = False) -> bool:
+        """Whether the artifact accepts spatial sizes other than the example's."""
+        return {"example": False, "model": resizes_in_graph, "source": source_dynamic}[self.input_sizes]
+
+
+def _inspect_onnx(artifact: exporters.Artifact) -> None:
+    artifact.checks = check_onnx(artifact.path)
+    artifact.control_flow = onnx_control_flow(artifact.path)
+
+
+def _inspect_torchscript(artifact: exporters.Artifact) -> None:
+    artifact.control_flow = torchscript_control_flow(artifact.loaded)
+
+
+ONNX_RUNTIME_FIRST = "ONNX Runtime measured about 2x TorchScript's CPU throughput (python -m measure bench)"
+_TABLE: dict[str, ArtifactKind] = {}
+
+
+def register(kind: ArtifactKind) -> ArtifactKind:
+    """Add a kind (a test adds one to prove a new backend needs no other edit)."""
+    if kind.name in _TABLE:
+        raise ValueError(f"artifact kind {kind.name!r} is registered twice")
+    missing = [n for n in kind.needs + kind.sources if n not in _TABLE]
+    if missing:
+        raise ValueError(f"kind {kind.name} needs {', '.join(missing)}, which must be registered first")
+    _TABLE[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    _TABLE.pop(name, None)
+
+
+for _kind in (
+    ArtifactKind("traced", "model.traced.pt", "torchscript", "torch.jit.trace", "example", 50,
+                 "TorchScript last, and the trace after the script: a trace records the one path its example took",
+                 TORCHSCRIPT_TOLERANCE, exporters.trace, _inspect_torchscript),
+    ArtifactKind("scripted", "model.scripted.pt", "torchscript", "torch.jit.script", "model", 40,
+                 "TorchScript runs eager's own kernels (tight tolerance) but behind ONNX Runtime in speed",
+                 TORCHSCRIPT_TOLERANCE, exporters.script, _inspect_torchscript),
+    ArtifactKind("exported", "model.exported.pt2", "torch-export", "torch.export.export + torch.export.save "
+                 "(ExportedProgram)", "model", 35, "torch.export is TorchScript's maintained successor: eager's own "
+                 "kernels (tight tolerance), control flow kept as torch.cond; behind ONNX Runtime in speed (an "
+                 "interpreted graph), so after it", EXPORTED_PROGRAM_TOLERANCE, torch_export.exported_program,
+                 torch_export.program_control_flow),
+    ArtifactKind("aotinductor", "model.aoti.pt2", "aoti", "AOTInductor (torch._inductor.aot_compile, packaged "
+                 "with the torch build it needs)", "example", 25, "compiled ahead of time to this machine's code, "
+                 "ahead of the interpreted torch forms; after the ONNX forms that keep the graph's control flow: a "
+                 "package runs only under the torch build and CPU instruction set (or GPU) that compiled it",
+                 AOTINDUCTOR_TOLERANCE, torch_export.aot_inductor, torch_export.program_control_flow,
+                 off_by_default="its C++ compile takes up to a minute per ResNet on 2 cores and the package is "
+                                "pinned to this torch build and CPU: built when asked for",
+                 announce="compiling with AOTInductor (C++; up to a minute per ResNet on 2 cores)"),
+    ArtifactKind("onnx-traced", "model.traced.onnx", "onnx",
+                 "torch.onnx.export(dynamo=False) of the traced module", "example", 30,
+                 f"{ONNX_RUNTIME_FIRST}; after the other exporters: it inherits the trace's one path",
+                 ONNX_TOLERANCE, exporters.onnx_from_torchscript, _inspect_onnx, needs=("traced",)),
+    ArtifactKind("onnx-scripted", "model.scripted.onnx", "onnx",
+                 "torch.onnx.export(dynamo=False) of the scripted module", "model", 20,
+                 f"{ONNX_RUNTIME_FIRST}; keeps If/Loop from the script; the legacy exporter is frozen upstream",
+                 ONNX_TOLERANCE, exporters.onnx_from_torchscript, _inspect_onnx, needs=("scripted",)),
+    ArtifactKind("onnx-dynamo", "model.dynamo.onnx", "onnx", "torch.onnx.export(dynamo=True) (torch.export)",
+                 "model", 10, f"{ONNX_RUNTIME_FIRST}; torch.export is the maintained exporter (control flow as If)",
+                 ONNX_TOLERANCE, exporters.onnx_dynamo, _inspect_onnx),
+    ArtifactKind("onnx-int8", "model.int8.onnx", "onnx", "onnxruntime.quantization.quantize_static (QDQ)",
+                 "source", 0, "about 2x fp32 ONNX Runtime on CPU (docs/precision.md), served only within the "
+                 "accuracy gate", precision="int8", sources=("onnx-traced", "onnx-dynamo", "onnx-scripted")),
+    ArtifactKind("onnx-fp16", "model.fp16.onnx", "onnx", "onnxruntime.transformers.float16", "source", None,
+                 "fast only on a GPU, which the exporting machine may not be: served when asked (--serve)",
+                 precision="fp16", sources=("onnx-traced", "onnx-dynamo", "onnx-scripted")),
+    ArtifactKind("scripted-bf16", "model.scripted.pt", "torchscript", "torch.autocast(bfloat16) around the "
+                 "scripted module", "source", None, "fast only on CPUs with native bf16: served when asked "
+                 "(--serve)", precision="bf16", sources=("scripted",)),
+    ArtifactKind("scripted-fp16", "model.scripted.pt", "torchscript", "torch.autocast(float16) around the "
+                 "scripted module", "source", None, "fast only on a GPU: served when asked (--serve)",
+                 precision="fp16", sources=("scripted",)),
+):
+    register(_kind)
+
+
+def get(name: str) -> ArtifactKind:
+    try:
+        return _TABLE[name]
+    except KeyError:
+        raise ExportError(f"unknown artifact kind {name!r}; kinds: {', '.join(_TABLE)}") from None
+
+
+def all_kinds() -> list[ArtifactKind]:
+    return list(_TABLE.values())
+
+
+def names() -> list[str]:
+    return list(_TABLE)
+
+
+def fp32_kinds() -> list[ArtifactKind]:
+    """Every kind the pipeline can build, in table order (a kind's needs come before it)."""
+    return [k for k in _TABLE.values() if not k.is_variant]
+
+
+def default_formats() -> list[str]:
+    """What an export builds without --formats: every fp32 kind but those off by default (each says why)."""
+    return [k.name for k in fp32_kinds() if not k.off_by_default]
+
+
+def chosen_formats(requested: list[str] | None, also: str | None = None) -> list[str]:
+    """The fp32 kinds to build, in table order: the requested ones (None: the default), `also` (the kind asked
+    for with --serve, when it is an fp32 kind) and the kinds they are made from. An unknown or
+    reduced-precision name is an error naming the choices."""
+    requested = list(default_formats() if requested is None else requested)
+    if also in _TABLE and not _TABLE[also].is_variant:
+        requested.append(also)
+    wanted = set()
+    for name in requested:
+        kind = _TABLE.get(name)
+        if kind is None or kind.is_variant:
+            raise ExportError(f"--formats: {name!r} is not an fp32 artifact kind; choose from "
+                              f"{', '.join(k.name for k in fp32_kinds())} (reduced precision: --precision)")
+        wanted.add(name)
+        wanted.update(_needed_by(kind))
+    return [k.name for k in fp32_kinds() if k.name in wanted]
+
+
+def _needed_by(kind: ArtifactKind) -> set[str]:
+    needed = set(kind.needs)
+    for name in kind.needs:
+        needed |= _needed_by(_TABLE[name])
+    return needed
+
+
+def variants(precision: str) -> list[ArtifactKind]:
+    return [k for k in _TABLE.values() if k.precision == precision]
+
+
+def precisions() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(["fp32"] + [k.precision for k in _TABLE.values()]))
+
+
+def serving_preference() -> tuple[str, ...]:
+    ranked = [k for k in _TABLE.values() if k.serving_rank is not None]
+    return tuple(k.name for k in sorted(ranked, key=lambda k: k.serving_rank))
+
+
+def estimated_bytes(parameter_bytes: int, formats: list[str] | None = None) -> int:
+    """Disk an export needs: each fp32 file is about the size of the parameters and buffers."""
+    chosen = set(formats or names())
+    return len({k.file_name for k in fp32_kinds() if k.name in chosen}) * parameter_bytes

@@ -1,0 +1,173 @@
+"""Package an export folder as a TorchServe archive (.mar) with torch-model-archiver.
+
+The archive holds the handler's code (contract/, runtime/ and handlers/, each package whole),
+the served artifact, manifest.json (whose serving decision names it, with the sha256 the handler checks
+before opening it), the labels and model-config.yaml. It is named after the model (resnet50.mar, served at
+/predictions/resnet50) unless the user names it. It is built in a temporary folder inside the model store and renamed into place only
+when the export it belongs to has been swapped in, so a model store never holds half an archive or an
+archive of a failed export.
+
+Serving policy (workers, batching, threads) is not decided here: the machine that serves decides it
+(handlers/policy.py). Only what the user pins with --workers/--batch-size/--max-batch-delay is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from contract.records import MANIFEST_NAME, TORCHSERVE_KEYS, HandlerConfig, Manifest
+from export.atomic import ensure_writable_dir
+from export.errors import ExportError
+from export.package.selection import redecide
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+HANDLER_ENTRY = PROJECT_ROOT / "handlers" / "torchserve_entry.py"
+# What the handler imports, each package whole: what serving runs is exactly what development imports.
+ARCHIVE_SOURCES = ("contract", "handlers", "runtime")
+
+# deviceType gpu: TorchServe gives each worker a gpu_id when the host has GPUs, and runs on CPU otherwise.
+COMMON_CONFIG = {"responseTimeout": 120, "deviceType": "gpu"}
+SCRATCH_PREFIX = ".mar-build-"  # + the archiving process's pid: a killed run's folder is recognisable
+
+
+@dataclass
+class ArchiveRequest:
+    model_store: Path
+    name: str | None = None  # None: the model's name (manifest.model.name)
+    overrides: dict = field(default_factory=dict)  # pinned TorchServe keys and handler settings
+    # Only the benchmark and the GPU check set this: another kind of the same export, re-decided by the same
+    # rule (export.package.selection.redecide); the export itself decides with --serve.
+    artifact: str | None = None
+    # Only the benchmark sets this: a variant that failed its accuracy gate may be packaged to measure its
+    # speed (on random weights the gate measures near-ties, not the pipeline); never for deployment.
+    speed_only_ungated: bool = False
+
+
+def model_config_yaml(overrides: dict | None = None) -> str:
+    import yaml
+    overrides = dict(overrides or {})
+    handler_keys = HandlerConfig.keys()
+    handler = HandlerConfig.from_dict({k: overrides.pop(k) for k in list(overrides) if k in handler_keys})
+    unknown = sorted(set(overrides) - set(TORCHSERVE_KEYS))
+    if unknown:
+        raise ExportError(f"unknown model-config keys {', '.join(unknown)}; known: "
+                          f"{', '.join(TORCHSERVE_KEYS + handler_keys)}")
+    config = {**COMMON_CONFIG, **overrides, "handler": handler.to_dict()}
+    return ("# TorchServe model configuration (written by `python -m export`).\n"
+            "# The served artifact is manifest.json's serving decision (its sha256 is there too).\n"
+            "# Workers and batching are decided where the model is served (python -m serving), unless pinned here.\n"
+            + yaml.safe_dump(config, sort_keys=False))
+
+
+def archived_manifest(manifest: Manifest, request: ArchiveRequest) -> Manifest:
+    """The manifest the archive ships: the export's, or the same with request.artifact re-decided."""
+    manifest.input.image_contract()  # the image handler needs one; says so when the model has none
+    if request.artifact is None:
+        manifest.served_record()  # the export's decision must name a recorded artifact
+        return manifest
+    decision = redecide(manifest.decision(), request.artifact, request.speed_only_ungated)
+    return replace(manifest, serving=decision)
+
+
+class PendingArchive:
+    """A built .mar waiting in the model store's scratch folder; commit() renames it into place."""
+
+    def __init__(self, scratch: tempfile.TemporaryDirectory, built: Path, target: Path):
+        self.scratch, self.built, self.target = scratch, built, target
+
+    def commit(self) -> Path:
+        os.replace(self.built, self.target)
+        return self.target
+
+    def discard(self) -> None:
+        self.scratch.cleanup()
+
+
+def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveRequest) -> PendingArchive:
+    archived = archived_manifest(manifest, request)
+    name = request.name or manifest.model.name
+    ensure_writable_dir(request.model_store, "--model-store")
+    remove_stale_scratch(Path(request.model_store))
+    scratch = tempfile.TemporaryDirectory(dir=request.model_store, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+    try:
+        built = _run_archiver(Path(export_dir), archived, name, request.overrides, Path(scratch.name))
+    except BaseException:
+        scratch.cleanup()
+        raise
+    return PendingArchive(scratch, built, Path(request.model_store) / f"{name}.mar")
+
+
+def remove_stale_scratch(model_store: Path) -> None:
+    """Scratch folders of archivers that were killed (SIGKILL leaves them): their process is gone."""
+    for folder in model_store.glob(f"{SCRATCH_PREFIX}*"):
+        pid = folder.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name: str | None = None,
+                  artifact: str | None = None, config_overrides: dict | None = None,
+                  speed_only_ungated: bool = False) -> Path:
+    """Build NAME.mar (default: the model's name) from a complete export folder into the model store."""
+    pending = prepare_archive(export_dir, manifest, ArchiveRequest(Path(model_store), name,
+                                                                   dict(config_overrides or {}), artifact,
+                                                                   speed_only_ungated))
+    try:
+        return pending.commit()
+    finally:
+        pending.discard()
+
+
+def run_model_archiver(command: list[str], export_path: Path) -> subprocess.CompletedProcess:
+    """torch-model-archiver stages the files in $TMPDIR/<model name> and deletes that folder afterwards, so two
+    archivers of the same model name at once break each other; each gets a private TMPDIR in its export path."""
+    with tempfile.TemporaryDirectory(dir=export_path, prefix=".archiver-tmp-") as private_tmp:
+        return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": private_tmp})
+
+
+def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: dict, scratch: Path) -> Path:
+    extra = scratch / "extra"
+    for package in ARCHIVE_SOURCES:
+        (extra / package).mkdir(parents=True)
+        for source in sorted((PROJECT_ROOT / package).glob("*.py")):
+            shutil.copy2(source, extra / package / source.name)
+    (extra / MANIFEST_NAME).write_text(manifest.to_json())
+    if manifest.output.labels:
+        shutil.copy2(export_dir / manifest.output.labels, extra / manifest.output.labels)
+    config = scratch / "model-config.yaml"
+    config.write_text(model_config_yaml(overrides))
+    return archive_files(name, export_dir / manifest.served_record().path, HANDLER_ENTRY, scratch,
+                   extra_files=extra, config_file=config)
+
+
+def archive_files(name: str, serialized_file: Path, handler: Path, out: Path, extra_files: Path | None = None,
+            config_file: Path | None = None) -> Path:
+    """torch-model-archiver: OUT/NAME.mar from the served file, the handler, extra files and model config."""
+    command = [sys.executable, "-m", "model_archiver.model_packaging", "--model-name", name, "--version", "1.0",
+               "--serialized-file", str(serialized_file), "--handler", str(handler),
+               "--export-path", str(out), "--force"]
+    if extra_files is not None:
+        command += ["--extra-files", str(extra_files)]
+    if config_file is not None:
+        command += ["--config-file", str(config_file)]
+    result = run_model_archiver(command, out)
+    built = out / f"{name}.mar"
+    if result.returncode != 0 or not built.is_file():
+        raise ExportError(f"torch-model-archiver failed: {(result.stderr or result.stdout).strip()[-500:]}")
+    return built

@@ -1,0 +1,5 @@
+import sys
+
+from measure.cli import main
+
+sys.exit(main())
