@@ -12,7 +12,7 @@ import torch
 import models
 from contract.records import MANIFEST_NAME, SCHEMA_VERSION, HandlerConfig, Manifest, read_labels
 from export.forms import kinds
-from tests.conftest import run_export
+from tests.conftest import ROOT, run_export
 
 pytestmark = pytest.mark.slow
 
@@ -125,9 +125,10 @@ def test_archive_holds_handler_runtime_contract_artifact_manifest_labels_and_con
                 "handlers/image_classifier.py", "runtime/base.py", "runtime/onnxruntime.py", "contract/errors.py",
                 "contract/records.py", served.path} <= names
         assert hashlib.sha256(archive.read(served.path)).hexdigest() == served.sha256
-        # the archive ships runtime/, handlers/, the error root and the contract, never export/ or other models/
-        assert not {n for n in names if n.startswith("export/")}
-        assert {n for n in names if n.startswith("models/")} == {"contract/errors.py", "contract/records.py"}
+        # the archive ships contract/, runtime/ and handlers/ whole (what development imports), nothing else of ours
+        assert not {n for n in names if n.split("/")[0] in ("models", "export", "serving", "measure")}
+        assert {n for n in names if n.startswith("contract/")} == {
+            f"contract/{p.name}" for p in (ROOT / "contract").glob("*.py")}
         assert config["maxBatchDelay"] == 40  # pinned by --max-batch-delay 40 in the export command
         assert not {"batchSize", "minWorkers", "maxWorkers"} & set(config)  # decided where it is served
         assert set(config["handler"]) <= set(HandlerConfig.keys()) and "artifact" not in config["handler"]
