@@ -18,7 +18,7 @@ COMMANDS = {
                   "every artifact of an export in one process, against this machine's GEMM peak (make bench-inprocess)"),
     "peak": ("measure.inprocess.cli", "peak_main", "this machine's GEMM peak alone (fp32 and int8)"),
     "aoti-tuning": ("measure.inprocess.cli", "tuning_main", "AOTInductor's CPU options on one model"),
-    "pipeline": ("measure.request_path.pipeline", "main",
+    "pipeline": ("measure.request_path.stages", "main",
                  "the request path's ceiling in one process (decode, preprocess, inference, encode), per body"),
     "decoders": ("measure.request_path.decoders", "main", "JPEG decoders compared per body size"),
     "soak": ("measure.reliability.soak", "main", "a served model held under steady load: errors and worker memory"),

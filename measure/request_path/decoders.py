@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from measure.command import write_tables
-from measure.request_path.pipeline import bodies
+from measure.request_path.stages import bodies
 from runtime.images import DRAFT_FACTOR, decode_image, shown_size
 from runtime.timing import time_runs
 

@@ -44,7 +44,7 @@ from handlers.policy import machine_policy, this_machine
 from measure.command import run_load_command
 from measure.inprocess import bench as inprocess
 from measure.loadgen import require_hey
-from measure.request_path import pipeline
+from measure.request_path import stages
 from measure.served import ceiling, peer, report, targets
 from measure.served.configurations import (
     CONFIGURATIONS,
@@ -207,7 +207,7 @@ def parse_args(argv):
 
 def image_files(spec: str) -> list[Path]:
     """--images: every image of the files and folders named, once each (rows are keyed by file name)."""
-    files = [path for part in spec.split(",") if part.strip() for path in pipeline.bodies(Path(part.strip()))]
+    files = [path for part in spec.split(",") if part.strip() for path in stages.bodies(Path(part.strip()))]
     names = [path.name for path in files]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:

@@ -20,16 +20,16 @@ from contract.records import HandlerConfig, Manifest
 from export.atomic import atomic_write_text
 from handlers.core import REBUILD, ImageClassifierCore, labels_of, run_precision
 from handlers.policy import ServingPolicy
-from measure.request_path import pipeline
+from measure.request_path import stages
 from runtime import RunOptions, open_artifact, verify_file
 
-DEFAULT_SECONDS = 3.0  # timed seconds per body and artifact (pipeline.py's default)
+DEFAULT_SECONDS = 3.0  # timed seconds per body and artifact (stages.py's default)
 
 
 @dataclass(frozen=True)
 class Ceilings:
     """images/s of the whole request path, per artifact kind and body name, at the policy's workers."""
-    per_kind: dict  # {kind: {body name: pipeline.measure_body's row}}
+    per_kind: dict  # {kind: {body name: stages.measure_body's row}}
     workers: int
 
     def of(self, kind: str, body: str) -> float | None:
@@ -70,7 +70,7 @@ def measure(export_dir: Path, manifest: Manifest, wanted: list[tuple[str, str, d
         core = core_for(export_dir, manifest, kind, policy.threads_per_worker, device, settings)
         per_kind[key] = {}
         for path in files:
-            row = pipeline.measure_body(core, path, policy.batch_size, seconds)
+            row = stages.measure_body(core, path, policy.batch_size, seconds)
             per_kind[key][path.name] = row
             print(f"  {path.name:<20} {row['pipeline_images_per_s']:7.1f} images/s per worker "
                   f"(model alone {row['model_images_per_s']:.1f})", flush=True)
@@ -78,12 +78,12 @@ def measure(export_dir: Path, manifest: Manifest, wanted: list[tuple[str, str, d
 
 
 def write(ceilings: Ceilings, manifest: Manifest, policy: ServingPolicy, cores: int, out: Path) -> None:
-    """pipeline.md (one table per artifact, pipeline.py's form) and pipeline.json beside the served results."""
+    """pipeline.md (one table per artifact, stages.py's form) and pipeline.json beside the served results."""
     sections, data = [], {}
     for kind, rows in ceilings.per_kind.items():
         context = {"model": manifest.model.name, "artifact": kind, "threads": policy.threads_per_worker,
                    "batch": policy.batch_size, "workers": policy.workers, "cores": cores}
-        sections.append(pipeline.markdown(list(rows.values()), context))
+        sections.append(stages.markdown(list(rows.values()), context))
         data[kind] = {"context": context, "rows": list(rows.values())}
     atomic_write_text(out / "pipeline.md", "\n".join(sections))
     atomic_write_text(out / "pipeline.json", json.dumps(data, indent=2) + "\n")

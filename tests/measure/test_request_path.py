@@ -10,7 +10,7 @@ import sys
 import pytest
 from PIL import Image
 
-from measure.request_path import pipeline
+from measure.request_path import stages
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # needs the resnet18 export
@@ -27,7 +27,7 @@ def test_each_body_gets_its_stages_and_the_model_alone_beside_them(resnet18_expo
     _png(images / "gradient.png")
     (images / "notes.txt").write_text("not an image: skipped by suffix")
     out = tmp_path / "out"
-    assert pipeline.main(["--export-dir", str(resnet18_export["out"]), "--images", str(images),
+    assert stages.main(["--export-dir", str(resnet18_export["out"]), "--images", str(images),
                           "--seconds", "0.1", "--out", str(out)]) == 0
     report = json.loads((out / "pipeline.json").read_text())
     # the resnet18 export's decode check passed: each body is measured exact and draft (before and after)
@@ -37,7 +37,7 @@ def test_each_body_gets_its_stages_and_the_model_alone_beside_them(resnet18_expo
     assert rows["gradient.png", "draft"]["shown"] == [1200, 900]  # the photo's size, not the decoded one
     for row in rows.values():
         assert set(row["stage_ms"]) == {"decode", "preprocess", "inference", "encode"}
-        assert all(v >= 0 for v in row["stage_ms"].values()) and row["runs"] >= pipeline.MIN_RUNS
+        assert all(v >= 0 for v in row["stage_ms"].values()) and row["runs"] >= stages.MIN_RUNS
         # the pipeline runs the model too, so it cannot be much faster than the model alone
         assert 0 < row["pipeline_vs_model"] < 1.5
     assert report["context"]["model"] == "resnet18"
@@ -59,5 +59,5 @@ def test_a_body_the_handler_refuses_is_named_with_its_reason(resnet18_export, tm
     assert "Traceback" not in result.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(pipeline.MeasureError, match="no image file there"):
-        pipeline.bodies(empty)
+    with pytest.raises(stages.MeasureError, match="no image file there"):
+        stages.bodies(empty)
