@@ -1,5 +1,6 @@
 """What the GPU check records and how it reports it: a dataclass per row, a Step per stage with its Status,
-the issue's two targets (recorded, never asserted), gpu-results.md and .json. Standard library only."""
+the GPU path's two targets, fp16 agreement and GPU throughput (recorded, never asserted), gpu-results.md and
+.json. Standard library only."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def rows_of(steps: list[Step], name: str) -> list:
 
 
 def compute_targets(steps: list[Step]) -> list[Target]:
-    """The issue's two targets from whatever rows exist; a target whose rows are missing is left out."""
+    """The two targets (fp16 agreement, GPU throughput) from whatever rows exist; a target whose rows are missing is left out."""
     return [t for t in (agreement_target(steps), throughput_target(steps)) if t is not None]
 
 

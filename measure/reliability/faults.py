@@ -32,7 +32,7 @@ from measure.reliability.workers import ready_pids, wait_all_ready
 from serving.torchserve import server
 from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
 
-RECOVERY_LIMIT_S = 15  # the bound: every worker READY again within 15 s of the kill
+RECOVERY_LIMIT_S = 15  # every worker READY again within 15 s of the kill
 RESPAWN_LIMIT_S = 5  # TorchServe's own part: notice the death, wait its 1 s retry delay, start a new process
 LOAD_BEFORE_KILL_S = 3  # steady load before the kill
 LOAD_AFTER_RECOVERY_S = 3  # and after recovery: every one of these requests must succeed

@@ -27,7 +27,7 @@ from measure.reliability.workers import wait_all_ready, workers
 from serving.torchserve import server
 from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
 
-MAX_RSS_GROWTH = 0.10  # the bound: memory that keeps growing under steady load is a leak
+MAX_RSS_GROWTH = 0.10  # memory that keeps growing under steady load is a leak
 WARMUP_SLICES = 1  # allocator pools and ORT arenas settle during the first slice
 
 

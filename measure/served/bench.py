@@ -21,7 +21,7 @@ against an honest baseline, a peer, and the ceilings measured in the same run.
 4. Where the time goes: our handler logs decode/preprocess/inference/encode per batch (model_log.log, the
    same numbers as its Prometheus metrics); the medians per request of each row sit beside its throughput.
 Prints the tables and writes results.md (per body: served req/s beside its pipeline ceiling and the model
-alone, with ratios to both; ratios to naive), results.json, targets.json (issues 10, 11, 20) and
+alone, with ratios to both; ratios to naive), results.json, targets.json (every target of the run) and
 throughput.png (bench_report.py, targets.py). Numbers from one run on a shared machine: compare rows of
 the same run only.
 """
@@ -270,7 +270,8 @@ def _main(argv) -> int:
 
 
 def targets_of(rows: list[dict], best: dict, measured, files: list[Path]) -> list[report.Target]:
-    """Issues 10 and 11's on the example's rows (or the first body's), then issue 20's on every row."""
+    """The served-vs-in-process and int8 targets on the example's rows (or the first body's), then the photo-size
+    targets on every row."""
     example = EXAMPLE_IMAGE.name if any(path.name == EXAMPLE_IMAGE.name for path in files) else files[0].name
     on_example = [r for r in rows if r["body"] == example]
     return (report.evaluate_targets(on_example, best.get("fp32", {}), best_fp32_peak_fraction(measured))

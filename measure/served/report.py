@@ -1,5 +1,6 @@
 """The serving benchmark's numbers made readable: the handler's stage times from its log, ratios to the naive
-row and to the in-process ceiling, issue 10's and 11's targets, the tables, results.md and throughput.png."""
+row and to the in-process ceiling, the served-vs-in-process and int8 targets, the tables, results.md and
+throughput.png."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from pathlib import Path
 from handlers.core import STAGES
 from measure.served.configurations import INT8, NAIVE
 
-TARGET_VS_INPROCESS = 0.9  # issue 10: served at concurrency 8 >= 0.9 x the best in-process batch-8 throughput
+TARGET_VS_INPROCESS = 0.9  # served at concurrency 8 >= 0.9 x the best in-process batch-8 throughput
 TARGET_VS_NAIVE = 4.0  # ... and >= 4 x the naive baseline at concurrency 8
 TARGET_PEAK_FRACTION = 0.7  # the best fp32 backend at >= 70 % of the measured fp32 GEMM peak
 TARGET_CONCURRENCY = 8
-TARGET_INT8_REQ_PER_S = 100  # issue 11: the int8 artifact served at concurrency 8, zero errors
+TARGET_INT8_REQ_PER_S = 100  # the int8 artifact served at concurrency 8, zero errors
 TARGET_TAIL_RATIO = 2.0  # ... with p99 <= 2 x p50
 STAGE_LINE = re.compile(r"batch of (\d+): (.*)$")
 STAGE_VALUE = re.compile(r"(\w+)=([\d.]+)ms")
@@ -84,7 +85,7 @@ def add_ratios(rows: list[dict], best_by_precision: dict[str, dict[int, float]],
 
 def evaluate_targets(rows: list[dict], best_inprocess: dict[int, float], fp32_peak_fraction: float | None,
                      configuration: str = "default") -> list[Target]:
-    """Issue 10's targets, as ratios from this run."""
+    """The served-vs-in-process, served-vs-naive and peak-fraction targets, as ratios from this run."""
     served = next((r for r in rows if r["configuration"] == configuration and r["concurrency"] == TARGET_CONCURRENCY),
                   None)
     naive = next((r for r in rows if r["configuration"] == NAIVE and r["concurrency"] == TARGET_CONCURRENCY), None)
@@ -108,7 +109,7 @@ def evaluate_targets(rows: list[dict], best_inprocess: dict[int, float], fp32_pe
 
 
 def precision_targets(rows: list[dict]) -> list[Target]:
-    """Issue 11's: the int8 row at concurrency 8 (only when the run has one)."""
+    """The int8 targets: its row at concurrency 8 (only when the run has one)."""
     int8 = next((r for r in rows if r["configuration"] == INT8 and r["concurrency"] == TARGET_CONCURRENCY), None)
     if int8 is None:
         return []
@@ -241,5 +242,5 @@ def render_markdown(rows: list[dict], targets: list[Target], descriptions: dict[
     return (f"{header}\n\n{described}\n\n## Per size\n\n{sizes_table(rows)}\n\n{SIZES_NOTE}\n\n"
             f"## Where the time goes\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
             f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler and "
-            f"the LitServe peer log no stages.\n\n{ungated_note(rows)}## Targets (issues 10, 11 and 20)\n\n"
+            f"the LitServe peer log no stages.\n\n{ungated_note(rows)}## Targets\n\n"
             f"{targets_table(targets)}\n")

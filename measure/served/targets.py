@@ -1,4 +1,4 @@
-"""Issue 20's targets, as ratios from the rows of one run (points 5 and 7):
+"""The photo-size targets of the serving benchmark, as ratios from the rows of one run:
 
 - fp32 served at concurrency 8 on the 12 MP photo >= 0.75 x the fp32 model alone in-process at batch 8;
 - int8 served at concurrency 8 on the example >= 0.8 x the int8 model alone in-process at batch 8;
