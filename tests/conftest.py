@@ -1,8 +1,11 @@
-"""Shared fixtures. The expensive ones run the real export command once per session: `resnet18_export` (random
-weights) and `lite0_int8_export` (EfficientNet-Lite0's trained weights, fp32 and int8)."""
+"""Shared fixtures. The expensive ones run once per session: the real export command for `resnet18_export` (random
+weights), `lite0_int8_export` (EfficientNet-Lite0's trained weights, fp32 and int8) and `aoti_export`, and one plain
+TorchServe serving resnet18 (`resnet18_server`) for every test that needs a server but no special setting."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CAT = ROOT / "examples" / "cat.jpg"
 sys.path.insert(0, str(ROOT))
 
 
@@ -18,6 +22,19 @@ def run_export(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess
     """`python -m export ...` as a user runs it."""
     return subprocess.run([sys.executable, "-m", "export", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def export_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m export ...` run in this process, as the command line runs it (export.cli.main) but without a second
+    torch import: its exit code and what it printed. For fixtures whose module changes no global state of ours."""
+    from export.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit:  # argparse's own errors
+            code = exit.code
+    return subprocess.CompletedProcess(["python", "-m", "export", *args], code, out.getvalue(), err.getvalue())
 
 
 def run_measure(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -72,3 +89,18 @@ def aoti_export(tmp_path_factory) -> dict:
                         "--input-shape", "1,3,16,16", "--out", str(out), "--formats", "exported,aotinductor")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {"out": out, "stdout": result.stdout, "manifest": Manifest.read(out)}
+
+
+@pytest.fixture(scope="session")
+def resnet18_server(resnet18_export, tmp_path_factory):
+    """TorchServe with this machine's serving policy and nothing else special, serving resnet18.mar on free loopback
+    ports, ready once it answered a real prediction; stopped (whole process group) when the session ends. A test that
+    needs another setting (batching, token auth, a worker killed or hung) starts its own server."""
+    from serving.torchserve import server
+    run_dir = tmp_path_factory.mktemp("resnet18-server")
+    settings = server.on_free_ports(resnet18_export["model_store"], run_dir)
+    settings.model_name = resnet18_export["model_name"]
+    with server.running(settings, CAT):
+        yield settings
+    survivors = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.strip()
+    assert not survivors, f"TorchServe processes survived stop(): {survivors}"

@@ -15,7 +15,6 @@ import pytest
 import requests
 from PIL import Image
 
-from serving.torchserve import server
 from tests.conftest import ROOT
 from tests.handlers.test_decode import encode, png_header_only, solid
 
@@ -111,11 +110,8 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def serving(resnet18_export, tmp_path_factory):
-    settings = server.on_free_ports(resnet18_export["model_store"], tmp_path_factory.mktemp("bad-input"))
-    settings.model_name = resnet18_export["model_name"]
-    with server.running(settings, CAT):
-        yield settings
+def serving(resnet18_server):
+    return resnet18_server
 
 
 def worker_pids(settings) -> list[int]:

@@ -45,11 +45,8 @@ def test_the_shipped_config_binds_loopback_and_bounds_sizes():
 
 
 @pytest.fixture(scope="module")
-def default_server(resnet18_export, tmp_path_factory):
-    settings = server.on_free_ports(resnet18_export["model_store"], tmp_path_factory.mktemp("secure"))
-    settings.model_name = resnet18_export["model_name"]
-    with server.running(settings, CAT):
-        yield settings
+def default_server(resnet18_server):
+    return resnet18_server
 
 
 def test_apis_listen_on_loopback_only(default_server):

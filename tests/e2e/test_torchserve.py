@@ -41,12 +41,8 @@ def _no_process_mentions(text: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def serving(resnet18_export, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("serving")
-    settings = _settings(resnet18_export["model_store"], run_dir, resnet18_export["model_name"])
-    with server.running(settings, CAT):
-        yield settings
-    assert _no_process_mentions(str(run_dir)), "TorchServe processes survived stop()"
+def serving(resnet18_server):
+    return resnet18_server
 
 
 @pytest.fixture(scope="module")

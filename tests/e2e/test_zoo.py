@@ -24,7 +24,7 @@ from handlers.policy import machine_policy
 from models.weights import state_dict_fingerprint
 from serving.torchserve import server
 from tests.answers import assert_same_answer, expected_answer
-from tests.conftest import ROOT, run_export
+from tests.conftest import ROOT, export_in_process
 from tests.photos import EXPECTED_CLASSES, photo_jpeg
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def zoo(tmp_path_factory) -> dict:
     for model in MODELS:
         out = base / model.name
         labels = _labels_argument(model, base)
-        exports[model.name] = (run_export("module", str(ZOO / model.reference), "--input-shape", model.input_shape,
+        exports[model.name] = (export_in_process("module", str(ZOO / model.reference), "--input-shape", model.input_shape,
                                           "--out", str(out), "--model-store", str(store), "--name", model.name,
                                           *labels, *model.options), out)
     return {"store": store, "exports": exports}
