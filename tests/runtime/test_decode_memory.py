@@ -5,8 +5,8 @@ decoded and preprocessed exactly as handlers.core does (runtime.images.decode_im
 resnet50's contract), at the CPU worker's one thread. The child process imports everything and runs a small JPEG
 through the same path first, so one-time costs are in the baseline; then it resets the kernel's peak-RSS mark
 (/proc/self/clear_refs) and the figure is the peak (VmHWM) after the request minus the RSS before it. Not
-getrusage's ru_maxrss: Linux carries it across exec, so a child of pytest starts with pytest's own peak (1.6 GiB
-measured) and sees no request at all; run from a shell, ru_maxrss gives the same figure.
+getrusage's ru_maxrss: Linux carries it across exec, so a child of pytest starts with pytest's own peak (well
+above a request's) and sees no request at all; run from a shell, ru_maxrss gives the same figure.
 docs/request-path-memory.md records the figures and where they come from.
 
     python -m tests.runtime.test_decode_memory PHOTO.jpg     # the measurement, as JSON
@@ -123,7 +123,7 @@ def test_a_12_mp_request_decoded_in_draft_costs_a_fraction(phone_photo):
     figures = run_child(phone_photo, "--draft")
     print(f"12 MP draft decode + preprocess: {figures}")
     # libjpeg decodes it at 1/4 (1008x756): the same arithmetic on those pixels, twice over for the decoder's
-    # own buffers (its coefficient rows are the full-size image's width); measured 16.4 MiB against 184 exact
+    # own buffers (its coefficient rows are the full-size image's width); measured: docs/request-path-memory.md
     decoded = (4032 // 4) * (3024 // 4)
     assert figures["row"] == [3, 224, 224]
     assert DECODED_UINT8 * decoded <= figures["request_mib"] * MIB <= 2 * BOUND_BYTES_PER_PIXEL * decoded, figures
