@@ -24,12 +24,13 @@ from typing import Any, Callable, Sequence
 import torch
 
 from contract.records import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
-from handlers.decode import checked_topk
 from handlers.policy import machine_policy, this_machine
+from handlers.request_body import checked_topk
+from handlers.request_error import RequestError
 from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
 from runtime.base import Backend
 from runtime.gpu_decode import NvjpegDecoder
-from runtime.images import RequestError, decode_image, draft_floor, preprocess
+from runtime.images import ImageError, decode_image, draft_floor, preprocess
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +131,8 @@ class ImageClassifierCore:
         labels = labels_of(folder, manifest)
         threads = worker_threads(config.threads, threads)
         # torch's own pool runs the resize and crop even when ONNX Runtime runs the model; left at every core
-        # it competes with the other workers' inference. Pinned to the worker's share, served resnet50 (fp32
-        # ONNX, 2 workers) went from 13.5 to 15.8 req/s at concurrency 8 (python -m measure bench, one run).
+        # it competes with the other workers' inference, so it is pinned to the worker's share (measured:
+        # docs/benchmarks.md).
         torch.set_num_threads(threads)
         precision = run_precision(record, config, device)
         backend = open_artifact(record.format, folder / record.path,
@@ -212,8 +213,8 @@ class ImageClassifierCore:
                 decoded = self.decode(image)
             with times.measure("preprocess"):
                 return self.preprocess(decoded)
-        except RequestError as error:
-            return error
+        except ImageError as error:
+            return RequestError.for_image(error)
         except Exception as error:  # our bug, not the client's
             return internal_error("decoding", error)
 

@@ -16,10 +16,10 @@ import torch
 
 from contract.errors import VisionExportError
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # measure reads STAGES here
-from handlers.decode import image_bytes, requested_topk
 from handlers.policy import THREADS_ENV
+from handlers.request_body import image_bytes, requested_topk
+from handlers.request_error import RequestError
 from runtime import IntegrityError
-from runtime.images import RequestError
 
 logger = logging.getLogger(__name__)
 

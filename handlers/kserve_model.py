@@ -28,8 +28,8 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from handlers.batching import Batcher, BatchPolicy
 from handlers.core import ImageClassifierCore, ImageRequest
-from handlers.decode import checked_topk, from_base64, image_bytes, requested_topk
-from runtime.images import RequestError
+from handlers.request_body import checked_topk, from_base64, image_bytes, requested_topk
+from handlers.request_error import RequestError
 
 logger = logging.getLogger(__name__)
 

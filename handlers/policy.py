@@ -1,9 +1,9 @@
 """The serving policy, decided on the machine that serves (not the one that exported).
 
 GPU: one worker per GPU, batches of up to GPU_BATCH_SIZE within GPU_BATCH_DELAY_MS keep the device busy.
-CPU: measured with `python -m measure bench` (resnet50, ONNX Runtime, 2 cores): batching gains no
-throughput on a CPU (a batch of 8 costs 8 single passes) and its delay adds latency, while a worker per
-core overlaps one request's decoding with another's inference. Workers are capped at MAX_CPU_WORKERS so a
+CPU: batching gains no throughput on a CPU (a batch costs what its rows cost one by one) and its delay adds
+latency, while a worker per core overlaps one request's decoding with another's inference (measured with
+`python -m measure bench`: docs/benchmarks.md). Workers are capped at MAX_CPU_WORKERS so a
 many-core host does not load dozens of copies; threads per worker = cores // workers, so workers x
 threads never exceeds the cores (TorchServe's defaults oversubscribe and throughput collapses).
 

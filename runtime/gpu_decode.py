@@ -1,21 +1,22 @@
 """JPEG decoding on the GPU: a batch of request bodies -> the model's input rows on that GPU, with nvJPEG
 (`torchvision.io.decode_jpeg(list, device="cuda")`) and the resize and crop run there too.
 
-Where a model takes about a millisecond on a GPU, CPU decoding is the whole cost of a request; nvJPEG moves
-the Huffman decoding into one batched call and the IDCT, colour conversion and resize onto the device.
+On a GPU the model's own time is small beside CPU decoding, which then is most of a request's cost (the
+request path, measured: docs/request-path.md); nvJPEG moves the Huffman decoding into one batched call and the
+IDCT, colour conversion and resize onto the device.
 What stays on the CPU, per body: the header checks of runtime/images.py (format, size limits, decompression
 bombs: never handed to a decoder) and the EXIF orientation tag (torchvision applies it only on the CPU; the
 turn is done here, on the device, with the same tensor views as runtime.images.upright).
-Falls back to the caller's CPU path (handlers.core: runtime.images.decode_image, which gives each bad body its
-RequestError):
+Falls back to the caller's CPU path (handlers.core: runtime.images.decode_image, which refuses each bad body
+with its ImageError):
   - bodies that are not baseline-decodable JPEGs here (PNG, WebP, CMYK JPEG, MPO, anything the header check
     refuses): each on its own;
   - a batch nvJPEG rejects as a whole (torchvision returns no partial results): that batch, logged once with
     the reason;
   - a torchvision without its GPU image ops: everything, logged once at construction.
-nvJPEG's IDCT and chroma upsampling are not libjpeg's, so its pixels differ from the exact decode by about as
-much as draft decoding does: the core uses it only where the export's decode check allowed draft, and the
-GPU check (measure/gpu/steps.py) measures its speed and its deviation from the exact decode.
+nvJPEG's IDCT and chroma upsampling are not libjpeg's, so its pixels differ from the exact decode, as draft
+decoding's do: the core uses it only where the export's decode check allowed draft, and the GPU check
+(measure/gpu/steps.py; docs/gpu-check.md) measures its speed and its deviation from the exact decode.
 torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; its warning is captured here.
 """
 
@@ -39,7 +40,7 @@ NVJPEG_MODES = ("RGB", "L")  # what nvJPEG decodes to RGB like libjpeg does; CMY
 
 
 class NvjpegDecoder:
-    """Bodies -> float32 rows (3, crop) on `device`, or the RequestError of each bad body."""
+    """Bodies -> float32 rows (3, crop) on `device`, or what the CPU path gives a bad body (its error)."""
 
     def __init__(self, device: str, contract: ImageContract):
         self.device = torch.device(device)
@@ -51,8 +52,8 @@ class NvjpegDecoder:
 
     def __call__(self, bodies: list[bytes], on_cpu: Callable[[bytes], object],
                  measure: Callable[[str], ContextManager] | None = None) -> list:
-        """Rows in the bodies' order; `on_cpu(body)` gives the row (or the RequestError) of a body nvJPEG does
-        not take, on the CPU; `measure(stage)` times the decode and preprocess stages."""
+        """Rows in the bodies' order; `on_cpu(body)` gives the row (or the error) of a body nvJPEG does not
+        take, on the CPU; `measure(stage)` times the decode and preprocess stages."""
         measure = measure or (lambda stage: nullcontext())
         rows: list = [None] * len(bodies)
         tags = {i: nvjpeg_orientation(body) for i, body in enumerate(bodies)} if self.available else {}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import warnings
+from enum import Enum
 
 import numpy as np
 import torch
@@ -40,16 +41,23 @@ EXIF_ORIENTATION = 0x0112
 TURNED_SIDEWAYS = (5, 6, 7, 8)  # orientations that swap width and height
 
 
-class RequestError(VisionExportError):
-    """A bad request (or image): becomes {"code": code, "error": message} with that HTTP status for this row only."""
+class ImageProblem(Enum):
+    """What is wrong with an image the decoder refuses (handlers/ answers each with its HTTP status)."""
 
-    def __init__(self, code: int, message: str):
+    NOT_AN_IMAGE = "not an image"  # PIL cannot identify the bytes
+    UNSUPPORTED_FORMAT = "unsupported format"  # PIL reads it, but it is not in ACCEPTED_FORMATS
+    TOO_LARGE = "too large"  # over MAX_PIXELS or MAX_SIDE (a decompression bomb included)
+    TOO_SMALL = "too small"  # under MIN_SIDE
+    CORRUPT = "corrupt"  # PIL failed while parsing or decoding it
+
+
+class ImageError(VisionExportError):
+    """An image the decoder refuses: `problem` says what is wrong with it, the message what to do about it."""
+
+    def __init__(self, problem: ImageProblem, message: str):
         super().__init__(message)
-        self.code = code
+        self.problem = problem
         self.message = message
-
-    def as_response(self) -> dict:
-        return {"code": self.code, "error": self.message}
 
 
 def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
@@ -64,26 +72,28 @@ def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
             if draft_floor:
                 reduce_in_dct(image, draft_floor)
             image.load()
-            tag = orientation(image)  # EXIF and palettes are parsed here: corrupt ones are bad requests too
+            tag = orientation(image)  # EXIF and palettes are parsed here: corrupt ones are corrupt images too
             pixels = np.array(to_rgb(image))
-    except RequestError:
+    except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise RequestError(413, f"image too large: more than {MAX_PIXELS:,} pixels; downscale it before sending") from None
+        raise ImageError(ImageProblem.TOO_LARGE,
+                         f"image too large: more than {MAX_PIXELS:,} pixels; downscale it before sending") from None
     except UnidentifiedImageError:
-        raise RequestError(415, "body is not an image PIL can read; send JPEG, PNG, WebP, BMP or GIF") from None
+        raise ImageError(ImageProblem.NOT_AN_IMAGE,
+                         "body is not an image PIL can read; send JPEG, PNG, WebP, BMP or GIF") from None
     except MemoryError:
-        raise  # the server's trouble, not the client's: a 500, logged by the caller
+        raise  # the server's trouble, not the image's: passed on, never an ImageError
     except Exception as error:
         if not _raised_by_pil(error):
-            raise  # our own bug (to_rgb, numpy calls of ours): a 500 with its traceback, never a 400
+            raise  # our own bug (to_rgb, numpy calls of ours): passed on with its traceback, never an ImageError
         raise _corrupt(error) from None
     return upright(torch.from_numpy(pixels), tag).permute(2, 0, 1)
 
 
 # What PIL documents for a file it cannot parse; any other type it raises on untrusted bytes (TypeError,
 # KeyError, IndexError, struct.error, ...; tests/runtime/test_decode_fuzz.py names the ones fuzzing found) is
-# answered the same way and logged with its type and place, since it marks a gap in PIL's own checks.
+# refused as corrupt the same way and logged with its type and place, since it marks a gap in PIL's own checks.
 PIL_PARSE_ERRORS = (OSError, ValueError, SyntaxError)
 _log = logging.getLogger(__name__)
 
@@ -109,13 +119,14 @@ def _frames(error: BaseException) -> list[tuple[str, str]]:
     return frames
 
 
-def _corrupt(error: Exception) -> RequestError:
+def _corrupt(error: Exception) -> ImageError:
     said = str(error)
     if not isinstance(error, PIL_PARSE_ERRORS):
         said = f"{type(error).__name__}: {error}"
-        _log.warning("PIL raised %s at %s on a corrupt image; answered 400", type(error).__name__,
+        _log.warning("PIL raised %s at %s on a corrupt image; refused as corrupt", type(error).__name__,
                      _frames(error)[-1][1])
-    return RequestError(400, f"image is corrupt or truncated: {said[:200]}; re-encode it as JPEG or PNG")
+    return ImageError(ImageProblem.CORRUPT,
+                      f"image is corrupt or truncated: {said[:200]}; re-encode it as JPEG or PNG")
 
 
 def shown_size(data: bytes) -> tuple[int, int]:
@@ -154,13 +165,15 @@ def upright(pixels: torch.Tensor, tag: int) -> torch.Tensor:
 
 def check_header(image: Image.Image) -> None:
     if image.format not in ACCEPTED_FORMATS:
-        raise RequestError(415, f"{image.format} images are not accepted; send JPEG, PNG, WebP, BMP or GIF")
+        raise ImageError(ImageProblem.UNSUPPORTED_FORMAT,
+                         f"{image.format} images are not accepted; send JPEG, PNG, WebP, BMP or GIF")
     width, height = image.size
     if width * height > MAX_PIXELS or max(width, height) > MAX_SIDE:
-        raise RequestError(413, f"image is {width}x{height}: the limit is {MAX_PIXELS:,} pixels and "
-                                f"{MAX_SIDE} per side; downscale it before sending")
+        raise ImageError(ImageProblem.TOO_LARGE, f"image is {width}x{height}: the limit is {MAX_PIXELS:,} pixels "
+                                                 f"and {MAX_SIDE} per side; downscale it before sending")
     if min(width, height) < MIN_SIDE:
-        raise RequestError(400, f"image is {width}x{height}: at least {MIN_SIDE} pixels per side are needed")
+        raise ImageError(ImageProblem.TOO_SMALL,
+                         f"image is {width}x{height}: at least {MIN_SIDE} pixels per side are needed")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

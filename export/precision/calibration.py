@@ -29,7 +29,7 @@ from torchvision.datasets import ImageFolder
 
 from export.checks.parity import structured_images
 from export.errors import ExportError
-from runtime.images import ACCEPTED_FORMATS, ImageContract, RequestError, decode_image, preprocess
+from runtime.images import ACCEPTED_FORMATS, ImageContract, ImageError, decode_image, preprocess
 
 # MinMax calibration ranges settle after a few dozen varied images; 100 keeps resnet50's calibration to
 # about 15 s on 2 cores while covering every class of a small folder several times.
@@ -117,7 +117,7 @@ class _CheckedImageFolder(ImageFolder):
         path, label = self.samples[index]
         try:
             return super().__getitem__(index)[0], label, index, ""
-        except RequestError as error:
+        except ImageError as error:
             return torch.empty(0), label, index, f"{path}: {error.message}"
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest
 from handlers.policy import machine_policy, this_machine
+from handlers.request_error import RequestError
 from measure.command import MeasureError, write_tables
-from runtime.images import RequestError, shown_size
+from runtime.images import shown_size
 from runtime.timing import time_runs
 
 # --decode: the handler settings of each row's core

@@ -23,7 +23,7 @@ from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from kserve.protocol.rest.server import RESTServer
 
 from handlers.kserve_model import configure_logging
-from runtime.images import RequestError
+from handlers.request_error import RequestError
 
 CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data extension: the JSON part's length
 _bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST server

@@ -16,7 +16,7 @@ import requests
 from PIL import Image
 
 from tests.conftest import ROOT
-from tests.handlers.test_decode import encode, png_header_only, solid
+from tests.runtime.test_images import encode, png_header_only, solid
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"

@@ -15,8 +15,6 @@ from examples import photo_sizes
 from export.checks import phone_photos
 from runtime.images import decode_image
 
-pytestmark = pytest.mark.slow  # a 12 MP image with grain: ~10 s
-
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
@@ -24,6 +22,7 @@ def written(tmp_path_factory):
     return out, photo_sizes.write_bodies(out, seed=0)
 
 
+@pytest.mark.slow  # every body, the 12 MP one with grain among them
 def test_every_body_is_written_at_its_size_and_format_and_indexed(written):
     out, index = written
     assert json.loads((out / photo_sizes.INDEX_FILE).read_text()) == index
@@ -35,6 +34,7 @@ def test_every_body_is_written_at_its_size_and_format_and_indexed(written):
     assert sizes["12mp-sideways.jpg"]["stored"] == [4032, 3024] and sizes["12mp-sideways.jpg"]["bytes"] > 1_000_000
 
 
+@pytest.mark.slow
 def test_the_sideways_photo_is_decoded_upright_by_the_handlers_decoder(written):
     out, _ = written
     data = (out / "12mp-sideways.jpg").read_bytes()

@@ -16,8 +16,9 @@ from PIL import Image
 import models
 from contract.records import MANIFEST_NAME, ContractError, Manifest
 from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
+from handlers.request_error import RequestError
 from runtime import IntegrityError, open_artifact
-from runtime.images import RequestError, decode_image, preprocess
+from runtime.images import decode_image, preprocess
 from runtime.onnxruntime import OnnxRuntimeBackend
 from runtime.torchscript import TorchScriptBackend
 from tests.answers import assert_same_answer

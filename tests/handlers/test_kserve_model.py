@@ -15,7 +15,7 @@ from kserve.protocol.infer_type import InferInput, InferRequest
 
 from handlers.batching import Batcher, BatchPolicy
 from handlers.kserve_model import ImageClassifierModel, answered, v1_rows, v2_rows
-from runtime.images import RequestError
+from handlers.request_error import RequestError
 from serving.kserve.app import binary_request
 from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 import torchvision
@@ -118,9 +120,15 @@ def _logits(module: torch.nn.Module) -> torch.Tensor:
         return module.eval()(structured_images(4, 3, 224, 224, seed=3))
 
 
+@pytest.fixture(scope="module")
+def drawn() -> dict:
+    """Each family's --weights random build, drawn once for this module (tests that change one take a copy)."""
+    return {name: models.get(name).build("random") for name in DRAWN_FAMILIES}
+
+
 @pytest.mark.parametrize("name", DRAWN_FAMILIES)
-def test_random_weights_move_every_batchnorm_term_off_the_identity(name):
-    module = models.get(name).build("random").module
+def test_random_weights_move_every_batchnorm_term_off_the_identity(name, drawn):
+    module = drawn[name].module
     layers = _norm_layers(module)
     assert layers
     still_identity = {f"{index}.{term}" for index, layer in enumerate(layers)
@@ -129,16 +137,16 @@ def test_random_weights_move_every_batchnorm_term_off_the_identity(name):
 
 
 @pytest.mark.parametrize("name", DRAWN_FAMILIES)
-def test_random_weights_are_drawn_the_same_every_build(name):
-    first = models.get(name).build("random").module.state_dict()
+def test_random_weights_are_drawn_the_same_every_build(name, drawn):
+    first = drawn[name].module.state_dict()
     second = models.get(name).build("random").module.state_dict()
     assert first.keys() == second.keys()
     assert all(torch.equal(first[key], second[key]) for key in first)
 
 
 @pytest.mark.parametrize("name", DRAWN_FAMILIES)
-def test_random_network_gives_finite_logits_that_depend_on_the_image(name):
-    logits = _logits(models.get(name).build("random").module)
+def test_random_network_gives_finite_logits_that_depend_on_the_image(name, drawn):
+    logits = _logits(drawn[name].module)
     assert torch.isfinite(logits).all()
     across_classes = logits.std(dim=1).min().item()
     across_images = (logits - logits.mean(dim=0)).abs().max().item()
@@ -147,8 +155,8 @@ def test_random_network_gives_finite_logits_that_depend_on_the_image(name):
 
 
 @pytest.mark.parametrize("name", DRAWN_FAMILIES)
-def test_a_state_dict_path_is_loaded_as_is_without_a_draw(name, tmp_path):
-    fresh = models.get(name).build("random").module.network
+def test_a_state_dict_path_is_loaded_as_is_without_a_draw(name, drawn, tmp_path):
+    fresh = copy.deepcopy(drawn[name].module.network)
     for layer in _norm_layers(fresh):
         layer.reset_parameters()  # back to the identity: a draw afterwards would show
     path = tmp_path / "fresh.pt"

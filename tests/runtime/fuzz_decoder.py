@@ -1,5 +1,5 @@
-"""Fuzz the request decoder: no input may make runtime.images.decode_image or preprocess raise anything but a
-RequestError, and what they return must be a well-formed RGB image and model row.
+"""Fuzz the request decoder: no input may make runtime.images.decode_image or preprocess raise anything but an
+ImageError, and what they return must be a well-formed RGB image and model row.
 
 Two engines, each in its own process so that a crash (or a hang, or a native fault) is reported with its input:
 
@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES_PER_SECOND = 200  # the mutator's case count per second of budget: fixed, so a budget means the same inputs
+# The mutator's case count per second of budget: fixed, so a budget means the same inputs; below what one core
+# runs while atheris has the other, so the mutator ends within the budget.
+CASES_PER_SECOND = 500
 STATS_EVERY = 500  # inputs between two writes of an engine's stats file
 FINDINGS = ("unexpected-*.bin", "crash-*", "timeout-*", "oom-*", "leak-*")
 CROP = (16, 16)
 ENGINE_THREADS = 1  # torch threads per engine: the engines share the cores, and a CPU worker here runs 1 (with
-# 2 threads each, torch's thread pools wait on each other and an engine runs 6x fewer inputs a second)
+# more, the two engines' torch thread pools wait on each other and each runs far fewer inputs a second)
 PER_INPUT_TIMEOUT_S = 30  # libFuzzer reports an input that takes longer as a hang (timeout-*)
 
 
@@ -48,8 +50,8 @@ class Stats:
     engine: str
     inputs: int = 0
     seconds: float = 0.0
-    request_errors: Counter = field(default_factory=Counter)  # HTTP code -> how many inputs got it
-    pil_unexpected: Counter = field(default_factory=Counter)  # "TypeError at file:line" answered 400, logged
+    image_errors: Counter = field(default_factory=Counter)  # ImageProblem's value -> how many inputs got it
+    pil_unexpected: Counter = field(default_factory=Counter)  # "TypeError at file:line" refused as corrupt, logged
     failures: dict = field(default_factory=dict)  # failure class -> saved input file
 
 
@@ -67,7 +69,8 @@ class Recorder(logging.Handler):
         logging.getLogger("runtime.images").propagate = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        """decode_image's warning for a PIL error outside PIL's docs (answered 400): counted, first input kept."""
+        """decode_image's warning for a PIL error outside PIL's docs (refused as corrupt): counted, first input
+        kept."""
         key = record.getMessage().split(" on a corrupt image")[0].removeprefix("PIL raised ")
         if key not in self.stats.pil_unexpected:
             name, where = key.split(" at ")
@@ -75,13 +78,13 @@ class Recorder(logging.Handler):
         self.stats.pil_unexpected[key] += 1
 
     def run(self, data: bytes) -> None:
-        from runtime.images import RequestError
+        from runtime.images import ImageError
         self.stats.inputs += 1
         self.current = data
         try:
             check(data, self.contract)
-        except RequestError as error:
-            self.stats.request_errors[error.code] += 1
+        except ImageError as error:
+            self.stats.image_errors[error.problem.value] += 1
         except Exception as error:  # the finding itself: recorded with its input and traceback
             self.save(data, error)
         if self.stats.inputs % STATS_EVERY == 0:
@@ -100,13 +103,13 @@ class Recorder(logging.Handler):
 
     def write_stats(self) -> None:
         self.stats.seconds = round(time.monotonic() - self.started, 1)
-        plain = {**vars(self.stats), "request_errors": dict(self.stats.request_errors),
+        plain = {**vars(self.stats), "image_errors": dict(self.stats.image_errors),
                  "pil_unexpected": dict(self.stats.pil_unexpected)}  # (asdict would rebuild each Counter from pairs)
         (self.out / "stats.json").write_text(json.dumps(plain, indent=1) + "\n")
 
 
 def check(data: bytes, contract) -> None:
-    """The property fuzzed: a RequestError, or a uint8 (3, H, W) image within the limits and a [0, 1] row."""
+    """The property fuzzed: an ImageError, or a uint8 (3, H, W) image within the limits and a [0, 1] row."""
     import torch
 
     from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, decode_image, preprocess
@@ -163,9 +166,9 @@ def run_atheris(out: Path, seed: int, seconds: int) -> None:
 
 
 # libFuzzer's default 2 GB RSS limit is below what the decoder may legitimately use: the largest image accepted
-# (MAX_PIXELS, 40 Mpx) costs about 16 bytes a pixel on the request path (docs/request-path-memory.md), some
-# 630 MB, above this process's ~0.8 GB of torch and PIL, and the allocator keeps freed pages (CI hit 2.28 GB
-# on a mutated header within the limits). 4 GB still catches a decoder that grows without bound.
+# (MAX_PIXELS) costs several bytes a pixel on the request path (measured: docs/request-path-memory.md), on top
+# of this process's torch and PIL, and the allocator keeps freed pages (CI went past the default on a mutated
+# header within the limits). 4 GB still catches a decoder that grows without bound.
 RSS_LIMIT_MB = 4096
 
 
@@ -177,7 +180,7 @@ class Report:
 
     def lines(self) -> list[str]:
         rows = [f"{name}: {s['inputs']} inputs in {s['seconds']} s ({s['inputs'] / max(s['seconds'], 1e-9):.0f}/s), "
-                f"request errors {dict(s['request_errors'])}, PIL errors outside its docs {dict(s['pil_unexpected'])}"
+                f"image errors {dict(s['image_errors'])}, PIL errors outside its docs {dict(s['pil_unexpected'])}"
                 for name, s in self.engines.items()]
         return rows + [f"FOUND {path}" for path in self.findings]
 
@@ -213,7 +216,7 @@ def read_stats(out: Path, returncode: int) -> dict:
         stats["inputs"], stats["seconds"] = int(done[-1][0]), float(done[-1][1])
     if returncode not in (0, None) and not stats.get("failures"):
         (out / "crash-engine.log").write_text(f"exit status {returncode}; last lines:\n" + log[-4000:])
-    return {"request_errors": {}, "pil_unexpected": {}, **stats, "returncode": returncode}
+    return {"image_errors": {}, "pil_unexpected": {}, **stats, "returncode": returncode}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,8 @@ decoded and preprocessed exactly as handlers.core does (runtime.images.decode_im
 resnet50's contract), at the CPU worker's one thread. The child process imports everything and runs a small JPEG
 through the same path first, so one-time costs are in the baseline; then it resets the kernel's peak-RSS mark
 (/proc/self/clear_refs) and the figure is the peak (VmHWM) after the request minus the RSS before it. Not
-getrusage's ru_maxrss: Linux carries it across exec, so a child of pytest starts with pytest's own peak (1.6 GiB
-measured) and sees no request at all; run from a shell, ru_maxrss gives the same figure.
+getrusage's ru_maxrss: Linux carries it across exec, so a child of pytest starts with pytest's own peak (well
+above a request's) and sees no request at all; run from a shell, ru_maxrss gives the same figure.
 docs/request-path-memory.md records the figures and where they come from.
 
     python -m tests.runtime.test_decode_memory PHOTO.jpg     # the measurement, as JSON
@@ -18,11 +18,14 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # three fresh processes, each importing torch and decoding a 12 MP JPEG
 
 MIB = 2**20
 PHONE_PIXELS = 4032 * 3024  # 12.19 Mpx
@@ -108,8 +111,19 @@ def phone_photo(tmp_path_factory) -> Path:
     return folder / "12mp-sideways.jpg"
 
 
-def test_peak_rss_of_a_12_mp_request_is_bounded(phone_photo):
-    figures = run_child(phone_photo)
+CHILD_ARGS = {"exact": (), "draft": ("--draft",), "out of memory": ("--address-space-extra-mib", "80")}
+
+
+@pytest.fixture(scope="module")
+def children(phone_photo) -> dict[str, Future]:
+    """Each measurement's child process, all started at once: each measures only its own memory, so they need
+    not wait for each other."""
+    with ThreadPoolExecutor(len(CHILD_ARGS)) as pool:
+        yield {name: pool.submit(run_child, phone_photo, *args) for name, args in CHILD_ARGS.items()}
+
+
+def test_peak_rss_of_a_12_mp_request_is_bounded(children):
+    figures = children["exact"].result()
     print(f"12 MP decode + preprocess: {figures}")
     assert figures["row"] == [3, 224, 224]
     request = figures["request_mib"] * MIB
@@ -119,20 +133,20 @@ def test_peak_rss_of_a_12_mp_request_is_bounded(phone_photo):
         f"({BOUND_BYTES_PER_PIXEL * PHONE_PIXELS / MIB:.0f} MiB); a new full-size copy on the request path?")
 
 
-def test_a_12_mp_request_decoded_in_draft_costs_a_fraction(phone_photo):
-    figures = run_child(phone_photo, "--draft")
+def test_a_12_mp_request_decoded_in_draft_costs_a_fraction(children):
+    figures = children["draft"].result()
     print(f"12 MP draft decode + preprocess: {figures}")
     # libjpeg decodes it at 1/4 (1008x756): the same arithmetic on those pixels, twice over for the decoder's
-    # own buffers (its coefficient rows are the full-size image's width); measured 16.4 MiB against 184 exact
+    # own buffers (its coefficient rows are the full-size image's width); measured: docs/request-path-memory.md
     decoded = (4032 // 4) * (3024 // 4)
     assert figures["row"] == [3, 224, 224]
     assert DECODED_UINT8 * decoded <= figures["request_mib"] * MIB <= 2 * BOUND_BYTES_PER_PIXEL * decoded, figures
 
 
-def test_out_of_memory_while_decoding_is_not_a_400(phone_photo):
+def test_out_of_memory_while_decoding_is_not_a_corrupt_image(children):
     # 80 MiB more address space: PIL's first 46.5 MiB image fits, turning it upright does not; PIL raises
-    # MemoryError from its own code, which decode_image must pass on (a 500), not answer as a corrupt image
-    assert run_child(phone_photo, "--address-space-extra-mib", "80") == {"raised": "MemoryError"}
+    # MemoryError from its own code, which decode_image must pass on (a 500), not refuse as a corrupt image
+    assert children["out of memory"].result() == {"raised": "MemoryError"}
 
 
 if __name__ == "__main__":

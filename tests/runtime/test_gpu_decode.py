@@ -12,7 +12,7 @@ from PIL import Image
 
 from contract.records import ImageContract
 from runtime.gpu_decode import NvjpegDecoder, nvjpeg_orientation
-from runtime.images import RequestError, decode_image, preprocess
+from runtime.images import ImageError, ImageProblem, decode_image, preprocess
 
 CONTRACT = ImageContract(232, (224, 224), "bilinear", decode="draft")
 
@@ -36,7 +36,7 @@ def png() -> bytes:
 def cpu_path(body: bytes):
     try:
         return preprocess(decode_image(body), CONTRACT)
-    except RequestError as error:
+    except ImageError as error:
         return error
 
 
@@ -54,9 +54,9 @@ def test_without_cuda_every_body_takes_the_callers_cpu_path_in_order():
     assert not decoder.available
     bodies = [jpeg(), b"not an image", png(), jpeg(orientation=6)]
     rows = decoder(bodies, cpu_path)
-    assert isinstance(rows[1], RequestError) and rows[1].code == 415
+    assert isinstance(rows[1], ImageError) and rows[1].problem is ImageProblem.NOT_AN_IMAGE
     for body, row in zip(bodies, rows):
-        if not isinstance(row, RequestError):
+        if not isinstance(row, ImageError):
             assert torch.equal(row, cpu_path(body))
 
 
@@ -66,10 +66,10 @@ def test_nvjpeg_rows_are_close_to_the_exact_decode_and_bad_bodies_keep_their_err
     decoder = NvjpegDecoder("cuda:0", CONTRACT)
     assert decoder.available
     bodies = [jpeg((2400, 1800)), jpeg((1800, 2400), orientation=6), png()]
-    rows = decoder(bodies, lambda body: cpu_path(body).to("cuda:0") if not isinstance(cpu_path(body), RequestError)
+    rows = decoder(bodies, lambda body: cpu_path(body).to("cuda:0") if not isinstance(cpu_path(body), ImageError)
                    else cpu_path(body))
     for body, row in zip(bodies, rows):
         levels = (row.cpu() - cpu_path(body)).abs() * 255
         assert levels.mean() < 1.0, levels.mean()  # the decode check's bound for draft
     broken = decoder([jpeg(), jpeg()[:-2000] + b"\x00" * 10, jpeg()], cpu_path)
-    assert not isinstance(broken[0], RequestError) and not isinstance(broken[2], RequestError)
+    assert not isinstance(broken[0], ImageError) and not isinstance(broken[2], ImageError)

@@ -1,13 +1,12 @@
-"""handlers/decode.py: request rows -> image bytes -> RGB uint8 tensor -> model input, with typed errors.
+"""runtime/images.py: image bytes -> RGB uint8 tensor -> model input; every image it refuses is an ImageError
+saying what is wrong (the HTTP status each problem gets is handlers' business: tests/handlers/test_request_body.py).
 
 Every image is made with PIL in memory; nothing is read from disk and nothing is mocked.
 """
 
 from __future__ import annotations
 
-import base64
 import io
-import json
 import struct
 import zlib
 
@@ -17,9 +16,8 @@ import torch
 from PIL import Image, ImageOps
 
 from contract.errors import VisionExportError
-from contract.records import ContractError, InputRecord
-from handlers.decode import MAX_TOPK, image_bytes, requested_topk
-from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, ImageContract, RequestError, decode_image, preprocess
+from contract.records import ContractError, ImageContract, InputRecord
+from runtime.images import MAX_PIXELS, MAX_SIDE, MIN_SIDE, ImageError, ImageProblem, decode_image, preprocess
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
@@ -49,155 +47,6 @@ def png_header_only(width: int, height: int) -> bytes:
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
-
-PNG = encode(solid(GREEN))
-PNG_B64 = base64.b64encode(PNG).decode("ascii")
-
-
-# ---------------------------------------------------------------- image_bytes()
-@pytest.mark.parametrize("key", ["body", "data"])
-def test_image_bytes_raw_body(key):
-    assert image_bytes({key: PNG}) == PNG
-
-
-def test_image_bytes_bytearray_becomes_bytes():
-    result = image_bytes({"body": bytearray(PNG)})
-    assert type(result) is bytes and result == PNG
-
-
-@pytest.mark.parametrize("text", [PNG_B64, "data:image/png;base64," + PNG_B64], ids=["plain", "data-url"])
-def test_image_bytes_json_dict_base64(text):
-    assert image_bytes({"body": {"data": text, "topk": 2}}) == PNG
-
-
-def test_image_bytes_json_dict_image_key():
-    assert image_bytes({"body": {"image": PNG_B64}}) == PNG
-
-
-@pytest.mark.parametrize("container", [bytes, bytearray])
-def test_image_bytes_raw_json_text(container):
-    assert image_bytes({"body": container(json.dumps({"data": PNG_B64}).encode())}) == PNG
-
-
-def test_image_bytes_multipart_field_name():
-    row = {"myfile": bytearray(PNG)}
-    assert image_bytes(row) == PNG
-    assert decode_image(image_bytes(row))[:, 0, 0].tolist() == list(GREEN)
-
-
-def test_image_bytes_multipart_skips_empty_fields():
-    assert image_bytes({"note": b"", "upload": bytearray(PNG)}) == PNG
-
-
-def test_image_bytes_multipart_with_topk_field_before_file():
-    assert image_bytes({"topk": bytearray(b"3"), "myfile": bytearray(PNG)}) == PNG
-
-
-@pytest.mark.parametrize("row, words", [
-    ({}, ["send", "body", "base64"]),
-    ({"body": None}, ["send", "body"]),
-    ({"topk": "3"}, ["send", "form file"]),
-    (None, ["send an image"]),
-    ({"body": b""}, ["empty"]),
-    ({"body": {"topk": 2}}, ["\"data\"", "base64"]),
-    ({"body": {"data": ""}}, ["\"data\"", "base64"]),
-    ({"body": {"data": 12}}, ["\"data\"", "base64"]),
-    ({"body": b'{"topk": 2}'}, ["\"data\"", "base64"]),
-    ({"body": b'{"data": null}'}, ["\"data\"", "base64"]),
-    ({"body": {"data": "not base64 at all!"}}, ["\"data\"", "base64"]),
-    ({"body": {"data": "data:image/png;base64,@@@@"}}, ["base64"]),
-    ({"body": b"{this is not json"}, ["JSON", "does not parse"]),
-    ({"body": b"{\xff\xfe}"}, ["JSON", "does not parse"]),
-], ids=["empty-row", "body-none", "only-topk", "not-a-dict", "empty-body", "json-no-data", "json-empty-data",
-        "json-data-not-str", "raw-json-no-data", "raw-json-null-data", "bad-base64", "bad-data-url",
-        "brace-not-json", "brace-not-utf8"])
-def test_image_bytes_errors(row, words):
-    with pytest.raises(RequestError) as caught:
-        image_bytes(row)
-    assert caught.value.code == 400
-    for word in words:
-        assert word in caught.value.message
-
-
-@pytest.mark.parametrize("body", [b'["not", "an", "object"]', b"[1]", b"plain text"])
-def test_image_bytes_non_object_bodies_pass_through_and_fail_as_images(body):
-    # only bodies starting with "{" are treated as JSON; anything else is handed on to fail as an image
-    assert image_bytes({"body": body}) == body
-    with pytest.raises(RequestError) as caught:
-        decode_image(image_bytes({"body": body}))
-    assert caught.value.code == 415
-
-
-def test_image_bytes_text_body_that_is_not_base64():
-    with pytest.raises(RequestError) as caught:
-        image_bytes({"body": "<html><body>hello</body></html>"})
-    assert caught.value.code == 415 and "the body is text" in caught.value.message
-    assert image_bytes({"body": PNG_B64}) == PNG  # a base64 text body is still an image
-
-
-@pytest.mark.parametrize("parsed", [[1, 2, 3], 42, 4.5, True])
-def test_image_bytes_json_that_is_not_an_object(parsed):
-    # with Content-Type: application/json TorchServe hands over the parsed value itself
-    with pytest.raises(RequestError) as caught:
-        image_bytes({"body": parsed})
-    assert caught.value.code == 400 and "must be an object" in caught.value.message
-
-
-# ---------------------------------------------------------------- requested_topk()
-@pytest.mark.parametrize("row, header, expected", [
-    ({"body": PNG}, None, 5),
-    ({"body": {"data": PNG_B64}}, None, 5),
-    ({"topk": b"3"}, None, 3),
-    ({"topk": bytearray(b"4")}, None, 4),
-    ({"topk": "9"}, None, 9),
-    ({"topk": " 2 "}, None, 2),
-    ({"body": {"data": PNG_B64, "topk": 2}}, None, 2),
-    ({"body": {"data": PNG_B64, "topk": "6"}}, None, 6),
-    ({"body": PNG}, "4", 4),
-    ({"topk": b"3"}, "4", 3),  # the row's field wins over the header
-    ({"body": {"topk": 8}}, "4", 8),
-    ({"topk": "1"}, None, 1),
-    ({"topk": str(MAX_TOPK)}, None, MAX_TOPK),
-], ids=["default", "default-json", "bytes", "bytearray", "str", "spaces", "json-int", "json-str", "header",
-        "row-over-header", "json-over-header", "min", "max"])
-def test_requested_topk(row, header, expected):
-    assert requested_topk(row, header, 5) == expected
-
-
-def test_requested_topk_default_is_passed_through():
-    assert requested_topk({}, None, 7) == 7
-    assert requested_topk(None, None, 3) == 3
-
-
-@pytest.mark.parametrize("value", ["abc", "0", "101", "-1", "2.5", ""])
-@pytest.mark.parametrize("where", ["row-str", "row-bytes", "json", "header"])
-def test_requested_topk_invalid(value, where):
-    row, header = {"body": PNG}, None
-    if where == "row-str":
-        row["topk"] = value
-    elif where == "row-bytes":
-        row["topk"] = value.encode()
-    elif where == "json":
-        row = {"body": {"data": PNG_B64, "topk": value}}
-    else:
-        header = value
-    with pytest.raises(RequestError) as caught:
-        requested_topk(row, header, 5)
-    assert caught.value.code == 400
-    assert "topk must be" in caught.value.message and str(MAX_TOPK) in caught.value.message
-
-
-@pytest.mark.parametrize("value", [0, 101])
-def test_requested_topk_invalid_json_int(value):
-    with pytest.raises(RequestError) as caught:
-        requested_topk({"body": {"topk": value}}, None, 5)
-    assert caught.value.code == 400 and f"got {value}" in caught.value.message
-
-
-def test_requested_topk_from_raw_json_bytes():
-    row = {"body": json.dumps({"data": PNG_B64, "topk": 2}).encode()}
-    assert image_bytes(row) == PNG
-    assert requested_topk(row, None, 5) == 2
 
 
 # ---------------------------------------------------------------- decode_image(): formats
@@ -374,10 +223,10 @@ def test_every_mode_gives_uint8_rgb(mode, colour):
 
 
 # ---------------------------------------------------------------- decode_image(): limits and bad input
-def expect_error(data: bytes, code: int) -> RequestError:
-    with pytest.raises(RequestError) as caught:
+def expect_refused(data: bytes, problem: ImageProblem) -> ImageError:
+    with pytest.raises(ImageError) as caught:
         decode_image(data)
-    assert caught.value.code == code, caught.value.message
+    assert caught.value.problem is problem, caught.value.message
     return caught.value
 
 
@@ -400,19 +249,19 @@ def test_pixel_loads_sees_a_decode(pixel_loads):
     assert pixel_loads and set(pixel_loads) == {(MIN_SIDE, MIN_SIDE)}  # (PIL calls load again, a no-op)
 
 
-def test_more_than_max_pixels_is_413_before_any_pixel_is_decoded(pixel_loads):
+def test_more_than_max_pixels_is_too_large_before_any_pixel_is_decoded(pixel_loads):
     assert 8000 * 6000 > MAX_PIXELS and max(8000, 6000) <= MAX_SIDE
     data = encode(Image.new("1", (8000, 6000)), compress_level=9)
-    error = expect_error(data, 413)
+    error = expect_refused(data, ImageProblem.TOO_LARGE)
     assert pixel_loads == []
     assert "8000x6000" in error.message and "downscale" in error.message
 
 
-def test_more_than_max_side_is_413():
+def test_more_than_max_side_is_too_large():
     data = encode(Image.new("1", (MAX_SIDE + 1, MIN_SIDE)))
-    error = expect_error(data, 413)
+    error = expect_refused(data, ImageProblem.TOO_LARGE)
     assert f"{MAX_SIDE + 1}x{MIN_SIDE}" in error.message and "downscale" in error.message
-    error = expect_error(encode(Image.new("1", (MIN_SIDE, MAX_SIDE + 1))), 413)
+    error = expect_refused(encode(Image.new("1", (MIN_SIDE, MAX_SIDE + 1))), ImageProblem.TOO_LARGE)
     assert "downscale" in error.message
 
 
@@ -422,14 +271,14 @@ def test_exactly_max_side_is_accepted():
 
 
 @pytest.mark.parametrize("width, height", [(7000, 6000), (12000, 12000), (100_000, 100_000), (2**31 - 1, 2)])
-def test_header_only_bombs_are_413_before_decoding(width, height, pixel_loads):
-    expect_error(png_header_only(width, height), 413)
+def test_header_only_bombs_are_too_large_before_decoding(width, height, pixel_loads):
+    expect_refused(png_header_only(width, height), ImageProblem.TOO_LARGE)
     assert pixel_loads == []
 
 
 @pytest.mark.parametrize("size", [(MIN_SIDE - 1, 20), (20, MIN_SIDE - 1), (1, 1)])
-def test_smaller_than_min_side_is_400(size):
-    error = expect_error(encode(solid(size=size)), 400)
+def test_smaller_than_min_side_is_too_small(size):
+    error = expect_refused(encode(solid(size=size)), ImageProblem.TOO_SMALL)
     assert f"{size[0]}x{size[1]}" in error.message and f"at least {MIN_SIDE}" in error.message
 
 
@@ -439,24 +288,24 @@ def test_min_side_is_accepted():
 
 @pytest.mark.parametrize("data", [b"hello, this is not an image at all" * 4, b"", b"\x00" * 100,
                                   b"\x89PNG\r\n\x1a\n"], ids=["text", "empty", "zeros", "png-magic-only"])
-def test_garbage_is_415(data):
-    error = expect_error(data, 415)
+def test_garbage_is_not_an_image(data):
+    error = expect_refused(data, ImageProblem.NOT_AN_IMAGE)
     assert "JPEG" in error.message and "PNG" in error.message
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
-def test_truncated_is_400(fmt):
+def test_truncated_is_corrupt(fmt):
     noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     data = encode(Image.fromarray(noise), fmt)
-    error = expect_error(data[: len(data) // 2], 400)
+    error = expect_refused(data[: len(data) // 2], ImageProblem.CORRUPT)
     assert "corrupt or truncated" in error.message
 
 
 @pytest.mark.parametrize("fmt", ["PPM", "ICO", "TGA", "PCX"])
-def test_readable_but_unaccepted_format_is_415(fmt):
+def test_readable_but_unaccepted_format_is_unsupported(fmt):
     data = encode(solid(size=(16, 16)), fmt)
     assert Image.open(io.BytesIO(data)).format == fmt  # PIL can read it; the handler refuses it
-    error = expect_error(data, 415)
+    error = expect_refused(data, ImageProblem.UNSUPPORTED_FORMAT)
     assert fmt in error.message and "send JPEG" in error.message
 
 
@@ -524,17 +373,7 @@ def test_contract_from_the_manifest_record_and_its_absence():
         InputRecord((1, 3, 224, 224)).image_contract()
 
 
-# ---------------------------------------------------------------- RequestError
-def test_request_error_as_response():
-    error = RequestError(413, "too big")
-    assert error.as_response() == {"code": 413, "error": "too big"}
-    assert error.code == 413 and error.message == "too big" and str(error) == "too big"
+def test_image_error_is_in_the_family_and_says_what_is_wrong():
+    error = ImageError(ImageProblem.TOO_SMALL, "image is 1x1")
     assert isinstance(error, VisionExportError)
-
-
-def test_decode_error_as_response():
-    with pytest.raises(RequestError) as caught:
-        decode_image(b"not an image")
-    response = caught.value.as_response()
-    assert set(response) == {"code", "error"}
-    assert response["code"] == 415 and "send JPEG" in response["error"]
+    assert error.problem is ImageProblem.TOO_SMALL and error.message == str(error) == "image is 1x1"

@@ -1,4 +1,5 @@
-"""Find the image and the options in one TorchServe request row, or a RequestError saying what was wrong.
+"""Request bodies: find the image and the options in one request row (TorchServe's, or the KServe adapter's),
+or a RequestError saying what was wrong.
 
 Accepted bodies: a raw image (JPEG, PNG, WebP, BMP, GIF first frame, TIFF), JSON {"data": "<base64>"},
 or a multipart form with the image as a file field. Turning the bytes into the model's input is
@@ -11,7 +12,7 @@ import base64
 import binascii
 import json
 
-from runtime.images import RequestError
+from handlers.request_error import RequestError
 
 BODY_KEYS = ("data", "body", "file", "image")  # raw/JSON bodies arrive as data/body; forms by field name
 OPTION_KEYS = ("topk",)  # form fields that are options, never the image
