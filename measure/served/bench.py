@@ -115,9 +115,9 @@ def torchserve_served(name: str, export_dir: Path, manifest: Manifest, files: li
 @contextlib.contextmanager
 def litserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scratch: Path):
     folder = scratch / LITSERVE
-    with peer.running(export_dir, folder, EXAMPLE_IMAGE) as peer:
+    with peer.running(export_dir, folder, EXAMPLE_IMAGE) as litserve:
         wire = {path.name: (peer.form_body(path, folder), peer.FORM_CONTENT_TYPE) for path in files}
-        yield Served(LITSERVE, peer.url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest))
+        yield Served(LITSERVE, litserve.url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest))
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_measure
+from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("hey") is None, reason="the load generator hey is not installed")]
@@ -23,13 +23,10 @@ def _png(path, size=(320, 240)):
     return path
 
 
-def test_in_process_pipeline_and_served_naive_default_and_litserve_per_body_write_their_files(resnet18_export,
-                                                                                              tmp_path):
+def test_in_process_pipeline_and_served_naive_default_and_litserve_per_body_write_their_files(
+        resnet18_export, resnet18_inprocess_bench, tmp_path):
     out = tmp_path / "bench"
-    inprocess = run_measure("inprocess", str(resnet18_export["out"]), "--batches", "1,2", "--threads", "1",
-                           "--repeats", "1", "--warmup", "1", "--min-seconds", "0", "--gemm-size", "256",
-                           "--out", str(out))
-    assert inprocess.returncode == 0, inprocess.stdout + inprocess.stderr
+    shutil.copytree(resnet18_inprocess_bench["out"], out)  # the in-process run beside the served one, as `make bench`
     bodies = f"{ROOT / 'examples' / 'cat.jpg'},{_png(tmp_path / 'gradient.png')}"
     done = subprocess.run([sys.executable, "-m", "measure", "bench", "--export-dir", str(resnet18_export["out"]),
                            "--images", bodies, "--configurations", "naive,default,litserve", "--concurrency", "2",

@@ -14,10 +14,11 @@ from torch import nn
 
 from contract.records import ContractError, InputRecord, Manifest, ModelInfo, OutputRecord
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
+from measure.cli import main as measure_main
 from measure.inprocess import bench
 from measure.inprocess import records as bench_records
 from measure.inprocess.bench import Peak, Report, Row
-from tests.conftest import ROOT, run_measure
+from tests.conftest import ROOT
 
 
 def row(artifact="onnx-dynamo", threads=1, batch=8, images_per_s=10.0, precision="fp32", device="cpu", gflops=80.0):
@@ -124,10 +125,10 @@ def test_gemm_peaks_are_measured_with_every_library_at_a_small_size():
     assert said and "1 thread(s)" in said[0]
 
 
-def test_a_folder_without_an_export_is_a_clear_error(tmp_path):
-    done = run_measure("inprocess", str(tmp_path), "--out", str(tmp_path / "out"))
-    assert done.returncode == 1
-    assert "has no manifest.json: export a model there first" in done.stderr and "Traceback" not in done.stderr
+def test_a_folder_without_an_export_is_a_clear_error(tmp_path, capsys):
+    assert measure_main(["inprocess", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    stderr = capsys.readouterr().err
+    assert "has no manifest.json: export a model there first" in stderr and "Traceback" not in stderr
 
 
 def manifest_of(source: dict, weights: dict) -> Manifest:
@@ -165,11 +166,9 @@ def test_the_benchmark_does_not_import_the_cli_commands():
 
 
 @pytest.mark.slow
-def test_smoke_every_artifact_and_eager_are_benchmarked_and_the_files_written(resnet18_export, tmp_path):
-    out = tmp_path / "bench"
-    done = run_measure("inprocess", str(resnet18_export["out"]), "--batches", "1,2", "--threads", "1", "--repeats", "1",
-                      "--warmup", "1", "--min-seconds", "0", "--gemm-size", "256", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_smoke_every_artifact_and_eager_are_benchmarked_and_the_files_written(resnet18_export,
+                                                                               resnet18_inprocess_bench):
+    out = resnet18_inprocess_bench["out"]
     assert {p.name for p in out.iterdir()} >= {"bench.md", "bench.json", "bench.png"}
     data = json.loads((out / "bench.json").read_text())
     manifest = Manifest.read(resnet18_export["out"])
@@ -178,4 +177,5 @@ def test_smoke_every_artifact_and_eager_are_benchmarked_and_the_files_written(re
     assert {(r["artifact"], r["batch"]) for r in data["rows"]} >= {("eager", 1), ("eager", 2)}
     assert all(r["peak_fraction"] is not None for r in data["rows"])
     assert data["flops_per_image"]["resnet18"] > 1e9
-    assert "[1/" in done.stdout and "peak" in done.stdout  # progress shown on the terminal
+    stdout = resnet18_inprocess_bench["stdout"]
+    assert "[1/" in stdout and "peak" in stdout  # progress shown on the terminal
