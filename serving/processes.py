@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from contract.errors import VisionExportError
+
+if TYPE_CHECKING:
+    import requests
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,7 +34,12 @@ def read_pgid(pid_file: Path) -> int | None:
     return int(text)
 
 
+PROC = Path("/proc")
+ZOMBIE = "Z"  # the state of a process that exited and waits to be reaped
+
+
 def alive(pid: int | None) -> bool:
+    """Whether the process runs (a zombie does not)."""
     if pid is None:
         return False
     try:
@@ -40,15 +48,33 @@ def alive(pid: int | None) -> bool:
         return False
     except PermissionError:  # it exists, under another user: not ours to signal, but the pid is taken
         return True
-    return True
+    state = state_and_group(PROC / str(pid))
+    return state is None or state[0] != ZOMBIE  # without /proc to ask, the signal's answer stands
 
 
 def group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs. Zombies do not count: where the machine's init does not reap
+    orphans (a container without one), an exited server's processes would otherwise stay in its group forever."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return True
+    if not PROC.is_dir():  # nothing to tell zombies apart: the group is there
+        return True
+    for process_dir in PROC.glob("[0-9]*"):
+        state = state_and_group(process_dir)
+        if state is not None and state[1] == pgid and state[0] != ZOMBIE:
+            return True
+    return False
+
+
+def state_and_group(process_dir: Path) -> tuple[str, int] | None:
+    """(state, process group) from /proc/PID/stat; None when it cannot be read (the process ended, no /proc)."""
+    try:
+        fields = (process_dir / "stat").read_text().rsplit(")", 1)[1].split()  # after the command's name
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[2])
 
 
 def signal_group(pgid: int, sig: int, name: str) -> None:
@@ -58,26 +84,49 @@ def signal_group(pgid: int, sig: int, name: str) -> None:
         log.info("%s's process group %d had already exited before %s", name, pgid, signal.Signals(sig).name)
 
 
-def stop_group(pid_file: Path, process: subprocess.Popen | None, timeout: float, name: str) -> bool:
-    """SIGTERM the group (the server shuts its workers down), SIGKILL if it lingers past timeout; the pid file
-    goes. False when nothing was running."""
+def stop_group(pid_file: Path, process: subprocess.Popen | None, timeout: float, name: str,
+               leader_stops_workers: bool = False) -> bool:
+    """SIGTERM the group, or with leader_stops_workers its leader alone (a server that stops its own workers, and
+    would start a new one in place of a worker signalled beside it); SIGKILL whatever of the group lingers past
+    timeout; return once no process of the group is left, and the pid file goes. False when nothing was running."""
     pgid = process.pid if process is not None else read_pgid(pid_file)
-    if pgid is None or not alive(pgid):
+    if pgid is None or not group_alive(pgid):
         pid_file.unlink(missing_ok=True)
         return False
-    signal_group(pgid, signal.SIGTERM, name)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and group_alive(pgid):
-        if process is not None:
-            process.poll()
-        time.sleep(0.3)
-    if group_alive(pgid):
+    if leader_stops_workers and alive(pgid):
+        signal_leader(pgid, signal.SIGTERM, name)
+    else:
+        signal_group(pgid, signal.SIGTERM, name)
+    if not wait_for_group(pgid, process, timeout):
         log.warning("%s (process group %d) still running %.0f s after SIGTERM: SIGKILL", name, pgid, timeout)
         signal_group(pgid, signal.SIGKILL, name)
+        wait_for_group(pgid, process, KILLED_EXIT_S)
     if process is not None:
-        process.wait(timeout=10)
+        process.wait(timeout=KILLED_EXIT_S)
     pid_file.unlink(missing_ok=True)
     return True
+
+
+KILLED_EXIT_S = 10  # how long SIGKILLed processes may take to be gone
+
+
+def wait_for_group(pgid: int, process: subprocess.Popen | None, timeout: float) -> bool:
+    """True once no process of the group is left (our own child reaped, so it does not linger as a zombie)."""
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid):
+        if process is not None:
+            process.poll()
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.3)
+    return True
+
+
+def signal_leader(pid: int, sig: int, name: str) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # the leader ended since the check: its group gets the signal instead
+        signal_group(pid, sig, name)
 
 
 def start_until_ready(start: Callable[[], subprocess.Popen], wait: Callable[[subprocess.Popen], T],
@@ -132,7 +181,7 @@ class NoAnswer(VisionExportError):
         self.last = last
 
 
-def poll_for_answer(post: Callable[[], "requests.Response"], check: Callable[[], None], deadline: float,
+def poll_for_answer(post: Callable[[], requests.Response], check: Callable[[], None], deadline: float,
                     accept: Callable[[object], bool] = lambda response: True, interval: float = 1.0,
                     retry_on: tuple = ()):
     """Call post() until it answers 200 and accept(response), before the deadline: that response. check() runs
