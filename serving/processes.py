@@ -55,9 +55,7 @@ def alive(pid: int | None) -> bool:
 def group_alive(pgid: int) -> bool:
     """Whether a process of the group still runs. Zombies do not count: where the machine's init does not reap
     orphans (a container without one), an exited server's processes would otherwise stay in its group forever."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+    if not group_exists(pgid):
         return False
     if not PROC.is_dir():  # nothing to tell zombies apart: the group is there
         return True
@@ -110,15 +108,36 @@ def stop_group(pid_file: Path, process: subprocess.Popen | None, timeout: float,
 KILLED_EXIT_S = 10  # how long SIGKILLed processes may take to be gone
 
 
+REAP_GRACE_S = 5  # how long exited processes may wait to be reaped by an init that reaps lazily, or never
+
+
 def wait_for_group(pgid: int, process: subprocess.Popen | None, timeout: float) -> bool:
-    """True once no process of the group is left (our own child reaped, so it does not linger as a zombie)."""
-    deadline = time.monotonic() + timeout
-    while group_alive(pgid):
+    """True once no process of the group is left: each ended, and reaped (our own child by us); one that stays
+    unreaped (a zombie) past REAP_GRACE_S counts as gone, as an init may not reap orphans at all. False at the
+    timeout while any still runs."""
+    deadline, zombies_since = time.monotonic() + timeout, None
+    while group_exists(pgid):
         if process is not None:
             process.poll()
-        if time.monotonic() >= deadline:
-            return False
+        now = time.monotonic()
+        if not group_alive(pgid):  # only zombies are left
+            zombies_since = zombies_since or now
+            if now - zombies_since >= REAP_GRACE_S:
+                return True
+        else:
+            zombies_since = None
+            if now >= deadline:
+                return False
         time.sleep(0.3)
+    return True
+
+
+def group_exists(pgid: int) -> bool:
+    """Whether any process, zombies included, is in the group."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
     return True
 
 
