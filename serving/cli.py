@@ -21,7 +21,7 @@ from pathlib import Path
 from contract.cli import moved, run_command
 from serving import engine as engines
 from serving.engine import DEFAULT_ENGINE, Engine
-from serving.processes import serve_until_stopped, start_until_ready
+from serving.processes import serve_until_stopped, sigterm_interrupts, start_until_ready
 from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models, decide_policy
 
 PROG = "python -m serving"
@@ -97,6 +97,7 @@ def serve(engine_type: type[Engine], args: argparse.Namespace) -> int:
     engine = engine_type(settings)
     if args.action != "start":
         return engine.run_extra_action(args.action, args)
+    sigterm_interrupts()  # a stop while models load stops the server too
     process, answers = start_until_ready(engine.start,
                                          lambda process: engine.wait_until_ready(process, timeout=args.timeout),
                                          engine.stop, engine.title, engine.announcement())

@@ -154,8 +154,8 @@ def start_until_ready(start: Callable[[], subprocess.Popen], wait: Callable[[sub
     """Start a server, say so (once it started: a refused start says only why), and wait until it is ready;
     whatever stops the wait (an error, Ctrl-C) stops the server."""
     process = start()
-    print(announcement, flush=True)
     try:
+        print(announcement, flush=True)
         return process, wait(process)
     except BaseException as error:
         stop(process)
@@ -176,12 +176,22 @@ def running_until_exit(start: Callable[[], subprocess.Popen], wait: Callable[[su
         stop(process)
 
 
+def sigterm_interrupts() -> None:
+    """SIGTERM from now on is Ctrl-C (KeyboardInterrupt): what runs stops its server on the way out, as
+    start_until_ready and serve_until_stopped do, rather than dying and leaving it running."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_until_stopped(process: subprocess.Popen, stop: Callable[[], object], name: str,
                         exit_reason: Callable[[], str]) -> int:
     """The foreground server: Ctrl-C or SIGTERM stops it (0); its own exit is an error with its reason (1)."""
-    print("Ctrl-C to stop", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sigterm_interrupts()
     try:
+        print("Ctrl-C to stop", flush=True)
         while process.poll() is None:
             time.sleep(0.5)
         print(f"{name} exited with code {process.returncode}: {exit_reason()}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """A third engine, from outside serving/: a small Python HTTP server that answers POST /predictions/NAME with an
 answer of the usual shape, after a moment of "loading", and keeps a worker process in its group that takes a
-moment to exit on SIGTERM, as real workers do. `serving.engine.register(FakeEngine)` offers it (`--engine fake`);
+moment to exit on SIGTERM, as real workers do (FAKE_LOAD_S in the environment: how long it loads). `serving.engine.register(FakeEngine)` offers it (`--engine fake`);
 `python -m tests.serving.fake_engine ARGS` is `python -m serving ARGS` with it registered."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from serving.engine import Engine, register
 from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, ServingSettings
 
 SERVER = r"""
-import http.server, json, signal, subprocess, sys, time
+import http.server, json, os, signal, subprocess, sys, time
 port, models = int(sys.argv[1]), sys.argv[2].split(",")
 # a worker in the server's process group, which takes a second to exit on SIGTERM
 subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
                   "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))\n"
                   "while True: time.sleep(1)"])
-time.sleep(0.5)  # loading: the readiness probe meets a refused connection first
+time.sleep(float(os.environ.get("FAKE_LOAD_S", "0.5")))  # loading: the first probes find nobody listening
 
 
 class Predictions(http.server.BaseHTTPRequestHandler):

@@ -5,6 +5,7 @@ every model has answered, printed as the others are, stopped with its whole proc
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -137,4 +138,21 @@ def test_in_the_foreground_sigterm_stops_it_and_its_workers(store, tmp_path):
     finally:
         server.kill()
     assert "the fake server stopped" in server.stdout.read()
+    assert not group_alive(pgid) and not (run_dir / "fake.pgid").exists()
+
+
+def test_sigterm_while_the_models_load_stops_the_server_too(store, tmp_path):
+    run_dir = tmp_path / "run"
+    server = subprocess.Popen(with_fake_engine("--engine", "fake", "--model-store", str(store), "--run-dir",
+                                               str(run_dir), "--port", str(free_port()), "--workers", "1"),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "FAKE_LOAD_S": "60"})
+    try:
+        assert server.stdout.readline() == "fake server starting with a, b\n"  # and waiting for its answers
+        pgid = int((run_dir / "fake.pgid").read_text())
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 130
+    finally:
+        server.kill()
+    assert "interrupted; the fake server stopped" in server.stdout.read()
     assert not group_alive(pgid) and not (run_dir / "fake.pgid").exists()
