@@ -27,8 +27,8 @@ LOG_TAIL_LINES = 5
 class KServe(Engine):
     name = "kserve"
     title = "the KServe server"
-    description = ("KServe's ModelServer has no token authorisation: in a cluster the mesh or ingress guards it "
-                   "(docs/scaling.md).")
+    description = ("KServe's own ModelServer, our request core in it.\nIt has no token authorisation: in a cluster "
+                   "the mesh or ingress guards it (docs/scaling.md).")
     settings_type = KServeSettings
     # KServe's ModelServer stops its worker processes itself on SIGTERM, and starts a new one in place of a
     # worker that died while it still runs.

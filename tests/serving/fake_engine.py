@@ -1,7 +1,8 @@
 """A third engine, from outside serving/: a small Python HTTP server that answers POST /predictions/NAME with an
-answer of the usual shape, after a moment of "loading", and keeps a worker process in its group that takes a
-moment to exit on SIGTERM, as real workers do (FAKE_LOAD_S in the environment: how long it loads). `serving.engine.register(FakeEngine)` offers it (`--engine fake`);
-`python -m tests.serving.fake_engine ARGS` is `python -m serving ARGS` with it registered."""
+answer of the usual shape after a moment of "loading" (FAKE_LOAD_S in the environment), and keeps a worker
+process in its group that takes a moment to exit on SIGTERM, as real workers do.
+`serving.engine.register(FakeEngine)` offers it (`--engine fake`); `python -m tests.serving.fake_engine ARGS` is
+`python -m serving ARGS` with it registered."""
 
 from __future__ import annotations
 
