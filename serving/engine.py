@@ -6,7 +6,8 @@ a real prediction, stop() ends the whole group, and urls()/curl_line() say what 
 (serving/cli.py), the tests and the measurements drive every engine through this class alone.
 
 A new engine is one module, serving/<package>/engine.py, that subclasses Engine and registers it
-(`@register`): it is found there, offered by `--engine`, stopped by `python -m serving stop`, with no other edit.
+(`@register`): it is found there, offered by `--engine`, stopped by `python -m serving stop`, with no other edit
+(a wheel, unlike a checkout or an editable install, also needs the package in pyproject.toml's packages).
 """
 
 from __future__ import annotations

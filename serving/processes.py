@@ -1,6 +1,6 @@
 """A server started in its own process group, known by a pid file in its run folder: alive or not, and stopped
 with its whole group (the launcher and every worker it started); and the one readiness loop, which POSTs until
-a real answer comes. TorchServe's, KServe's and the LitServe peer's starts share it."""
+a real answer comes. Every engine (serving/engine.py) and the LitServe peer of the benchmark build on it."""
 
 from __future__ import annotations
 
