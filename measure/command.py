@@ -11,7 +11,8 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from export.atomic import atomic_write_text
-from serving.torchserve.config import EXAMPLE_IMAGE, ServerSettings, on_free_ports
+from serving.settings import EXAMPLE_IMAGE
+from serving.torchserve.config import ServerSettings, on_free_ports
 
 INTERRUPTED = "interrupted; TorchServe stopped"
 

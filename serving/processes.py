@@ -1,6 +1,6 @@
 """A server started in its own process group, known by a pid file in its run folder: alive or not, and stopped
 with its whole group (the launcher and every worker it started); and the one readiness loop, which POSTs until
-a real answer comes. TorchServe's, KServe's and the LitServe peer's starts share it."""
+a real answer comes. Every engine (serving/engine.py) and the LitServe peer of the benchmark build on it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from contract.errors import VisionExportError
+
+if TYPE_CHECKING:
+    import requests
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,7 +34,12 @@ def read_pgid(pid_file: Path) -> int | None:
     return int(text)
 
 
+PROC = Path("/proc")
+ZOMBIE = "Z"  # the state of a process that exited and waits to be reaped
+
+
 def alive(pid: int | None) -> bool:
+    """Whether the process runs (a zombie does not)."""
     if pid is None:
         return False
     try:
@@ -40,15 +48,31 @@ def alive(pid: int | None) -> bool:
         return False
     except PermissionError:  # it exists, under another user: not ours to signal, but the pid is taken
         return True
-    return True
+    state = state_and_group(PROC / str(pid))
+    return state is None or state[0] != ZOMBIE  # without /proc to ask, the signal's answer stands
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+    """Whether a process of the group still runs. Zombies do not count: where the machine's init does not reap
+    orphans (a container without one), an exited server's processes would otherwise stay in its group forever."""
+    if not group_exists(pgid):
         return False
-    return True
+    if not PROC.is_dir():  # nothing to tell zombies apart: the group is there
+        return True
+    for process_dir in PROC.glob("[0-9]*"):
+        state = state_and_group(process_dir)
+        if state is not None and state[1] == pgid and state[0] != ZOMBIE:
+            return True
+    return False
+
+
+def state_and_group(process_dir: Path) -> tuple[str, int] | None:
+    """(state, process group) from /proc/PID/stat; None when it cannot be read (the process ended, no /proc)."""
+    try:
+        fields = (process_dir / "stat").read_text().rsplit(")", 1)[1].split()  # after the command's name
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[2])
 
 
 def signal_group(pgid: int, sig: int, name: str) -> None:
@@ -58,26 +82,70 @@ def signal_group(pgid: int, sig: int, name: str) -> None:
         log.info("%s's process group %d had already exited before %s", name, pgid, signal.Signals(sig).name)
 
 
-def stop_group(pid_file: Path, process: subprocess.Popen | None, timeout: float, name: str) -> bool:
-    """SIGTERM the group (the server shuts its workers down), SIGKILL if it lingers past timeout; the pid file
-    goes. False when nothing was running."""
+def stop_group(pid_file: Path, process: subprocess.Popen | None, timeout: float, name: str,
+               leader_stops_workers: bool = False) -> bool:
+    """SIGTERM the group, or with leader_stops_workers its leader alone (a server that stops its own workers, and
+    would start a new one in place of a worker signalled beside it); SIGKILL whatever of the group lingers past
+    timeout; return once no process of the group is left, and the pid file goes. False when nothing was running."""
     pgid = process.pid if process is not None else read_pgid(pid_file)
-    if pgid is None or not alive(pgid):
+    if pgid is None or not group_alive(pgid):
         pid_file.unlink(missing_ok=True)
         return False
-    signal_group(pgid, signal.SIGTERM, name)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and group_alive(pgid):
-        if process is not None:
-            process.poll()
-        time.sleep(0.3)
-    if group_alive(pgid):
+    if leader_stops_workers and alive(pgid):
+        signal_leader(pgid, signal.SIGTERM, name)
+    else:
+        signal_group(pgid, signal.SIGTERM, name)
+    if not wait_for_group(pgid, process, timeout):
         log.warning("%s (process group %d) still running %.0f s after SIGTERM: SIGKILL", name, pgid, timeout)
         signal_group(pgid, signal.SIGKILL, name)
+        wait_for_group(pgid, process, KILLED_EXIT_S)
     if process is not None:
-        process.wait(timeout=10)
+        process.wait(timeout=KILLED_EXIT_S)
     pid_file.unlink(missing_ok=True)
     return True
+
+
+KILLED_EXIT_S = 10  # how long SIGKILLed processes may take to be gone
+
+
+REAP_GRACE_S = 5  # how long exited processes may wait to be reaped by an init that reaps lazily, or never
+
+
+def wait_for_group(pgid: int, process: subprocess.Popen | None, timeout: float) -> bool:
+    """True once no process of the group is left: each ended, and reaped (our own child by us); one that stays
+    unreaped (a zombie) past REAP_GRACE_S counts as gone, as an init may not reap orphans at all. False at the
+    timeout while any still runs."""
+    deadline, zombies_since = time.monotonic() + timeout, None
+    while group_exists(pgid):
+        if process is not None:
+            process.poll()
+        now = time.monotonic()
+        if not group_alive(pgid):  # only zombies are left
+            zombies_since = zombies_since or now
+            if now - zombies_since >= REAP_GRACE_S:
+                return True
+        else:
+            zombies_since = None
+            if now >= deadline:
+                return False
+        time.sleep(0.3)
+    return True
+
+
+def group_exists(pgid: int) -> bool:
+    """Whether any process, zombies included, is in the group."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def signal_leader(pid: int, sig: int, name: str) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # the leader ended since the check: its group gets the signal instead
+        signal_group(pid, sig, name)
 
 
 def start_until_ready(start: Callable[[], subprocess.Popen], wait: Callable[[subprocess.Popen], T],
@@ -86,8 +154,8 @@ def start_until_ready(start: Callable[[], subprocess.Popen], wait: Callable[[sub
     """Start a server, say so (once it started: a refused start says only why), and wait until it is ready;
     whatever stops the wait (an error, Ctrl-C) stops the server."""
     process = start()
-    print(announcement, flush=True)
     try:
+        print(announcement, flush=True)
         return process, wait(process)
     except BaseException as error:
         stop(process)
@@ -108,12 +176,22 @@ def running_until_exit(start: Callable[[], subprocess.Popen], wait: Callable[[su
         stop(process)
 
 
+def sigterm_interrupts() -> None:
+    """SIGTERM from now on is Ctrl-C (KeyboardInterrupt): what runs stops its server on the way out, as
+    start_until_ready and serve_until_stopped do, rather than dying and leaving it running."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_until_stopped(process: subprocess.Popen, stop: Callable[[], object], name: str,
                         exit_reason: Callable[[], str]) -> int:
     """The foreground server: Ctrl-C or SIGTERM stops it (0); its own exit is an error with its reason (1)."""
-    print("Ctrl-C to stop", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sigterm_interrupts()
     try:
+        print("Ctrl-C to stop", flush=True)
         while process.poll() is None:
             time.sleep(0.5)
         print(f"{name} exited with code {process.returncode}: {exit_reason()}", file=sys.stderr)
@@ -132,7 +210,7 @@ class NoAnswer(VisionExportError):
         self.last = last
 
 
-def poll_for_answer(post: Callable[[], "requests.Response"], check: Callable[[], None], deadline: float,
+def poll_for_answer(post: Callable[[], requests.Response], check: Callable[[], None], deadline: float,
                     accept: Callable[[object], bool] = lambda response: True, interval: float = 1.0,
                     retry_on: tuple = ()):
     """Call post() until it answers 200 and accept(response), before the deadline: that response. check() runs

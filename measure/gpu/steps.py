@@ -224,8 +224,9 @@ def serving_step(out: Path, log) -> Step:
     if skip:
         return Step("serving", Status.SKIPPED, notes=[skip])
     from export.package.archive import build_archive
+    from serving.settings import EXAMPLE_IMAGE
     from serving.torchserve import server
-    from serving.torchserve.config import EXAMPLE_IMAGE, on_free_ports
+    from serving.torchserve.config import on_free_ports
     build_archive(out / EXPORT, manifest, out / STORE, None, SERVED_ARTIFACT, {"fp16": True})
     settings = on_free_ports(out / STORE, out / "serving-run")
     settings.model_name = manifest.model.name
@@ -243,7 +244,7 @@ def serving_step(out: Path, log) -> Step:
 def load_level(url: str, image: Path, concurrency: int, log) -> ServingRow:
     """A warm-up, then REQUESTS_PER_LEVEL requests at `concurrency`, each run bounded by LOAD_DEADLINE_S."""
     from measure.loadgen import hey_available, run_hey, run_pool
-    from serving.torchserve.config import REQUEST_TIMEOUT_S
+    from serving.settings import REQUEST_TIMEOUT_S
 
     def load(requests: int):
         if hey_available():

@@ -29,8 +29,9 @@ from contract.errors import VisionExportError
 from export.atomic import atomic_write_text
 from measure.command import load_command_parser, load_command_settings, run_load_command
 from measure.reliability.workers import ready_pids, wait_all_ready
+from serving.settings import REQUEST_TIMEOUT_S
 from serving.torchserve import server
-from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
+from serving.torchserve.config import ServerSettings
 
 RECOVERY_LIMIT_S = 15  # every worker READY again within 15 s of the kill
 RESPAWN_LIMIT_S = 5  # TorchServe's own part: notice the death, wait its 1 s retry delay, start a new process

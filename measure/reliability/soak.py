@@ -24,8 +24,9 @@ from export.atomic import atomic_write_text
 from measure.command import load_command_parser, load_command_settings, run_load_command
 from measure.loadgen import require_hey, run_hey
 from measure.reliability.workers import wait_all_ready, workers
+from serving.settings import REQUEST_TIMEOUT_S
 from serving.torchserve import server
-from serving.torchserve.config import REQUEST_TIMEOUT_S, ServerSettings
+from serving.torchserve.config import ServerSettings
 
 MAX_RSS_GROWTH = 0.10  # memory that keeps growing under steady load is a leak
 WARMUP_SLICES = 1  # allocator pools and ORT arenas settle during the first slice

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
+from serving.settings import READY_TIMEOUT_S, REQUEST_TIMEOUT_S, ServingError
 from serving.torchserve import server
-from serving.torchserve.config import READY_TIMEOUT_S, REQUEST_TIMEOUT_S, ServerSettings, ServingError
+from serving.torchserve.config import ServerSettings
 
 POLL_S = 0.5
 

@@ -64,8 +64,9 @@ from measure.served.rows import LoadPlan, Served, load_rows, raw_wire
 from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.kserve import server as kserve_server
 from serving.kserve.config import KServeSettings
+from serving.settings import EXAMPLE_IMAGE, REQUEST_TIMEOUT_S, free_port
 from serving.torchserve import server
-from serving.torchserve.config import EXAMPLE_IMAGE, REQUEST_TIMEOUT_S, ServerSettings, free_port, on_free_ports
+from serving.torchserve.config import ServerSettings, on_free_ports
 
 DEFAULT_DURATION_S = 20
 DEFAULT_LEVELS = "1,4,8,16"

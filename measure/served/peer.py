@@ -23,7 +23,7 @@ from pathlib import Path
 from measure.command import MeasureError
 from measure.loadgen import content_type
 from serving.processes import NoAnswer, poll_for_answer
-from serving.torchserve.config import HOST, PROJECT_ROOT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S, free_port
+from serving.settings import HOST, PROJECT_ROOT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S, free_port
 
 FORM_FIELD = "content"  # the form field peer_litserve.py reads
 BOUNDARY = "vision-export-bench-boundary"

@@ -1,7 +1,8 @@
-"""`python -m serving kserve OUT` and `python -m serving triton OUT`: deployment material from an export.
+"""`python -m serving deploy kserve OUT` and `python -m serving deploy triton OUT`: deployment material from an
+export (what other platforms serve; the engines that serve here are `python -m serving --engine NAME`).
 
-  python -m serving kserve deploy/kserve [--export-dir artifacts/resnet50] [--model-store model-store]
-  python -m serving triton deploy/triton [--export-dir artifacts/resnet50] [--instance-kind gpu|cpu]
+  python -m serving deploy kserve deploy/kserve [--export-dir artifacts/resnet50] [--model-store model-store]
+  python -m serving deploy triton deploy/triton [--export-dir artifacts/resnet50] [--instance-kind gpu|cpu]
 
 The model's name (the archive NAME.mar, the Triton model, the InferenceService) is the export's
 (manifest.json -> model.name) unless --model-name says otherwise. See docs/scaling.md for when to use which
@@ -26,7 +27,7 @@ TARGETS = {"kserve": "KServe: storage layouts + InferenceServices for its TorchS
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m serving", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m serving deploy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     targets = parser.add_subparsers(dest="target", required=True)
     for name, help_text in TARGETS.items():

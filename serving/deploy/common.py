@@ -12,14 +12,14 @@ from handlers.policy import GPU_BATCH_SIZE
 from models.resnet import DEFAULT_ARCH
 
 DEFAULT_EXPORT_DIR = Path("artifacts") / DEFAULT_ARCH  # where `python -m export resnet` writes by default
-# Measured on this project's 2-core machine (README, Benchmarks: resnet50, ONNX Runtime, CPU policy of 2
-# workers x 1 thread): about 16 requests/s per replica, reached from concurrency 2 on. Used when no
+# Per-replica throughput and the concurrency that saturates it, as measured in this project on a 2-core machine
+# (resnet50, ONNX Runtime, the CPU policy of 2 workers x 1 thread; README, Benchmarks). Used when no
 # bench-results/results.json from `python -m measure bench` is at hand.
 MEASURED_CPU_REPLICA_RPS = 16.0
 MEASURED_CPU_SATURATING_CONCURRENCY = 2
-# The kserve engine, measured the same way (docs/bench-run-issue22: resnet18, ONNX Runtime, 2 workers x 1
-# thread, `python -m measure bench --configurations default,kserve`): 23.1 requests/s per replica at best,
-# 90 % of it from concurrency 1 on. Used for its InferenceService when no results.json has kserve rows.
+# The kserve engine's, measured the same way (resnet18, `python -m measure bench --configurations
+# default,kserve`; the run is named in MEASURED's source). Used for its InferenceService when no results.json has
+# kserve rows.
 MEASURED_KSERVE_CPU_REPLICA_RPS = 23.1
 MEASURED_KSERVE_CPU_SATURATING_CONCURRENCY = 1
 MEASURED = {"default": (MEASURED_CPU_REPLICA_RPS, MEASURED_CPU_SATURATING_CONCURRENCY,
@@ -55,7 +55,7 @@ def replica_numbers(model: str, results: Path = BENCH_RESULTS, configuration: st
             best = max(r["req_per_s"] for r in rows)
             busy = min(r["concurrency"] for r in rows if r["req_per_s"] >= SATURATION * best)
             return ReplicaNumbers(best, busy, f"{results} ({model}, configuration '{configuration}')")
-        print(f"{results} has no '{configuration}' rows of {model} with a throughput (run `python -m serving "
+        print(f"{results} has no '{configuration}' rows of {model} with a throughput (run `python -m measure "
               "bench` on its export): using the figure measured in this project")
     return ReplicaNumbers(*MEASURED[configuration])
 

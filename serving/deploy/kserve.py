@@ -53,7 +53,7 @@ def kserve_config_properties(model_name: str, mar_name: str, device: str) -> str
         "defaultVersion": True, "marName": mar_name, "minWorkers": workers, "maxWorkers": workers,
         "batchSize": batch, "maxBatchDelay": delay, "responseTimeout": 120}}}}
     return "\n".join([
-        "# TorchServe config for KServe's pytorch (TorchServe) runtime, written by `python -m serving kserve`.",
+        "# TorchServe config for KServe's pytorch (TorchServe) runtime, written by `python -m serving deploy kserve`.",
         f"inference_address=http://0.0.0.0:{KSERVE_PORT}",
         f"management_address=http://0.0.0.0:{KSERVE_PORT + 1}",
         "metrics_address=http://0.0.0.0:8082",
@@ -119,8 +119,8 @@ def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str
     numbers = replica_numbers(manifest.model.name)
     staging = fresh_output(Path(out), force)
     header = (f"# KServe InferenceService for {manifest.model.name} ({manifest.served_record().kind}) served by "
-              f"TorchServe (written by "
-              f"`python -m serving kserve`).\n# storageUri is a placeholder: copy storage/ there (docs/scaling.md).\n"
+              "TorchServe (written by `python -m serving deploy kserve`).\n"
+              "# storageUri is a placeholder: copy storage/ there (docs/scaling.md).\n"
               f"# Autoscaling target from: {numbers.source}.\n")
     for device in ("gpu", "cpu"):
         storage = staging / device / "storage"

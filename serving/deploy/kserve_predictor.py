@@ -59,7 +59,8 @@ def write_engine_material(staging: Path, archive: Path, model_name: str, storage
     numbers = replica_numbers(model_name, configuration="kserve")
     uri = storage_uri.format(model=model_name, device="kserve")
     header = (f"# KServe InferenceService for {model_name}: our image with ENGINE=kserve (KServe's own ModelServer "
-              "and our request core), written by `python -m serving kserve`.\n# storageUri is a placeholder: copy "
+              "and our request core), written by `python -m serving deploy kserve`.\n"
+              "# storageUri is a placeholder: copy "
               f"{ENGINE_FOLDER}/storage/ there (docs/scaling.md); the image too.\n"
               f"# Autoscaling target from: {numbers.source}.\n")
     service = engine_inference_service(model_name, numbers, uri)

@@ -106,7 +106,7 @@ def write_triton(out: Path, export_dir: Path, name: str | None = None, kind: str
     shutil.copy2(source, version / "model.onnx")
     (version.parent / "config.pbtxt").write_text(
         f"# Triton model configuration for {manifest.model.name} ({record.kind}), written by "
-        f"`python -m serving triton`.\n" + model_config(name, version / "model.onnx", kind, manifest))
+        f"`python -m serving deploy triton`.\n" + model_config(name, version / "model.onnx", kind, manifest))
     (staging / "inferenceservice-triton.yaml").write_text(dump_yaml(
         [triton_inference_service(name, storage_uri, kind, manifest.model.name)],
         "# KServe InferenceService on the Triton runtime; storageUri holds model_repository/ (docs/scaling.md).\n"))

@@ -1,69 +1,42 @@
-"""How a TorchServe of ours is configured: its ports, its timeouts, its folders and the config.properties it
-reads (the shipped base plus this machine's serving policy for each model). Every policy value of serving
-TorchServe is defined here, once."""
+"""How a TorchServe of ours is configured: its ports, its folders and the config.properties it reads (the shipped
+base plus the serving policy for each model). What every engine shares (address, run dir, timeouts, policy) is in
+serving/settings.py; what only TorchServe has is defined here, once."""
 
 from __future__ import annotations
 
 import json
-import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from contract.errors import VisionExportError
-from handlers.policy import ServingPolicy, machine_policy, this_machine
+from handlers.policy import ServingPolicy
+from serving.settings import ServingSettings, free_port
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-PROJECT_ROOT = PACKAGE_DIR.parent.parent
 DEFAULT_CONFIG = PACKAGE_DIR / "config.properties"
-EXAMPLE_IMAGE = PROJECT_ROOT / "examples" / "cat.jpg"
 
-READY_TIMEOUT_S = 240  # start until every model has answered a real prediction (a cold JVM plus model loads)
-STOP_TIMEOUT_S = 60  # SIGTERM to SIGKILL
-REQUEST_TIMEOUT_S = 60  # one HTTP request to a running server; a slow shared machine must not turn latency into errors
-# one readiness probe: TorchServe holds a prediction until a worker is up, so a probe sent while workers die
-# would wait out REQUEST_TIMEOUT_S before the logs were read again (a failed load took 70 s to report, now ~15 s);
-# a probe that times out is simply sent again, so a slow first answer is still waited for (READY_TIMEOUT_S)
-PROBE_TIMEOUT_S = 10
 MODEL_RESPONSE_TIMEOUT_S = 120  # TorchServe's per-model responseTimeout: a worker slower than this is restarted
-
-HOST = "127.0.0.1"
 INFERENCE_PORT = 8080
 MANAGEMENT_PORT = 8081
 METRICS_PORT = 8082
 GRPC_INFERENCE_PORT = 7070
 GRPC_MANAGEMENT_PORT = 7071
-DEFAULT_RUN_DIR = Path(".serving")  # logs, TorchServe's pid file and ours, key_file.json
-DEFAULT_MODEL_STORE = Path("model-store")
 MODEL_VERSION = "1.0"  # what `python -m export` archives
 RUN_CONFIG = "config.properties"
 KEY_FILE = "key_file.json"  # TorchServe writes it in its working folder (our run dir) when tokens are on
 
 
-class ServingError(VisionExportError):
-    """TorchServe did not come up, or cannot be started as asked; the message says why and what to do."""
-
-
 @dataclass
-class ServerSettings:
-    model_store: Path = DEFAULT_MODEL_STORE
+class ServerSettings(ServingSettings):
     model_name: str = "resnet50"  # the model predictions_url() addresses; the only one served when models is empty
-    models: tuple[str, ...] = ()  # every model this server serves (python -m serving: every archive in the store)
-    host: str = HOST
     inference_port: int = INFERENCE_PORT
     management_port: int = MANAGEMENT_PORT
     metrics_port: int = METRICS_PORT
     grpc_inference_port: int = GRPC_INFERENCE_PORT
     grpc_management_port: int = GRPC_MANAGEMENT_PORT
-    run_dir: Path = DEFAULT_RUN_DIR
     config: Path = DEFAULT_CONFIG
-    extra_env: dict = field(default_factory=dict)
-    policy: ServingPolicy | None = None  # None: decided for this machine when the server starts
     token_auth: bool = False  # TorchServe's token authorisation: keys in run_dir/key_file.json
     model_version: str = MODEL_VERSION
     response_timeout_s: int = MODEL_RESPONSE_TIMEOUT_S
-
-    def effective_policy(self) -> ServingPolicy:
-        return self.policy or machine_policy(*this_machine())
 
     @property
     def inference_url(self) -> str:
@@ -76,10 +49,6 @@ class ServerSettings:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.run_dir.absolute() / "logs"
 
     @property
     def key_file(self) -> Path:
@@ -115,31 +84,6 @@ def token_auth_switched_on(settings: ServerSettings, environ: dict) -> bool:
     if env_value is not None and properties.get("enable_envvars_config", "false").lower() == "true":
         value = env_value
     return value.strip().lower() != "true"
-
-
-def archives_in(model_store: Path) -> list[str]:
-    """The models a store holds: NAME for every NAME.mar, sorted."""
-    return sorted(path.stem for path in Path(model_store).glob("*.mar"))
-
-
-def choose_models(model_store: Path, requested: list[str] | None) -> tuple[str, ...]:
-    """The requested models (each must have its archive), or every archive in the store."""
-    present = archives_in(model_store)
-    if not present:
-        raise ServingError(f"no archive (*.mar) in {Path(model_store).absolute()}: run `python -m export resnet` first "
-                           f"(it writes {model_store}/resnet50.mar), or pass --model-store the folder that holds yours")
-    missing = [name for name in requested or () if name not in present]
-    if missing:
-        raise ServingError(f"{', '.join(f'{name}.mar' for name in missing)} not in {model_store} (it holds "
-                           f"{', '.join(present)}): export it with `python -m export ... --model-store {model_store}`")
-    return tuple(requested or present)
-
-
-def free_port() -> int:
-    """A loopback port nobody holds right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:

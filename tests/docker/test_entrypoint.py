@@ -17,8 +17,9 @@ import requests
 from handlers.policy import machine_policy, this_machine
 from serving.kserve import server as kserve
 from serving.kserve.config import KServeSettings
+from serving.settings import ServingError, free_port
 from serving.torchserve import server as torchserve
-from serving.torchserve.config import ServerSettings, ServingError, free_port
+from serving.torchserve.config import ServerSettings
 from tests.answers import assert_same_answer, expected_answer
 
 ROOT = Path(__file__).resolve().parents[2]

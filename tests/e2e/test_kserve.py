@@ -19,11 +19,12 @@ import requests
 import tritonclient.http as triton
 
 from handlers.policy import ServingPolicy
-from serving.kserve import server as kserve
 from serving.kserve.config import KServeSettings
+from serving.kserve.engine import KServe
 from serving.processes import group_alive
-from serving.torchserve import server as torchserve
-from serving.torchserve.config import ServingError, free_port
+from serving.settings import ServingError, free_port
+from serving.torchserve.config import on_free_ports
+from serving.torchserve.engine import TorchServe
 from tests.answers import assert_same_answer, cached_answers
 from tests.conftest import ROOT
 from tests.e2e.test_bad_input import CASES, JPEG, OK
@@ -41,7 +42,7 @@ KSERVE_OUTCOMES = {"text/html": (415, "not an image")}
 def served(resnet18_export, tmp_path_factory):
     settings = KServeSettings(resnet18_export["model_store"], (resnet18_export["model_name"],),
                               http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve"), policy=BATCHING)
-    with kserve.running(settings, CAT) as process:
+    with KServe(settings).running(CAT) as process:
         yield settings, process
     assert not group_alive(process.pid), "KServe processes survived stop()"
 
@@ -184,9 +185,9 @@ def test_v2_bad_requests_are_400_with_the_reason(client):
 
 # ---------------------------------------------------------------- the same answers as TorchServe's
 def test_same_answer_as_torchserve_on_the_same_photo(settings, resnet18_export, tmp_path):
-    ts_settings = torchserve.on_free_ports(resnet18_export["model_store"], tmp_path / "torchserve")
+    ts_settings = on_free_ports(resnet18_export["model_store"], tmp_path / "torchserve")
     ts_settings.model_name = "resnet18"
-    with torchserve.running(ts_settings, CAT):
+    with TorchServe(ts_settings).running(CAT):
         from_torchserve = requests.post(ts_settings.predictions_url(), data=CAT.read_bytes(), headers=JPEG,
                                         timeout=60).json()
     from_kserve = predict(settings, {"instances": [{"image": {"b64": b64(CAT.read_bytes())}}]}).json()
@@ -207,9 +208,10 @@ def test_serving_command_detach_then_stop(resnet18_export, tmp_path):
         assert "sha256 verified" in (run_dir / "logs" / "kserve.log").read_text()
         # (the policy's worker processes: tests/docker/test_entrypoint.py, which starts the default policy)
     finally:
-        stopped = subprocess.run([sys.executable, "-m", "serving", "stop", "--engine", "kserve", "--run-dir",
-                                  str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert "KServe server stopped" in stopped.stdout
+        # a plain stop: it finds the KServe server by its pid file (--engine kserve is accepted too)
+        stopped = subprocess.run([sys.executable, "-m", "serving", "stop", "--run-dir", str(run_dir)], cwd=ROOT,
+                                 env=env, capture_output=True, text=True, timeout=120)
+    assert stopped.stdout == "the KServe server stopped\n", stopped.stdout + stopped.stderr
     assert pgid is not None and not group_alive(pgid)
 
 
@@ -223,5 +225,5 @@ def test_a_tampered_archive_is_refused_with_the_cores_reason(resnet18_export, tm
             target.writestr(info, data[:-1] + bytes([data[-1] ^ 1]) if info.filename.endswith(".onnx") else data)
     settings = KServeSettings(store, ("resnet18",), http_port=free_port(), run_dir=tmp_path / "run")
     with pytest.raises(ServingError, match="sha256"):
-        with kserve.running(settings, CAT, timeout=120):
+        with KServe(settings).running(CAT, timeout=120):
             pass

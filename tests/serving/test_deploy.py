@@ -1,4 +1,4 @@
-"""`python -m serving kserve|triton` on a real export, validated with real schemas, and a client for each
+"""`python -m serving deploy kserve|triton` on a real export, validated with real schemas, and a client for each
 deployment: TorchServe and KServe v1 against a local TorchServe, v2 against tritonclient's own helpers and
 the repository's model run in ONNX Runtime (no Triton server or cluster can run here)."""
 
@@ -36,7 +36,7 @@ def run_serving(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def kserve_out(resnet18_export, tmp_path_factory):
     out = tmp_path_factory.mktemp("deploy") / "kserve"
-    done = run_serving("kserve", str(out), "--export-dir", str(resnet18_export["out"]),
+    done = run_serving("deploy", "kserve", str(out), "--export-dir", str(resnet18_export["out"]),
                        "--model-store", str(resnet18_export["model_store"]))
     assert done.returncode == 0, done.stderr
     return out
@@ -45,7 +45,7 @@ def kserve_out(resnet18_export, tmp_path_factory):
 @pytest.fixture(scope="module")
 def triton_out(resnet18_export, tmp_path_factory):
     out = tmp_path_factory.mktemp("deploy") / "triton"
-    done = run_serving("triton", str(out), "--export-dir", str(resnet18_export["out"]))
+    done = run_serving("deploy", "triton", str(out), "--export-dir", str(resnet18_export["out"]))
     assert done.returncode == 0, done.stderr
     return out
 
@@ -75,7 +75,7 @@ def test_kserve_engine_storage_layout_and_service_validate(kserve_out, resnet18_
 
 
 def test_refuses_to_overwrite_without_force(kserve_out, resnet18_export):
-    again = run_serving("kserve", str(kserve_out), "--export-dir", str(resnet18_export["out"]),
+    again = run_serving("deploy", "kserve", str(kserve_out), "--export-dir", str(resnet18_export["out"]),
                         "--model-store", str(resnet18_export["model_store"]))
     assert again.returncode == 1 and "pass --force" in again.stderr and "Traceback" not in again.stderr
 

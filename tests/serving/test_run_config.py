@@ -1,16 +1,20 @@
-"""`python -m serving` decides the policy for the machine it runs on and writes it into TorchServe's config."""
+"""`python -m serving` decides the policy for the machine it runs on (serving/settings.py) and writes it into
+TorchServe's config (`python -m serving config`)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from handlers.policy import GPU_BATCH_SIZE, machine_policy
-from serving.torchserve.cli import decide_policy, parse
-from serving.torchserve.config import ServerSettings, ServingError, run_config_text
-from tests.conftest import ROOT
+from serving import cli
+from serving.settings import ServingError, decide_policy
+from serving.torchserve.config import ServerSettings, run_config_text
+from serving.torchserve.engine import TorchServe
+
+
+def parse(argv: list[str]):
+    return cli.parser_for(TorchServe).parse_args(argv)
 
 
 def models_setting(text: str) -> dict:
@@ -41,11 +45,6 @@ def test_command_line_overrides_and_their_validation():
         decide_policy(parse(["--workers", "0"]))
 
 
-def serving_command(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "serving", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-
-
 def store_with(folder, *names: str):
     """A model store holding NAME.mar files: `config` only lists the store, it does not open the archives."""
     folder.mkdir()
@@ -54,30 +53,32 @@ def store_with(folder, *names: str):
     return folder
 
 
-def test_config_action_writes_every_archive_of_the_store_and_needs_out(tmp_path):
+def test_config_action_writes_every_archive_of_the_store_and_needs_out(tmp_path, capsys):
     store, out = store_with(tmp_path / "store", "resnet18", "resnet50"), tmp_path / "config.properties"
-    done = serving_command("config", "--model-store", str(store), "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    assert cli.main(["config", "--model-store", str(store), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"{out}: resnet18, resnet50; ")
     models = models_setting(out.read_text())
     assert sorted(models) == ["resnet18", "resnet50"] and models["resnet18"]["1.0"]["marName"] == "resnet18.mar"
     assert all(setting["1.0"]["minWorkers"] >= 1 for setting in models.values())
     assert "load_models=resnet18=resnet18.mar,resnet50=resnet50.mar" in out.read_text().splitlines()
-    missing = serving_command("config", "--model-store", str(store))
-    assert missing.returncode == 1 and "needs --out PATH" in missing.stderr and "Traceback" not in missing.stderr
+    assert cli.main(["config", "--model-store", str(store)]) == 1
+    assert "error: `python -m serving config` needs --out PATH" in capsys.readouterr().err
 
 
-def test_models_chooses_among_the_archives_and_names_the_missing_one(tmp_path):
+def test_models_chooses_among_the_archives_and_names_the_missing_one(tmp_path, capsys):
     store, out = store_with(tmp_path / "store", "resnet18", "resnet50"), tmp_path / "config.properties"
-    done = serving_command("config", "--model-store", str(store), "--models", "resnet50", "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    assert cli.main(["config", "--model-store", str(store), "--models", "resnet50", "--out", str(out)]) == 0
     assert list(models_setting(out.read_text())) == ["resnet50"]
     assert "load_models=resnet50=resnet50.mar" in out.read_text().splitlines()
-    absent = serving_command("config", "--model-store", str(store), "--models", "resnet50,vgg16", "--out", str(out))
-    assert absent.returncode == 1 and "vgg16.mar not in" in absent.stderr and "resnet18, resnet50" in absent.stderr
+    capsys.readouterr()
+    assert cli.main(["config", "--model-store", str(store), "--models", "resnet50,vgg16", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "vgg16.mar not in" in err and "resnet18, resnet50" in err
 
 
-def test_an_empty_store_says_to_export_first(tmp_path):
+@pytest.mark.parametrize("engine", ["torchserve", "kserve"])
+def test_an_empty_store_says_to_export_first(tmp_path, capsys, engine):
     store = store_with(tmp_path / "store")
-    done = serving_command("--model-store", str(store), "--detach")
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "no archive (*.mar) in" in done.stderr and "run `python -m export resnet` first" in done.stderr
+    assert cli.main(["--engine", engine, "--model-store", str(store), "--detach"]) == 1
+    err = capsys.readouterr().err
+    assert "no archive (*.mar) in" in err and "run `python -m export resnet` first" in err

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from serving.settings import free_port
 from serving.torchserve import server
-from serving.torchserve.config import DEFAULT_CONFIG, ServerSettings, free_port, token_auth_switched_on
+from serving.torchserve.config import DEFAULT_CONFIG, ServerSettings, token_auth_switched_on
 from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 

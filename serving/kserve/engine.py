@@ -1,0 +1,97 @@
+"""The KServe engine (`python -m serving --engine kserve`): KServe's own ModelServer with every archive of the
+model store, ready when each model has answered a real prediction through KServe's v1 endpoint. The same
+archives, artifacts (sha256-checked) and request core as the TorchServe engine; workers, batching and threads
+from the same serving policy."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from serving.engine import Engine, register
+from serving.kserve.config import HTTP_PORT, REFUSAL, KServeSettings
+from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError
+
+if TYPE_CHECKING:
+    import requests
+
+LOG_TAIL_LINES = 5
+
+
+@register
+class KServe(Engine):
+    name = "kserve"
+    title = "the KServe server"
+    description = ("KServe's own ModelServer, our request core in it.\nIt has no token authorisation: in a cluster "
+                   "the mesh or ingress guards it (docs/scaling.md).")
+    settings_type = KServeSettings
+    # KServe's ModelServer stops its worker processes itself on SIGTERM, and starts a new one in place of a
+    # worker that died while it still runs.
+    leader_stops_workers = True
+    settings: KServeSettings
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--host", default=HOST, help="address to bind (default: loopback; 0.0.0.0 in a container)")
+        parser.add_argument("--inference-port", "--http-port", dest="http_port", type=int, default=HTTP_PORT,
+                            help=f"KServe's HTTP port: v1, v2, health and metrics (default {HTTP_PORT})")
+        parser.add_argument("--token-auth", action="store_true", help=argparse.SUPPRESS)  # refused with the reason
+
+    @classmethod
+    def own_settings(cls, args: argparse.Namespace) -> dict:
+        if args.token_auth:
+            raise ServingError("--token-auth is TorchServe's: KServe's ModelServer has no token authorisation (in a "
+                               "cluster the mesh or ingress guards it, docs/scaling.md); leave it out or use the "
+                               "torchserve engine")
+        return {"host": args.host, "http_port": args.http_port}
+
+    def launch(self) -> subprocess.Popen:
+        """`python -m serving.kserve.worker SETTINGS_FILE`: the settings travel as a file, the policy decided."""
+        self.settings.log_file.unlink(missing_ok=True)
+        config = self.settings.write()
+        return self.popen([sys.executable, "-m", "serving.kserve.worker", str(config)], self.settings.log_file,
+                          {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **self.settings.extra_env})
+
+    def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
+        import requests
+        url, body = self.settings.predict_url(model), v1_body(image)
+        return url, lambda: requests.post(url, json=body, timeout=PROBE_TIMEOUT_S)
+
+    def answer_of(self, response: requests.Response) -> dict:
+        return response.json()["predictions"][0]
+
+    def exit_reason(self) -> str:
+        """The worker's refusal when it logged one, else the end of the log."""
+        log_file = self.settings.log_file
+        text = log_file.read_text(errors="replace") if log_file.exists() else ""
+        refusals = [line.split(REFUSAL, 1)[1].strip() for line in text.splitlines() if REFUSAL in line]
+        if refusals:
+            return refusals[-1]
+        return " | ".join(text.strip().splitlines()[-LOG_TAIL_LINES:]) or f"see {log_file}"
+
+    def announcement(self) -> str:
+        policy = self.settings.effective_policy()
+        return (f"KServe ModelServer starting with {', '.join(self.settings.models)} (log: {self.settings.log_file}; "
+                f"policy: {policy.reason}, {policy.workers} worker(s) x {policy.threads_per_worker} thread(s)); "
+                "waiting for a real prediction from each model ...")
+
+    def urls(self, model: str) -> dict[str, str]:
+        return {"v1": self.settings.predict_url(model), "v2": self.settings.infer_url(model)}
+
+    def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:
+        return (f'echo "{{\\"instances\\": [{{\\"image\\": {{\\"b64\\": \\"$(base64 -w0 {image})\\"}}}}]}}" | '
+                f'curl -sS -X POST {self.settings.predict_url(model)} -H "Content-Type: application/json" '
+                "--data-binary @-")
+
+    def metrics_url(self) -> str:
+        return f"{self.settings.url}/metrics"
+
+
+def v1_body(image: Path) -> dict:
+    """KServe's v1 request for one image: {"instances": [{"image": {"b64": ...}}]}."""
+    return {"instances": [{"image": {"b64": base64.b64encode(Path(image).read_bytes()).decode()}}]}

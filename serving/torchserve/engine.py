@@ -1,0 +1,201 @@
+"""The TorchServe engine (`python -m serving`, the default): TorchServe on loopback with every archive of the
+model store, ready when each model has answered a real prediction.
+
+TorchServe's /ping can answer Healthy while every worker crashes, so readiness here means: a POST of a real image
+returned 200 with predictions. A worker that fails to load is caught from the logs and reported with the
+handler's own error instead of waiting out the timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from handlers.policy import THREADS_ENV, ServingPolicy
+from serving.engine import Engine, await_prediction, register
+from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, ServingError
+from serving.torchserve import config as ts
+from serving.torchserve.config import ServerSettings, token_auth_switched_on, write_run_config
+from serving.torchserve.logs import exit_reason, load_failure
+
+if TYPE_CHECKING:
+    import requests
+
+SOCKET_PATH_MAX = 100  # sun_path holds 107 bytes; leave room for ".ts.sock.NNNNN"
+
+
+class KeysNotWritten(ServingError):
+    """Token authorisation is on and TorchServe has not (yet) written a readable key file."""
+
+
+@register
+class TorchServe(Engine):
+    name = "torchserve"
+    title = "TorchServe"
+    description = """Workers, batching and threads are decided for the machine that serves (handlers/policy.py):
+one batching worker per GPU; on a CPU, a worker per core (at most 4), no batching, cores / workers threads.
+Token authorisation: --token-auth, or TorchServe's own switch (disable_token_authorization=false in the
+config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys are in RUN_DIR/key_file.json."""
+    settings_type = ServerSettings
+    extra_actions = {"config": "write the config.properties with this machine's serving policy to --out and print "
+                               "the policy"}
+    retry_on = (KeysNotWritten,)  # a probe before TorchServe wrote its keys is tried again
+    settings: ServerSettings
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--out", type=Path, default=None, help="where `config` writes config.properties")
+        parser.add_argument("--inference-port", type=int, default=ts.INFERENCE_PORT)
+        parser.add_argument("--management-port", type=int, default=ts.MANAGEMENT_PORT)
+        parser.add_argument("--metrics-port", type=int, default=ts.METRICS_PORT)
+        parser.add_argument("--grpc-inference-port", type=int, default=ts.GRPC_INFERENCE_PORT)
+        parser.add_argument("--grpc-management-port", type=int, default=ts.GRPC_MANAGEMENT_PORT)
+        parser.add_argument("--config", type=Path, default=ts.DEFAULT_CONFIG)
+        parser.add_argument("--token-auth", action="store_true",
+                            help="switch on TorchServe's token authorisation: clients send 'Authorization: Bearer "
+                                 "KEY' with the keys TorchServe writes to RUN_DIR/key_file.json")
+
+    @classmethod
+    def own_settings(cls, args: argparse.Namespace) -> dict:
+        return {"inference_port": args.inference_port, "management_port": args.management_port,
+                "metrics_port": args.metrics_port, "grpc_inference_port": args.grpc_inference_port,
+                "grpc_management_port": args.grpc_management_port, "config": args.config,
+                "token_auth": args.token_auth}
+
+    def run_extra_action(self, action: str, args: argparse.Namespace) -> int:
+        """config: for launchers that start TorchServe themselves (the container's entrypoint)."""
+        if action != "config":
+            return super().run_extra_action(action, args)
+        if args.out is None:
+            raise ServingError("`python -m serving config` needs --out PATH for the config.properties it writes")
+        from export.atomic import atomic_write_text
+        policy = self.settings.policy
+        atomic_write_text(args.out, ts.run_config_text(self.settings, policy))
+        print(f"{args.out}: {', '.join(self.settings.served_models())}; {policy.reason}; "
+              f"{policy.threads_per_worker} thread(s) per worker")
+        return 0
+
+    def launch(self) -> subprocess.Popen:
+        """Whether tokens are checked is resolved here, once (--token-auth, or TorchServe's own switch in the
+        config file or the environment)."""
+        settings = self.settings
+        settings.token_auth = token_auth_switched_on(settings, os.environ)
+        for old in [*settings.log_dir.glob("*.log"), settings.key_file]:
+            old.unlink(missing_ok=True)  # a previous run's key file would not open this run's server
+        policy = settings.effective_policy()
+        config = write_run_config(settings, policy)
+        return self.popen(torchserve_command(settings, config), settings.log_dir / "console.log",
+                          server_env(settings, policy))
+
+    def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
+        url, body = self.settings.predictions_url(model), Path(image).read_bytes()
+        return url, lambda: post_image(url, body, auth_headers(self.settings))
+
+    def load_failure(self) -> str | None:
+        return load_failure(self.settings.log_dir)
+
+    def exit_reason(self) -> str:
+        return exit_reason(self.settings.log_dir)
+
+    def announcement(self) -> str:
+        policy = self.settings.effective_policy()
+        return (f"TorchServe starting with {', '.join(self.settings.served_models())} (logs: {self.settings.log_dir}; "
+                f"policy: {policy.reason}, {policy.threads_per_worker} thread(s) per worker); waiting for a real "
+                "prediction from each model ...")
+
+    def urls(self, model: str) -> dict[str, str]:
+        return {"predictions": self.settings.predictions_url(model)}
+
+    def curl_line(self, model: str | None = None, image: Path = EXAMPLE_IMAGE) -> str:
+        try:
+            shown = Path(image).resolve().relative_to(Path.cwd())
+        except ValueError:  # the image is outside the working folder: show its full path
+            shown = image
+        settings = self.settings
+        token = (f' -H "Authorization: Bearer <inference key from {settings.key_file}>"' if settings.token_auth else "")
+        return (f'curl -X POST {settings.predictions_url(model)} -H "Content-Type: image/jpeg"{token} '
+                f"--data-binary @{shown}")
+
+    def metrics_url(self) -> str:
+        return f"{self.settings.metrics_url}/metrics"
+
+    def notes(self) -> list[str]:
+        if not self.settings.token_auth:
+            return []
+        return [f"token authorisation on: keys (inference, management) in {self.settings.key_file}; anonymous "
+                "requests are refused"]
+
+
+def torchserve_command(settings: ServerSettings, config: Path) -> list[str]:
+    executable = shutil.which("torchserve", path=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    if not executable:
+        raise ServingError("torchserve is not installed: pip install -e '.[serving]' (see README)")
+    return [executable, "--start", "--foreground", "--ncs",
+            "--ts-config", str(Path(config).absolute()),
+            "--model-store", str(Path(settings.model_store).absolute())]  # models: load_models in the config
+
+
+def java_temp_dir(run_dir: Path) -> Path:
+    folder = run_dir / "tmp"
+    if len(str(folder)) + len("/.ts.sock.65535") > SOCKET_PATH_MAX:
+        folder = Path(tempfile.gettempdir()) / f"ts-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def server_env(settings: ServerSettings, policy: ServingPolicy) -> dict:
+    run_dir = settings.run_dir.absolute()
+    return {
+        **os.environ,
+        THREADS_ENV: str(policy.threads_per_worker),  # workers inherit it; the handler reads it
+        "TS_INFERENCE_ADDRESS": settings.inference_url,
+        "TS_MANAGEMENT_ADDRESS": settings.management_url,
+        "TS_METRICS_ADDRESS": settings.metrics_url,
+        "LOG_LOCATION": str(settings.log_dir),
+        "METRICS_LOCATION": str(settings.log_dir),
+        "TS_GRPC_INFERENCE_PORT": str(settings.grpc_inference_port),
+        "TS_GRPC_MANAGEMENT_PORT": str(settings.grpc_management_port),
+        # TorchServe's launcher keeps a global pid file in TMPDIR and passes TEMP to Java as java.io.tmpdir,
+        # where workers' unix sockets (.ts.sock.9000) and unpacked models live: a folder per run dir lets
+        # two servers share a machine.
+        "TMPDIR": str(run_dir),
+        "TEMP": str(java_temp_dir(run_dir)),
+        **settings.extra_env,
+    }
+
+
+def auth_headers(settings: ServerSettings, api: str = "inference") -> dict:
+    """{"Authorization": "Bearer <key>"} for the inference or management API when token auth is on; {} when off."""
+    if not settings.token_auth:
+        return {}
+    try:
+        keys = json.loads(settings.key_file.read_text())
+    except FileNotFoundError as error:
+        raise KeysNotWritten(f"token authorisation is on but TorchServe has not written {settings.key_file}") from error
+    except json.JSONDecodeError as error:  # TorchServe writes it in place: caught mid-write, or damaged
+        raise KeysNotWritten(f"{settings.key_file} is not JSON ({error})") from error
+    if api not in keys or "key" not in keys[api]:
+        raise ServingError(f"{settings.key_file} has no {api} key (it holds {', '.join(keys)})")
+    return {"Authorization": f"Bearer {keys[api]['key']}"}
+
+
+def post_image(url: str, body: bytes, headers: dict) -> requests.Response:
+    import requests
+    return requests.post(url, data=body, timeout=PROBE_TIMEOUT_S, headers={"Content-Type": "image/jpeg", **headers})
+
+
+def poll_for_prediction(url: str, body: bytes, headers: Callable[[], dict], deadline: float,
+                        process: subprocess.Popen | None, log_dir: Path) -> dict:
+    """The readiness loop for a TorchServe this process did not start (the container's entrypoint): POST the
+    image to url until it answers 200 (its JSON returned). headers() is asked each time (keys appear once
+    TorchServe has written them); process is what must stay alive, log_dir where TorchServe's logs say why."""
+    return await_prediction(url, lambda: post_image(url, body, headers()), deadline, process, TorchServe.title,
+                            lambda: exit_reason(log_dir), lambda: load_failure(log_dir), TorchServe.retry_on).json()
