@@ -13,7 +13,7 @@ from models.resnet import DEFAULT_ARCH
 
 DEFAULT_EXPORT_DIR = Path("artifacts") / DEFAULT_ARCH  # where `python -m export resnet` writes by default
 # Per-replica throughput and the concurrency that saturates it, as measured in this project on a 2-core machine
-# (resnet50, ONNX Runtime, the CPU policy of 2 workers x 1 thread; README, Benchmarks). Used when no
+# (resnet50, ONNX Runtime, the CPU policy of 2 workers x 1 thread; docs/benchmarks.md). Used when no
 # bench-results/results.json from `python -m measure bench` is at hand.
 MEASURED_CPU_REPLICA_RPS = 16.0
 MEASURED_CPU_SATURATING_CONCURRENCY = 2
@@ -23,9 +23,10 @@ MEASURED_CPU_SATURATING_CONCURRENCY = 2
 MEASURED_KSERVE_CPU_REPLICA_RPS = 23.1
 MEASURED_KSERVE_CPU_SATURATING_CONCURRENCY = 1
 MEASURED = {"default": (MEASURED_CPU_REPLICA_RPS, MEASURED_CPU_SATURATING_CONCURRENCY,
-                        "measured in this project (README, Benchmarks), resnet50 on 2 CPU cores"),
+                        "measured in this project (docs/benchmarks.md), resnet50 on 2 CPU cores"),
             "kserve": (MEASURED_KSERVE_CPU_REPLICA_RPS, MEASURED_KSERVE_CPU_SATURATING_CONCURRENCY,
-                       "measured in this project (docs/bench-run-issue22), resnet18 on 2 CPU cores")}
+                       "measured in this project (docs/results/2026-11-24-serving-bench-kserve-engine), resnet18 on 2 "
+                       "CPU cores")}
 # Not measured here (no GPU): keep a GPU replica's batches full, two batches in flight.
 GPU_TARGET_CONCURRENCY = 2 * GPU_BATCH_SIZE
 MAX_REPLICAS = 8
@@ -88,3 +89,19 @@ def publish(staging: Path, out: Path) -> Path:
 def dump_yaml(documents: list[dict], header: str) -> str:
     import yaml
     return header + "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in documents)
+
+
+# KServe's InferenceService, the same for its TorchServe runtime (kserve.py) and our own predictor
+# (kserve_predictor.py).
+API_VERSION = "serving.kserve.io/v1beta1"
+READINESS_SCRIPT = (  # a real prediction of a generated image, through KServe's v1 endpoint in the pod
+    "import base64,io,json,urllib.request;from PIL import Image;b=io.BytesIO();"
+    "Image.new('RGB',(64,64),(120,90,60)).save(b,'JPEG');"
+    "d=json.dumps({'instances':[{'data':base64.b64encode(b.getvalue()).decode()}]}).encode();"
+    "r=urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8080/v1/models/MODEL_NAME:predict',d,"
+    "{'Content-Type':'application/json'}),timeout=20);assert json.load(r)['predictions'][0]['predictions']")
+RESOURCES = {
+    "gpu": {"requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"},
+            "limits": {"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "1"}},
+    "cpu": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
+}

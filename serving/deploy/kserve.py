@@ -18,6 +18,9 @@ from pathlib import Path
 from contract.records import Manifest
 from handlers.policy import GPU_BATCH_DELAY_MS
 from serving.deploy.common import (
+    API_VERSION,
+    READINESS_SCRIPT,
+    RESOURCES,
     DeployError,
     ReplicaNumbers,
     autoscaling,
@@ -26,22 +29,11 @@ from serving.deploy.common import (
     publish,
     replica_numbers,
 )
+from serving.deploy.kserve_predictor import write_engine_material
 
-API_VERSION = "serving.kserve.io/v1beta1"
 STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/{model}-{device}"  # docs/scaling.md: or s3://BUCKET/...
 PVC_NAME = "vision-export-models"
 KSERVE_PORT = 8085  # TorchServe's port behind KServe's wrapper (KServe's documented layout)
-READINESS_SCRIPT = (  # a real prediction of a generated image, through KServe's v1 endpoint in the pod
-    "import base64,io,json,urllib.request;from PIL import Image;b=io.BytesIO();"
-    "Image.new('RGB',(64,64),(120,90,60)).save(b,'JPEG');"
-    "d=json.dumps({'instances':[{'data':base64.b64encode(b.getvalue()).decode()}]}).encode();"
-    "r=urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8080/v1/models/MODEL_NAME:predict',d,"
-    "{'Content-Type':'application/json'}),timeout=20);assert json.load(r)['predictions'][0]['predictions']")
-RESOURCES = {
-    "gpu": {"requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"},
-            "limits": {"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "1"}},
-    "cpu": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
-}
 
 
 def kserve_config_properties(model_name: str, mar_name: str, device: str) -> str:
@@ -131,7 +123,7 @@ def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str
         uri = storage_uri.format(model=model_name, device=device)
         (staging / device / "inferenceservice.yaml").write_text(
             dump_yaml([inference_service(model_name, device, numbers, uri)], header))
-    from serving.deploy.kserve_predictor import write_engine_material  # it builds on this module's constants
+
     write_engine_material(staging, archive, model_name, storage_uri, _link_or_copy)
     (staging / "storage-pvc.yaml").write_text(dump_yaml(
         storage_upload_objects(archive.stat().st_size),

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.deploy.common import ReplicaNumbers, autoscaling, dump_yaml, replica_numbers
-from serving.deploy.kserve import API_VERSION, READINESS_SCRIPT, RESOURCES
+from serving.deploy.common import (
+    API_VERSION,
+    READINESS_SCRIPT,
+    RESOURCES,
+    ReplicaNumbers,
+    autoscaling,
+    dump_yaml,
+    replica_numbers,
+)
 
 ENGINE_FOLDER = "kserve-engine"
 IMAGE_PLACEHOLDER = "vision-export-torchserve:latest"  # compose.yaml's image: push it where the cluster pulls from

@@ -104,4 +104,4 @@ def test_the_kserve_engine_takes_its_own_benchmark_rows(tmp_path):
     numbers = replica_numbers("resnet18", results, configuration="kserve")
     assert numbers.requests_per_s == 20.0 and numbers.saturating_concurrency == 4 and "'kserve'" in numbers.source
     fallback = replica_numbers("resnet18", tmp_path / "absent.json", configuration="kserve")
-    assert "docs/bench-run-issue22" in fallback.source
+    assert "docs/results/2026-11-24-serving-bench-kserve-engine" in fallback.source
