@@ -88,6 +88,54 @@ def test_nobody_reads_manifest_keys_but_the_contract():
     assert not offenders, f"raw manifest reads outside contract/records.py: {offenders}"
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_itself_back_in_a_circle():
+    """Imports inside functions count too: a circle there is a knot a reader has to untie by hand."""
+    sources = {module_name(p): p for room in ROOMS for p in room_sources(room)}
+    graph = {name: {n for n in our_imports(path) if n in sources and n != name} for name, path in sources.items()}
+    circles = [cycle for cycle in _strongly_connected(graph) if len(cycle) > 1]
+    assert not circles, f"import circles: {circles}"
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the groups of modules that reach each other."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            groups.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return groups
+
+
+@pytest.mark.parametrize("room", ["export", "serving"])
+def test_measurement_lives_in_measure_only(room):
+    """Timing loops, peaks and benchmarks belong to measure/ (the one timing loop: runtime/timing.py)."""
+    found = [str(p.relative_to(ROOT)) for p in room_sources(room)
+             if "bench" in p.name or "time_runs(" in p.read_text() and "runtime.timing" not in p.read_text()]
+    assert not found
+
+
 def test_no_module_is_over_the_size_limit():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for room in ROOMS for p in room_sources(room)}
     assert not {f: n for f, n in sizes.items() if n > MAX_MODULE_LINES}
