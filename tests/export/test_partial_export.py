@@ -8,7 +8,8 @@ import torch
 
 from contract.records import Manifest
 from export.errors import ExportError
-from export.pipeline import ExportOptions, Progress, export_model, output_record
+from export.package.manifest import output_record
+from export.pipeline import ExportOptions, Progress, export_model
 from models.user_module import user_entry
 from tests.conftest import ROOT
 

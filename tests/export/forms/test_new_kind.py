@@ -11,7 +11,6 @@ BACKENDS; before the table it was about seven places in six files.
 from __future__ import annotations
 
 import zipfile
-from pathlib import Path
 
 import onnxruntime as ort
 import pytest
@@ -26,12 +25,13 @@ from export.package.archive import ArchiveRequest
 from export.pipeline import ExportOptions, Progress, export_model
 from runtime import base
 from runtime.base import Backend, RunOptions
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
 KIND = "onnx-ort-optimized"
 FORMAT = "onnx-ort"
-CAT = Path(__file__).resolve().parents[2] / "examples" / "cat.jpg"
+CAT = ROOT / "examples" / "cat.jpg"
 
 
 class PreOptimizedOnnxBackend(Backend):
@@ -82,7 +82,7 @@ def test_a_kind_added_to_the_table_is_exported_proven_chosen_packaged_and_served
     record = manifest.artifacts[KIND]
     assert (out / record.path).is_file() and record.format == FORMAT and not record.spatial_dynamic
     assert result.parity.passed(KIND) and manifest.parity["summary"][KIND]["passed"]
-    assert KIND in {row["artifact"] for row in result.trace_vs_script["rows"]}
+    assert KIND in {row.artifact for row in result.trace_vs_script.rows}
     preference = manifest.serving.preference
     assert manifest.serving.served == KIND and preference.index(KIND) < preference.index("onnx-dynamo")
 
