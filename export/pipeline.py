@@ -116,8 +116,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     paths = compare_trace_and_script(run, checked)
     latency = measure_latency(run, checked)
     variants = make_variants(run, built, checked, paths)
-    serving = decide_serving(run, checked, paths, variants)
-    serving.latency_ms_batch1 = latency
+    serving = decide_serving(run, checked, paths, variants, latency)
     files = write_reports(stage, entry, built.labels, checked.parity, checked.second_opinion, paths)
     enforce(run, checked.parity, variants, serving)  # inside the stage: a failed attempt keeps every report
     manifest = assemble_manifest(stage, ExportFindings(
@@ -183,7 +182,7 @@ def make_forms(run: ExportRun, module: torch.nn.Module) -> dict[str, exporters.A
     build_artifacts(context, run.timed, run.refusals, chosen)
     with run.timed("inspect"):
         inspect_artifacts(context.built, run.refusals)
-    onnx_count = sum(a.format == "onnx" for a in context.built.values())
+    onnx_count = sum(a.format == kinds.ONNX for a in context.built.values())
     run.progress.step(f"onnx.checker (full) and strict shape inference passed on {onnx_count} ONNX files")
     return context.built
 
@@ -276,10 +275,11 @@ def eligible_sources(artifacts: dict, parity: ParityReport, paths: TraceVsScript
     return [kind for kind in artifacts if parity.passed(kind) and kind not in diverging]
 
 
-def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript,
-                   variants: PrecisionReport | None) -> ServingDecision:
+def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript, variants: PrecisionReport | None,
+                   latency: dict[str, float]) -> ServingDecision:
     """Apply export.package.selection's declared rule to this export's results. A reduced-precision variant inherits
-    its fp32 source's parity and divergence, and carries its own accuracy-gate verdict."""
+    its fp32 source's parity and divergence, and carries its own accuracy-gate verdict. The latency is recorded
+    beside the decision, for information."""
     diverging, spec = paths.diverging_probes(), run.entry.input_spec
     example_size = tuple(spec.shape[1:])
     candidates = [Candidate(kind, checked.parity.passed(kind), tuple(diverging.get(kind, ())), a.spatial_dynamic,
@@ -289,7 +289,9 @@ def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript,
         candidates.append(Candidate(kind, checked.parity.passed(source), tuple(diverging.get(source, ())),
                                     checked.artifacts[source].spatial_dynamic, example_size,
                                     gate=variant.gate.verdict))
-    return decide(candidates, spec.record().handler_input(), run.options.serve)
+    decision = decide(candidates, spec.record().handler_input(), run.options.serve)
+    decision.latency_ms_batch1 = latency
+    return decision
 
 
 def enforce(run: ExportRun, parity: ParityReport, variants: PrecisionReport | None, serving: ServingDecision) -> None:

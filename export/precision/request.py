@@ -13,7 +13,7 @@ from export.precision.gate import GATE_ENFORCE
 from runtime.machine import cpu_flags
 
 PRECISIONS = kinds.precisions()
-DEFAULT_PRECISIONS = ("fp32",)
+DEFAULT_PRECISIONS = (kinds.FP32,)
 BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")
 
 
@@ -27,7 +27,7 @@ def parse_precisions(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise PrecisionError(f"--precision {text!r}: choose from {', '.join(PRECISIONS)}, comma-separated "
                              "(e.g. fp32,int8)")
-    if "fp32" not in names:
+    if kinds.FP32 not in names:
         raise PrecisionError(f"--precision {text!r} must include fp32: it is the reference every variant is "
                              "gated against and the fallback that is always servable (e.g. fp32,int8)")
     return names
@@ -44,7 +44,7 @@ class PrecisionRequest:
 
     @property
     def wanted(self) -> bool:
-        return any(p != "fp32" for p in self.precisions)
+        return any(p != kinds.FP32 for p in self.precisions)
 
 
 def check_hardware(precisions: tuple[str, ...], device: str) -> None:

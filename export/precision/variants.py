@@ -97,7 +97,7 @@ class PrecisionReport:
             raise AccuracyGateError(self.failures, render_table(self.failures))
 
     def manifest_record(self) -> dict:
-        return {"precisions": ["fp32", *sorted({v.precision for v in self.variants.values()})],
+        return {"precisions": [kinds.FP32, *sorted({v.precision for v in self.variants.values()})],
                 "calibration": self.calibration, "holdout": self.holdout, "ladder_images_per_s_batch1": self.ladder,
                 "int8_choice": self.int8_choice, "gate": self.gate_verdicts(), "notes": self.notes}
 
@@ -180,7 +180,7 @@ class _Checked:
 
 def requested_variant_kinds(precisions: tuple[str, ...]) -> list[str]:
     """The variant kinds the requested precisions make, in table order."""
-    return [k.name for p in precisions if p != "fp32" for k in kinds.variants(p)]
+    return [k.name for p in precisions if p != kinds.FP32 for k in kinds.variants(p)]
 
 
 def _int8_variant(sources: VariantSources, report, calibration, checked: _Checked, progress) -> Variant:
@@ -195,7 +195,7 @@ def _int8_variant(sources: VariantSources, report, calibration, checked: _Checke
 def _float_variant(sources: VariantSources, report, kind, checked: _Checked) -> Variant:
     """bf16 / fp16: autocast around the scripted TorchScript (no new file), or an fp16 ONNX."""
     source = sources.fp32_artifacts[_source(kind, sources)]
-    if kind.format == "torchscript":
+    if kind.format == kinds.TORCHSCRIPT:
         return autocast_variant(kind, source, checked)
     _record_source_speed(report, source, checked)
     with _removed_on_failure(sources.stage / kind.file_name):
@@ -285,8 +285,8 @@ def build_int8(stage: Path, source, calibration: ImageSet, checked: _Checked, pr
                                "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()},
               "fp32_fallback": fallback and {"nodes": [f"{r['node']} ({r['kind']})" for r in fallback["fp32_nodes"]],
                                              "images_per_s_batch1": round(speed, 1), "gate": gate.verdict}}
-    variant = Variant(INT8.name, stage / INT8.file_name, INT8.format, INT8.precision, "fp32", source.kind, made_by,
-                      gate, speed)
+    variant = Variant(kind=INT8.name, path=stage / INT8.file_name, format=INT8.format, precision=INT8.precision,
+                      run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate, images_per_s=speed)
     return variant, choice
 
 
@@ -340,8 +340,9 @@ def autocast_variant(kind, source, checked: _Checked) -> Variant:
     backend = open_artifact(source.format, source.path, RunOptions(device=checked.device, precision=precision))
     gate = checked.gate(kind, backend)
     made_by = {"tool": f"torch.autocast(dtype={precision}) around {source.path.name}", "device": checked.device}
-    return Variant(kind.name, source.path, source.format, precision, precision, source.kind, made_by, gate,
-                   checked.speed(backend))
+    return Variant(kind=kind.name, path=source.path, format=source.format, precision=precision,
+                   run_precision=precision, source=source.kind, made_by=made_by, gate=gate,
+                   images_per_s=checked.speed(backend))
 
 
 def build_onnx_fp16(stage: Path, kind, source, checked: _Checked) -> Variant:
@@ -353,8 +354,9 @@ def build_onnx_fp16(stage: Path, kind, source, checked: _Checked) -> Variant:
     gate = checked.gate(kind, backend)
     made_by = {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
                "runs_on": "ONNX Runtime CUDAExecutionProvider"}
-    return Variant(kind.name, stage / kind.file_name, kind.format, kind.precision, "fp32", source.kind, made_by, gate,
-                   checked.speed(backend))
+    return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
+                   run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate,
+                   images_per_s=checked.speed(backend))
 
 
 # ---------------------------------------------------------------- running and timing
