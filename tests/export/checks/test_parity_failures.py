@@ -1,4 +1,5 @@
-"""Parity must fail loudly: a perturbed ONNX weight, a modified file, and `python -m export parity DIR`."""
+"""Parity must fail loudly: a perturbed ONNX weight, a modified file, and `python -m export parity DIR` (run in
+this process: export.cli.main)."""
 
 import json
 import shutil
@@ -15,7 +16,6 @@ from export.errors import ParityError
 from export.forms import kinds
 from runtime import file_sha256, open_artifact
 from runtime.eager import EagerBackend
-from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
 
@@ -56,18 +56,18 @@ def test_perturbed_onnx_weight_fails_with_typed_error_and_numbers(export_copy):
     assert "perturbed" in str(error.value) and "max_abs=" in str(error.value)
 
 
-def test_recheck_passes_on_a_clean_folder(export_copy):
-    result = run_export("parity", str(export_copy))
+def test_recheck_passes_on_a_clean_folder(export_copy, export_main):
+    result = export_main("parity", export_copy)
     assert result.returncode == 0, result.stderr
     assert "sha256 of" in result.stdout and "parity passed" in result.stdout
     assert (export_copy / "parity.recheck.json").is_file()
 
 
-def test_recheck_names_a_modified_artifact(export_copy):
+def test_recheck_names_a_modified_artifact(export_copy, export_main):
     with open(export_copy / "model.scripted.onnx", "r+b") as handle:
         handle.seek(-10, 2)
         handle.write(b"0123456789")
-    result = run_export("parity", str(export_copy))
+    result = export_main("parity", export_copy)
     assert result.returncode == 4  # contract.errors.EXIT_INTEGRITY
     recorded = Manifest.read(export_copy).artifacts["onnx-scripted"].sha256
     assert f"model.scripted.onnx: sha256 {file_sha256(export_copy / 'model.scripted.onnx')} but the manifest " \
@@ -75,7 +75,7 @@ def test_recheck_names_a_modified_artifact(export_copy):
     assert "Traceback" not in result.stderr
 
 
-def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy):
+def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy, export_main):
     """A file re-exported with different weights but a matching hash entry: parity itself must catch it."""
     import hashlib
     manifest = Manifest.read(export_copy)
@@ -88,16 +88,16 @@ def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy):
     data = (export_copy / "model.dynamo.onnx").read_bytes()
     record.sha256, record.bytes = hashlib.sha256(data).hexdigest(), len(data)
     (export_copy / MANIFEST_NAME).write_text(manifest.to_json())
-    result = run_export("parity", str(export_copy))
+    result = export_main("parity", export_copy)
     assert result.returncode == 3
     assert "parity failed for onnx-dynamo" in result.stderr and "| onnx-dynamo |" in result.stderr
 
 
-def test_recheck_refuses_a_manifest_of_another_schema_version(export_copy):
+def test_recheck_refuses_a_manifest_of_another_schema_version(export_copy, export_main):
     data = Manifest.read(export_copy).to_dict()
     data["schema"] = 1
     (export_copy / MANIFEST_NAME).write_text(json.dumps(data))
-    result = run_export("parity", str(export_copy))
+    result = export_main("parity", export_copy)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"manifest schema version 1, but this code reads version {SCHEMA_VERSION}" in result.stderr
     assert "re-run the export" in result.stderr

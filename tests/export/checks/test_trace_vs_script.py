@@ -12,7 +12,6 @@ import models
 from export.checks.parity import ONNX_TOLERANCE
 from export.checks.trace_vs_script import MATCHES, REJECTED, SILENTLY_WRONG, ArtifactUnderTest, compare_paths
 from export.forms import kinds
-from export.pipeline import ExportOptions, Progress, export_model
 from runtime.base import Backend, RunOptions
 from runtime.eager import EagerBackend
 
@@ -22,10 +21,9 @@ DATA_DEPENDENT = ("cf-branch", "cf-loop")
 
 
 @pytest.fixture(scope="module")
-def demo_exports(tmp_path_factory):
-    base = tmp_path_factory.mktemp("controlflow")
-    return {name: export_model(models.get(name), ExportOptions(base / name, "random"), Progress(quiet=True)).out
-            for name in models.names("controlflow")}
+def demo_exports(controlflow_export):
+    """Each control-flow demo's export folder, from `python -m export controlflow` (shared with test_cli)."""
+    return {name: controlflow_export["out"] / name for name in models.names("controlflow")}
 
 
 def _probes(name):

@@ -82,8 +82,8 @@ def test_the_gated_int8_is_served_and_packaged(int8_export):
 
 
 @pytest.mark.slow
-def test_parity_recheck_verifies_every_hash_and_holds_only_fp32_artifacts_to_fp32_tolerances(int8_export):
-    result = run_export("parity", str(int8_export["out"]))
+def test_parity_recheck_verifies_every_hash_and_holds_only_fp32_artifacts_to_fp32_tolerances(int8_export, export_main):
+    result = export_main("parity", int8_export["out"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "onnx-int8" not in result.stdout.split("parity passed for")[-1]
 
