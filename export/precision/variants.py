@@ -140,7 +140,7 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
     targets, labelled = label_targets(holdout.classes, holdout.labels, sources.labels, reference.shape[1])
     report.holdout = {**holdout.describe(), "labels": labelled}
     progress.step(f"held-out images for the accuracy gate: {holdout.origin} ({len(holdout)}); {labelled}")
-    checked = _Checked(holdout, reference, targets, device)
+    held_out = _HeldOut(holdout, reference, targets, device)
 
     def attempt(kind: str, make):
         """make() -> Variant, or the kind refused with the reason."""
@@ -150,10 +150,10 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
             refusals.refuse(kind, "precision", error)
 
     if "int8" in request.precisions:
-        attempt(INT8.name, lambda: _int8_variant(sources, report, calibration, checked, progress))
+        attempt(INT8.name, lambda: _int8_variant(sources, report, calibration, held_out, progress))
     for kind in requested_variant_kinds(request.precisions):
         if kind != INT8.name:
-            attempt(kind, lambda: _float_variant(sources, report, kinds.get(kind), checked))
+            attempt(kind, lambda: _float_variant(sources, report, kinds.get(kind), held_out))
     for kind, variant in report.variants.items():
         report.ladder[kind] = variant.images_per_s
     _write_reports(sources.stage, report, targets is not None)
@@ -161,7 +161,7 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
 
 
 @dataclass
-class _Checked:
+class _HeldOut:
     """What every variant is gated on: the held-out images, fp32 eager's logits on them and their targets."""
 
     holdout: ImageSet
@@ -183,23 +183,23 @@ def requested_variant_kinds(precisions: tuple[str, ...]) -> list[str]:
     return [k.name for p in precisions if p != kinds.FP32 for k in kinds.variants(p)]
 
 
-def _int8_variant(sources: VariantSources, report, calibration, checked: _Checked, progress) -> Variant:
+def _int8_variant(sources: VariantSources, report, calibration, held_out: _HeldOut, progress) -> Variant:
     source = sources.fp32_artifacts[_source(INT8, sources)]
-    _record_source_speed(report, source, checked)
+    _record_source_speed(report, source, held_out)
     with _removed_on_failure(sources.stage / RANGES_FILE, sources.stage / INT8.file_name):
-        variant, report.int8_choice = build_int8(sources.stage, source, calibration, checked, progress)
+        variant, report.int8_choice = build_int8(sources.stage, source, calibration, held_out, progress)
     report.files.append(RANGES_FILE)
     return variant
 
 
-def _float_variant(sources: VariantSources, report, kind, checked: _Checked) -> Variant:
+def _float_variant(sources: VariantSources, report, kind, held_out: _HeldOut) -> Variant:
     """bf16 / fp16: autocast around the scripted TorchScript (no new file), or an fp16 ONNX."""
     source = sources.fp32_artifacts[_source(kind, sources)]
     if kind.format == kinds.TORCHSCRIPT:
-        return autocast_variant(kind, source, checked)
-    _record_source_speed(report, source, checked)
+        return autocast_variant(kind, source, held_out)
+    _record_source_speed(report, source, held_out)
     with _removed_on_failure(sources.stage / kind.file_name):
-        return build_onnx_fp16(sources.stage, kind, source, checked)
+        return build_onnx_fp16(sources.stage, kind, source, held_out)
 
 
 @contextlib.contextmanager
@@ -213,10 +213,10 @@ def _removed_on_failure(*paths: Path):
         raise
 
 
-def _record_source_speed(report: PrecisionReport, source, checked: _Checked) -> None:
+def _record_source_speed(report: PrecisionReport, source, held_out: _HeldOut) -> None:
     if source.kind not in report.ladder:
-        backend = open_artifact(source.format, source.path, RunOptions(device=checked.device))
-        report.ladder[source.kind] = checked.speed(backend)
+        backend = open_artifact(source.format, source.path, RunOptions(device=held_out.device))
+        report.ladder[source.kind] = held_out.speed(backend)
 
 
 def _source(kind, sources: VariantSources) -> str:
@@ -248,7 +248,7 @@ class _Int8Work:
                         calibration_cache_path=self.ranges, extra_options=extra_options)
 
 
-def build_int8(stage: Path, source, calibration: ImageSet, checked: _Checked, progress) -> tuple[Variant, dict]:
+def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, progress) -> tuple[Variant, dict]:
     """Quantize `source` with both activation types; keep the fastest that passes the gate."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -264,7 +264,7 @@ def build_int8(stage: Path, source, calibration: ImageSet, checked: _Checked, pr
             work.quantize(path, activation)
             timings[f"quantize_{activation}_s"] = round(time.perf_counter() - started, 2)
             backend = open_artifact(INT8.format, path, RunOptions(), name=f"int8 {activation}")
-            speed, gate = checked.speed(backend), checked.gate(INT8, backend)
+            speed, gate = held_out.speed(backend), held_out.gate(INT8, backend)
             candidates[activation] = (path, speed, gate)
             progress.step(f"int8 activations {activation}, weights QInt8: {speed:.1f} images/s at batch 1, gate "
                           f"{gate.verdict} (top-1 agreement {100 * gate.metrics['top1_agreement']:.1f}%)")
@@ -272,7 +272,7 @@ def build_int8(stage: Path, source, calibration: ImageSet, checked: _Checked, pr
         path, speed, gate = candidates[chosen]
         fallback = None
         if not gate.passed:  # accuracy-aware: put the most damaging nodes back in fp32 (export.precision.int8_fallback)
-            path, speed, gate, fallback = _fall_back(work, source, chosen, checked, progress)
+            path, speed, gate, fallback = _fall_back(work, source, chosen, held_out, progress)
         shutil.move(str(path), str(stage / INT8.file_name))
     finally:
         shutil.rmtree(work.folder, ignore_errors=True)
@@ -290,7 +290,7 @@ def build_int8(stage: Path, source, calibration: ImageSet, checked: _Checked, pr
     return variant, choice
 
 
-def _fall_back(work: _Int8Work, source, activation: str, checked: _Checked,
+def _fall_back(work: _Int8Work, source, activation: str, held_out: _HeldOut,
                progress) -> tuple[Path, float, GateResult, dict]:
     """Re-quantize (cached ranges) with activations kept explicit, put nodes back in fp32 until the gate passes
     on the calibration images, then gate the result on the held-out images once."""
@@ -304,7 +304,7 @@ def _fall_back(work: _Int8Work, source, activation: str, checked: _Checked,
 
     def speed(model) -> float:
         int8_fallback.save(model, timing)
-        return checked.speed(open_artifact(INT8.format, timing, RunOptions(), name="int8 step"))
+        return held_out.speed(open_artifact(INT8.format, timing, RunOptions(), name="int8 step"))
 
     images = work.calibration.images
     graphs = int8_fallback.FallbackInputs(onnx.load(str(explicit)), onnx.load(str(work.prepared)), images,
@@ -313,9 +313,9 @@ def _fall_back(work: _Int8Work, source, activation: str, checked: _Checked,
     path = work.folder / "int8-fallback.onnx"
     int8_fallback.save(model, path)
     backend = open_artifact(INT8.format, path, RunOptions(), name="int8 with fp32 fallback")
-    gate = checked.gate(INT8, backend)
+    gate = held_out.gate(INT8, backend)
     progress.step(f"int8 with {len(fallback.fp32_nodes)} fp32 node(s): held-out gate {gate.verdict}")
-    return path, checked.speed(backend), gate, fallback.record()
+    return path, held_out.speed(backend), gate, fallback.record()
 
 
 def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str, str]:
@@ -334,29 +334,29 @@ def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str
 
 # ---------------------------------------------------------------- bf16 / fp16
 
-def autocast_variant(kind, source, checked: _Checked) -> Variant:
+def autocast_variant(kind, source, held_out: _HeldOut) -> Variant:
     """An fp32 TorchScript file run under torch.autocast: no new file, a new way to run it."""
     precision = kind.precision
-    backend = open_artifact(source.format, source.path, RunOptions(device=checked.device, precision=precision))
-    gate = checked.gate(kind, backend)
-    made_by = {"tool": f"torch.autocast(dtype={precision}) around {source.path.name}", "device": checked.device}
+    backend = open_artifact(source.format, source.path, RunOptions(device=held_out.device, precision=precision))
+    gate = held_out.gate(kind, backend)
+    made_by = {"tool": f"torch.autocast(dtype={precision}) around {source.path.name}", "device": held_out.device}
     return Variant(kind=kind.name, path=source.path, format=source.format, precision=precision,
                    run_precision=precision, source=source.kind, made_by=made_by, gate=gate,
-                   images_per_s=checked.speed(backend))
+                   images_per_s=held_out.speed(backend))
 
 
-def build_onnx_fp16(stage: Path, kind, source, checked: _Checked) -> Variant:
+def build_onnx_fp16(stage: Path, kind, source, held_out: _HeldOut) -> Variant:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
     model = convert_float_to_float16(onnx.load(str(source.path)), keep_io_types=True)
     onnx.save(model, str(stage / kind.file_name))
-    backend = open_artifact(kind.format, stage / kind.file_name, RunOptions(device=checked.device))
-    gate = checked.gate(kind, backend)
+    backend = open_artifact(kind.format, stage / kind.file_name, RunOptions(device=held_out.device))
+    gate = held_out.gate(kind, backend)
     made_by = {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
                "runs_on": "ONNX Runtime CUDAExecutionProvider"}
     return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
                    run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate,
-                   images_per_s=checked.speed(backend))
+                   images_per_s=held_out.speed(backend))
 
 
 # ---------------------------------------------------------------- running and timing
