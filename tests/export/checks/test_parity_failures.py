@@ -1,5 +1,8 @@
-"""Parity must fail loudly: a perturbed ONNX weight, a modified file, and `python -m export parity DIR` (run in
-this process: export.cli.main)."""
+"""Parity must fail loudly: a perturbed ONNX weight, a modified file, and `python -m export parity DIR`.
+
+A re-check that rebuilds the random weights runs as its own process, as a user runs it: the drawn weights are
+the same in a process like the exporting one (this test process may have changed torch's thread count, which
+moves the drawn normalisation statistics by rounding). One that fails before rebuilding runs in this process."""
 
 import json
 import shutil
@@ -16,6 +19,7 @@ from export.errors import ParityError
 from export.forms import kinds
 from runtime import file_sha256, open_artifact
 from runtime.eager import EagerBackend
+from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +60,8 @@ def test_perturbed_onnx_weight_fails_with_typed_error_and_numbers(export_copy):
     assert "perturbed" in str(error.value) and "max_abs=" in str(error.value)
 
 
-def test_recheck_passes_on_a_clean_folder(export_copy, export_main):
-    result = export_main("parity", export_copy)
+def test_recheck_passes_on_a_clean_folder(export_copy):
+    result = run_export("parity", str(export_copy))
     assert result.returncode == 0, result.stderr
     assert "sha256 of" in result.stdout and "parity passed" in result.stdout
     assert (export_copy / "parity.recheck.json").is_file()
@@ -75,7 +79,7 @@ def test_recheck_names_a_modified_artifact(export_copy, export_main):
     assert "Traceback" not in result.stderr
 
 
-def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy, export_main):
+def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy):
     """A file re-exported with different weights but a matching hash entry: parity itself must catch it."""
     import hashlib
     manifest = Manifest.read(export_copy)
@@ -88,7 +92,7 @@ def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy, export_mai
     data = (export_copy / "model.dynamo.onnx").read_bytes()
     record.sha256, record.bytes = hashlib.sha256(data).hexdigest(), len(data)
     (export_copy / MANIFEST_NAME).write_text(manifest.to_json())
-    result = export_main("parity", export_copy)
+    result = run_export("parity", str(export_copy))
     assert result.returncode == 3
     assert "parity failed for onnx-dynamo" in result.stderr and "| onnx-dynamo |" in result.stderr
 
