@@ -70,6 +70,7 @@ def _common(sub, weights_help: str, default_out: str) -> None:
 
 def _precision_options(sub) -> None:
     from export.precision.calibration import DEFAULT_CALIBRATION_SAMPLES
+    from export.precision.gate import GATE_ENFORCE, GATE_MODES
     sub.add_argument("--precision", default="fp32", metavar="LIST",
                      help=f"comma-separated: fp32 plus any of {', '.join(kinds.precisions()[1:])} (int8: ONNX Runtime "
                           "static QDQ; bf16: CPU autocast; fp16: GPU, needs --device cuda); each variant is gated "
@@ -83,7 +84,7 @@ def _precision_options(sub) -> None:
                      help="held-out images for the accuracy gate, ImageFolder layout; class folders named after the "
                           "model's labels (or output indices) add top-1/top-5 accuracy (default: the held-out half "
                           "of the default set)")
-    sub.add_argument("--gate", choices=("enforce", "report"), default="enforce",
+    sub.add_argument("--gate", choices=GATE_MODES, default=GATE_ENFORCE,
                      help="enforce: a variant failing the accuracy gate fails the export (exit 5); report: keep it "
                           "marked not servable and exit 0 (default: enforce)")
 
@@ -132,8 +133,9 @@ def _formats_list(text: str) -> list[str]:
 def _serve_option(sub) -> None:
     _formats_option(sub)
     sub.add_argument("--decode", choices=DECODE_MODES, default="draft",
-                     help="draft: large JPEGs are decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (a 12 MP photo "
-                          "about 10x faster), kept at least twice the resize per side, if the export's decode check "
+                     help="draft: large JPEGs are decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (much faster "
+                          "on phone photos: docs/request-path.md), kept at least twice the resize per side, if the "
+                          "export's decode check "
                           "on phone-sized photos passes with the served artifact (else exact); exact: every pixel, "
                           "always (default: %(default)s; manifest.json 'decode_check' has the numbers)")
     ranked = ", ".join(kinds.serving_preference())

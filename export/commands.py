@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from contract.records import Manifest
 from export.atomic import atomic_write_text, ensure_writable_dir
 from export.checks.parity import Candidate, parity_inputs, report_json, report_markdown, run_parity
-from export.checks.trace_vs_script import CONCLUSION, compact_table, markdown_section
+from export.checks.trace_vs_script import CONCLUSION, MATCHES, REJECTED, TraceVsScript
+from export.checks.trace_vs_script import report_json as trace_vs_script_json
 from export.errors import ExportError
 from export.forms import kinds
 from export.package.archive import ArchiveRequest
@@ -29,10 +29,7 @@ def family_command(args) -> int:
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
     archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides)
-    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
-                                                               precision=precision_request(args), serve=args.serve,
-                                                               decode=args.decode, formats=args.formats),
-                          progress)
+    result = export_model(entry, _options(args, out, device, archive), progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
     _print_refused(result, progress)
@@ -48,13 +45,18 @@ def module_command(args) -> int:
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
     archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
-    result = export_model(entry, ExportOptions(out, args.weights, args.opset, device, archive=archive,
-                                               precision=precision_request(args), serve=args.serve,
-                                               decode=args.decode, formats=args.formats), progress)
+    result = export_model(entry, _options(args, out, device, archive), progress)
     _print_serving(result, progress)
     _print_refused(result, progress)
     _print_files(out, progress)
     return 0
+
+
+def _options(args, out: Path, device: str, archive: ArchiveRequest | None) -> ExportOptions:
+    """The export options of the family and module commands."""
+    return ExportOptions(out=out, weights=args.weights, opset=args.opset, device=device, archive=archive,
+                         precision=precision_request(args), serve=args.serve, decode=args.decode,
+                         formats=args.formats)
 
 
 def controlflow_command(args) -> int:
@@ -65,16 +67,16 @@ def controlflow_command(args) -> int:
     for name in CONTROLFLOW_MODELS:
         entry = models.get(name)
         progress.step(f"--- {name}: {entry.description}")
-        result = export_model(entry, ExportOptions(args.out / name, "random", args.opset),
+        result = export_model(entry, ExportOptions(out=args.out / name, weights="random", opset=args.opset),
                               Progress(quiet=True))
         combined[name] = result.trace_vs_script
-        sections.append(markdown_section(name, entry.description, result.trace_vs_script))
-        tables.append(compact_table(name, result.trace_vs_script))
+        sections.append(result.trace_vs_script.markdown(name, entry.description))
+        tables.append(result.trace_vs_script.table(name))
         progress.step(f"{name} exported to {args.out / name}")
     header = ("# Trace vs script on control flow\n\nEach artifact is run on probe inputs: [1] is like the "
               "tracing example, the others take another path. WRONG = differs from eager with no error.\n\n")
     atomic_write_text(args.out / "report.md", header + "\n".join(sections) + "\n" + CONCLUSION + "\n")
-    atomic_write_text(args.out / "report.json", json.dumps(combined, indent=2, default=str))
+    atomic_write_text(args.out / "report.json", trace_vs_script_json(combined))
     print("\n" + "\n\n".join(tables) + "\n\n" + CONCLUSION.replace("**", "") + "\n")
     progress.step(f"report: {args.out / 'report.md'} and report.json")
     return 0
@@ -130,7 +132,8 @@ def precision_request(args):
     if "int8" not in precisions and args.calibration is not None:
         raise ExportError("--calibration is for int8: add int8 to --precision (e.g. --precision fp32,int8)")
     check_hardware(precisions, _device(args.device))  # now, not after a minute of exporting
-    return PrecisionRequest(precisions, args.calibration, args.validation, args.calibration_samples, args.gate)
+    return PrecisionRequest(precisions=precisions, calibration=args.calibration, validation=args.validation,
+                            calibration_samples=args.calibration_samples, gate=args.gate)
 
 
 def _config_overrides(args) -> dict:
@@ -157,18 +160,18 @@ def _device(name: str) -> str:
     return str(device)
 
 
-def _print_resize_line(paths: dict, progress: Progress) -> None:
-    """One line on the resize branch: what each artifact does with a non-224 input."""
-    probe = paths["probes"][-1]
+def _print_resize_line(paths: TraceVsScript, progress: Progress) -> None:
+    """One line on the resize branch (the last probe): what each artifact does with a non-224 input."""
+    probe = paths.probes[-1]
     parts = []
-    for row in paths["rows"]:
-        result = next(r for r in row["probes"] if r["probe"] == probe)
-        if result["status"] == "silently wrong":
-            parts.append(f"{row['artifact']} differs from eager by {result['max_abs']:.3g} (no error)")
-        elif result["status"] == "rejected input":
-            parts.append(f"{row['artifact']} rejects it")
+    for row in paths.rows:
+        result = row.on(probe)
+        if result.status == MATCHES:
+            parts.append(f"{row.artifact} matches")
+        elif result.status == REJECTED:
+            parts.append(f"{row.artifact} rejects it")
         else:
-            parts.append(f"{row['artifact']} matches")
+            parts.append(f"{row.artifact} differs from eager by {result.max_abs:.3g} (no error)")
     progress.step(f"resize branch, input {probe}: " + "; ".join(parts))
 
 

@@ -37,7 +37,7 @@ def upright_photo(name: str, shown: tuple[int, int], rng: np.random.Generator,
     x, y = (region.width - crop_w) // 2, (region.height - crop_h) // 2
     resized = region.crop((x, y, x + crop_w, y + crop_h)).resize((out_w, out_h), Image.LANCZOS)
     pixels = np.asarray(resized, dtype=np.float32)
-    pixels += GRAIN_STD * rng.standard_normal((out_h, out_w, 3), dtype=np.float32)  # float32: a 12 MP photo's grain in 0.3 s
+    pixels += GRAIN_STD * rng.standard_normal((out_h, out_w, 3), dtype=np.float32)  # float32: half float64's time
     pixels += 0.5
     return Image.fromarray(np.clip(pixels, 0, 255, out=pixels).astype(np.uint8))
 

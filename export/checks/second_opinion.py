@@ -22,7 +22,7 @@ def reference_agreement(artifacts, backends, probes: dict) -> dict:
     """ONNX Runtime against the spec-level reference evaluator on every probe (small models only)."""
     out = {}
     for kind, artifact in artifacts.items():
-        if artifact.format != "onnx":
+        if artifact.format != kinds.ONNX:
             continue
         reference = open_artifact("onnx-reference", artifact.path)
         worst, agree, count, skipped = 0.0, True, 0, {}

@@ -3,12 +3,14 @@
 `torch.jit.trace` records the ops one example ran; an `if` or a data-dependent loop becomes whatever
 that example did. Scripting compiles the control flow. This module runs each artifact on probe inputs
 (the first like the tracing example, the others taking another path) and says which ones are silently
-wrong, which refuse the input loudly, and which stay right.
+wrong, which refuse the input loudly, and which stay right. The result is a `TraceVsScript` record: report.json
+holds its `as_dict()`, manifest.json its `manifest_record()`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +20,7 @@ from runtime.base import ArtifactRunError, Backend
 SILENTLY_WRONG = "silently wrong"
 REJECTED = "rejected input"
 MATCHES = "matches eager"
+ERROR_CHARS = 300  # of a refusal's message kept in the report (the traceback is kept whole)
 
 
 @dataclass
@@ -29,102 +32,202 @@ class ArtifactUnderTest:
     tolerance: Tolerance  # its kind's parity tolerance (export.forms.kinds)
 
 
+@dataclass
+class ProbeResult:
+    """One artifact on one probe: how it compared with eager, or why it refused the input."""
+
+    probe: str
+    shape: list[int]
+    eager_mean: float
+    status: str  # MATCHES | SILENTLY_WRONG | REJECTED
+    max_abs: float | None = None  # ran: the largest difference from eager
+    output_mean: float | None = None
+    error: str | None = None  # REJECTED: the runtime's reason and traceback
+    traceback: str | None = None
+
+    def as_dict(self) -> dict:
+        base = {"probe": self.probe, "shape": self.shape, "eager_mean": self.eager_mean, "status": self.status}
+        if self.status == REJECTED:
+            return {**base, "error": self.error, "traceback": self.traceback}
+        return {**base, "max_abs": self.max_abs, "output_mean": self.output_mean}
+
+
+@dataclass
+class ArtifactPaths:
+    """One artifact on every probe, with its verdict."""
+
+    artifact: str
+    format: str
+    control_flow: dict  # op -> count in its graph
+    probes: list[ProbeResult]
+
+    @property
+    def verdict(self) -> str:
+        wrong = [r.probe for r in self.probes if r.status == SILENTLY_WRONG]
+        rejected = [r.probe for r in self.probes if r.status == REJECTED]
+        if wrong:
+            return f"WRONG without error on: {', '.join(wrong)}"
+        if rejected:
+            return f"right where it runs; refuses (loudly) {', '.join(rejected)}"
+        return "right on every probe"
+
+    def on(self, probe: str) -> ProbeResult:
+        return next(r for r in self.probes if r.probe == probe)
+
+    def as_dict(self) -> dict:
+        return {"artifact": self.artifact, "format": self.format, "control_flow": self.control_flow,
+                "probes": [r.as_dict() for r in self.probes], "verdict": self.verdict}
+
+
+@dataclass
+class Divergence:
+    """An artifact silently wrong on a probe: what users must be warned about."""
+
+    artifact: str
+    probe: str
+    max_abs: float
+
+    def as_dict(self) -> dict:
+        return {"artifact": self.artifact, "probe": self.probe, "max_abs": self.max_abs}
+
+
+@dataclass
+class SkippedProbe:
+    """A probe eager itself refuses: it says nothing about the artifacts."""
+
+    error: str
+    traceback: str
+
+    def as_dict(self) -> dict:
+        return {"error": self.error, "traceback": self.traceback}
+
+
+@dataclass
+class TraceVsScript:
+    probes: list[str]  # the probes eager took, in order (the first is like the tracing example)
+    rows: list[ArtifactPaths]
+    skipped_probes: dict[str, SkippedProbe] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)  # kind -> why it was not made
+    tracer_warnings: list[dict] = field(default_factory=list)
+
+    @property
+    def diverging(self) -> list[Divergence]:
+        return [Divergence(row.artifact, r.probe, r.max_abs)
+                for row in self.rows for r in row.probes if r.status == SILENTLY_WRONG]
+
+    def diverging_probes(self) -> dict[str, list[str]]:
+        """kind -> the probes it silently diverges on (kinds that never diverge are absent)."""
+        found: dict[str, list[str]] = {}
+        for item in self.diverging:
+            found.setdefault(item.artifact, []).append(item.probe)
+        return found
+
+    def verdicts(self) -> dict[str, str]:
+        return {row.artifact: row.verdict for row in self.rows}
+
+    def warning(self) -> str | None:
+        """What a user must be told when an artifact silently diverges (None when none does)."""
+        items = self.diverging
+        if not items:
+            return None
+        first = items[0]
+        names = sorted({d.artifact for d in items})
+        return (f"{', '.join(names)} silently diverge from eager on input '{first.probe}' "
+                f"(max abs diff {first.max_abs:.3g}): the trace recorded one path of this model's control flow; "
+                "serve the scripted artifact (or ONNX from it) for such inputs")
+
+    def as_dict(self) -> dict:
+        """report.json's record of one model."""
+        return {"probes": self.probes, "skipped_probes": {k: s.as_dict() for k, s in self.skipped_probes.items()},
+                "rows": [row.as_dict() for row in self.rows], "missing": self.missing,
+                "tracer_warnings": self.tracer_warnings, "diverging": [d.as_dict() for d in self.diverging]}
+
+    def manifest_record(self) -> dict:
+        """manifest.json's `trace_vs_script`."""
+        return {"diverging": [d.as_dict() for d in self.diverging], "verdicts": self.verdicts(),
+                "missing": self.missing, "warning": self.warning() or ""}
+
+    def table(self, model: str) -> str:
+        """The terminal's compact table: one line per artifact, a cell per probe."""
+        lines = [f"{model}:  " + " | ".join(f"[{i + 1}] {p}" for i, p in enumerate(self.probes))]
+        for row in self.rows:
+            cells = [_cell(r) for r in row.probes]
+            flow = " ".join(f"{op.split(':')[-1]}={n}" for op, n in row.control_flow.items() if n)
+            lines.append(f"  {row.artifact:<14} {flow or 'no control flow':<22} " +
+                         "  ".join(f"[{i + 1}] {c}" for i, c in enumerate(cells)))
+        lines += [f"  {kind:<14} MISSING: {why}" for kind, why in self.missing.items()]
+        return "\n".join(lines)
+
+    def markdown(self, model: str, description: str) -> str:
+        """report.md's section of one model."""
+        lines = [f"## {model}", "", description, "",
+                 "| artifact | control flow in graph | " + " | ".join(self.probes) + " | verdict |",
+                 "|---|---|" + "---|" * len(self.probes) + "---|"]
+        for row in self.rows:
+            flow = ", ".join(f"{op} x{n}" for op, n in row.control_flow.items() if n) or "none"
+            cells = [_markdown_cell(r) for r in row.probes]
+            lines.append(f"| {row.artifact} | {flow} | " + " | ".join(cells) + f" | {row.verdict} |")
+        if self.missing:
+            lines += ["", "Forms that are missing (not made, so not compared; every form above is still held to "
+                          "eager on every probe):", ""]
+            lines += [f"- **{kind} is missing**: {why}" for kind, why in self.missing.items()]
+        if self.skipped_probes:
+            lines.append("")
+            lines += [f"- probe `{name}` skipped: eager itself rejects it ({skip.error})"
+                      for name, skip in self.skipped_probes.items()]
+        if self.tracer_warnings:
+            lines += ["", "Tracer warnings raised while tracing:", ""]
+            lines += [f"- {w['category']} x{w['count']}: {w['message']}" for w in self.tracer_warnings]
+        return "\n".join(lines) + "\n"
+
+
+def report_json(results: dict[str, TraceVsScript]) -> str:
+    """report.json: model name -> its record (one model for an export, several for `controlflow`)."""
+    return json.dumps({name: result.as_dict() for name, result in results.items()}, indent=2, default=str)
+
+
 def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: dict[str, torch.Tensor],
-                  tracer_warnings: list[dict] | None = None, missing: dict[str, str] | None = None) -> dict:
-    """Rows of model x artifact x probe; JSON-ready. Every artifact that exists is held to eager itself, never
-    to another form, so a missing form (`missing`: kind -> why it was not made) hides nothing: a traced artifact
-    that diverges is caught with or without a scripted one."""
+                  tracer_warnings: list[dict] | None = None, missing: dict[str, str] | None = None) -> TraceVsScript:
+    """Every artifact x probe. Every artifact that exists is held to eager itself, never to another form, so a
+    missing form (`missing`: kind -> why it was not made) hides nothing: a traced artifact that diverges is
+    caught with or without a scripted one."""
     expected, skipped = {}, {}
     for name, tensor in probes.items():
         try:
             expected[name] = eager(tensor)
         except ArtifactRunError as error:  # the model itself does not take this input: not a probe for it
-            skipped[name] = {"error": str(error)[:300], "traceback": error.cause_traceback()}
-    rows = []
-    for artifact in artifacts:
-        results = []
-        for name, reference in expected.items():
-            results.append(_probe(artifact, name, probes[name], reference))
-        rows.append({"artifact": artifact.kind, "format": artifact.format,
-                     "control_flow": artifact.control_flow, "probes": results,
-                     "verdict": _verdict(results)})
-    return {"probes": list(expected), "skipped_probes": skipped, "rows": rows, "missing": dict(missing or {}),
-            "tracer_warnings": tracer_warnings or [], "diverging": diverging(rows)}
+            skipped[name] = SkippedProbe(str(error)[:ERROR_CHARS], error.cause_traceback())
+    rows = [ArtifactPaths(artifact.kind, artifact.format, artifact.control_flow,
+                          [_probe(artifact, name, probes[name], reference) for name, reference in expected.items()])
+            for artifact in artifacts]
+    return TraceVsScript(list(expected), rows, skipped, dict(missing or {}), tracer_warnings or [])
 
 
-def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, reference: torch.Tensor) -> dict:
-    base = {"probe": name, "shape": list(tensor.shape), "eager_mean": reference.double().mean().item()}
+def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, reference: torch.Tensor) -> ProbeResult:
+    seen = {"probe": name, "shape": list(tensor.shape), "eager_mean": reference.double().mean().item()}
     try:
         output = artifact.runner(tensor)
     except ArtifactRunError as error:  # refused loudly: the reason for the report, the traceback for report.json
-        return {**base, "status": REJECTED, "error": str(error)[:300], "traceback": error.cause_traceback()}
+        return ProbeResult(**seen, status=REJECTED, error=str(error)[:ERROR_CHARS], traceback=error.cause_traceback())
     metrics, passed = compare_outputs(reference, output, artifact.tolerance)
-    return {**base, "status": MATCHES if passed else SILENTLY_WRONG, "max_abs": metrics["max_abs"],
-            "output_mean": output.double().mean().item()}
+    return ProbeResult(**seen, status=MATCHES if passed else SILENTLY_WRONG, max_abs=metrics["max_abs"],
+                       output_mean=output.double().mean().item())
 
 
-def _verdict(results: list[dict]) -> str:
-    wrong = [r["probe"] for r in results if r["status"] == SILENTLY_WRONG]
-    rejected = [r["probe"] for r in results if r["status"] == REJECTED]
-    if wrong:
-        return f"WRONG without error on: {', '.join(wrong)}"
-    if rejected:
-        return f"right where it runs; refuses (loudly) {', '.join(rejected)}"
-    return "right on every probe"
+def _cell(result: ProbeResult) -> str:
+    if result.status == MATCHES:
+        return "ok"
+    if result.status == REJECTED:
+        return "rejects"
+    return f"WRONG {result.max_abs:.2g}"
 
 
-def diverging(rows: list[dict]) -> list[dict]:
-    """(artifact, probe, max_abs) for every silent divergence: what users must be warned about."""
-    return [{"artifact": row["artifact"], "probe": r["probe"], "max_abs": r["max_abs"]}
-            for row in rows for r in row["probes"] if r["status"] == SILENTLY_WRONG]
-
-
-def compact_table(model: str, result: dict) -> str:
-    probes = result["probes"]
-    lines = [f"{model}:  " + " | ".join(f"[{i + 1}] {p}" for i, p in enumerate(probes))]
-    for row in result["rows"]:
-        cells = []
-        for r in row["probes"]:
-            if r["status"] == MATCHES:
-                cells.append("ok")
-            elif r["status"] == REJECTED:
-                cells.append("rejects")
-            else:
-                cells.append(f"WRONG {r['max_abs']:.2g}")
-        flow = " ".join(f"{op.split(':')[-1]}={n}" for op, n in row["control_flow"].items() if n)
-        lines.append(f"  {row['artifact']:<14} {flow or 'no control flow':<22} " +
-                     "  ".join(f"[{i + 1}] {c}" for i, c in enumerate(cells)))
-    lines += [f"  {kind:<14} MISSING: {why}" for kind, why in result.get("missing", {}).items()]
-    return "\n".join(lines)
-
-
-def markdown_section(model: str, description: str, result: dict) -> str:
-    lines = [f"## {model}", "", description, "",
-             "| artifact | control flow in graph | " + " | ".join(result["probes"]) + " | verdict |",
-             "|---|---|" + "---|" * len(result["probes"]) + "---|"]
-    for row in result["rows"]:
-        flow = ", ".join(f"{op} x{n}" for op, n in row["control_flow"].items() if n) or "none"
-        cells = []
-        for r in row["probes"]:
-            if r["status"] == REJECTED:
-                cells.append(f"rejected: {r['error'][:80]}")
-            else:
-                mark = "matches" if r["status"] == MATCHES else "**WRONG**"
-                cells.append(f"{mark} (mean {r['output_mean']:.4g} vs eager {r['eager_mean']:.4g}; "
-                             f"max abs diff {r['max_abs']:.2g})")
-        lines.append(f"| {row['artifact']} | {flow} | " + " | ".join(cells) + f" | {row['verdict']} |")
-    if result.get("missing"):
-        lines += ["", "Forms that are missing (not made, so not compared; every form above is still held to eager "
-                      "on every probe):", ""]
-        lines += [f"- **{kind} is missing**: {why}" for kind, why in result["missing"].items()]
-    if result["skipped_probes"]:
-        lines.append("")
-        lines += [f"- probe `{name}` skipped: eager itself rejects it ({skip['error']})"
-                  for name, skip in result["skipped_probes"].items()]
-    if result["tracer_warnings"]:
-        lines += ["", "Tracer warnings raised while tracing:", ""]
-        lines += [f"- {w['category']} x{w['count']}: {w['message']}" for w in result["tracer_warnings"]]
-    return "\n".join(lines) + "\n"
+def _markdown_cell(result: ProbeResult) -> str:
+    if result.status == REJECTED:
+        return f"rejected: {result.error[:80]}"
+    mark = "matches" if result.status == MATCHES else "**WRONG**"
+    return (f"{mark} (mean {result.output_mean:.4g} vs eager {result.eager_mean:.4g}; "
+            f"max abs diff {result.max_abs:.2g})")
 
 
 CONCLUSION = (

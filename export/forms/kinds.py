@@ -27,10 +27,16 @@ from export.checks.parity import (
 from export.errors import ExportError
 from export.forms import exporters, torch_export
 
+# Formats: the runtime backend that opens a kind's file (keys of runtime.base.BACKENDS).
+TORCHSCRIPT, TORCH_EXPORT, AOTI, ONNX = "torchscript", "torch-export", "aoti", "onnx"
+FP32 = "fp32"  # the precision every fp32 kind computes in; variants name theirs
+
+# Which input sizes a kind accepts (a row's `input_sizes`).
+EXAMPLE_SIZE, MODEL_SIZES, SOURCE_SIZES = "example", "model", "source"
 INPUT_SIZES = {
-    "example": "exactly the example's height x width (the traced size)",
-    "model": "any height x width when the model resizes in its graph, else the example's",
-    "source": "what the fp32 artifact it was made from accepts",
+    EXAMPLE_SIZE: "exactly the example's height x width (the traced size)",
+    MODEL_SIZES: "any height x width when the model resizes in its graph, else the example's",
+    SOURCE_SIZES: "what the fp32 artifact it was made from accepts",
 }
 
 
@@ -47,7 +53,7 @@ class ArtifactKind:
     build: Callable | None = None  # fp32 kinds: build(context, kind) -> exporters.Artifact
     inspect: Callable | None = None  # inspect(artifact): structural checks and control-flow census
     needs: tuple[str, ...] = ()  # kinds built first whose in-memory module this one reads
-    precision: str = "fp32"
+    precision: str = FP32
     sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
     off_by_default: str = ""  # why --formats leaves it out unless asked for (empty: built by default)
     announce: str = ""  # a slow exporter's progress line before it starts
@@ -55,16 +61,16 @@ class ArtifactKind:
     def __post_init__(self):
         if self.input_sizes not in INPUT_SIZES:
             raise ValueError(f"kind {self.name}: input_sizes must be one of {', '.join(INPUT_SIZES)}")
-        if self.precision == "fp32" and (self.build is None or self.tolerance is None):
+        if self.precision == FP32 and (self.build is None or self.tolerance is None):
             raise ValueError(f"kind {self.name}: an fp32 kind needs an exporter (build) and a parity tolerance")
 
     @property
     def is_variant(self) -> bool:
-        return self.precision != "fp32"
+        return self.precision != FP32
 
     def spatial_dynamic(self, resizes_in_graph: bool, source_dynamic: bool = False) -> bool:
         """Whether the artifact accepts spatial sizes other than the example's."""
-        return {"example": False, "model": resizes_in_graph, "source": source_dynamic}[self.input_sizes]
+        return {EXAMPLE_SIZE: False, MODEL_SIZES: resizes_in_graph, SOURCE_SIZES: source_dynamic}[self.input_sizes]
 
 
 def _inspect_onnx(artifact: exporters.Artifact) -> None:
@@ -76,7 +82,9 @@ def _inspect_torchscript(artifact: exporters.Artifact) -> None:
     artifact.control_flow = torchscript_control_flow(artifact.loaded)
 
 
-ONNX_RUNTIME_FIRST = "ONNX Runtime measured about 2x TorchScript's CPU throughput (python -m measure bench)"
+# Why ONNX Runtime's forms rank first among the fp32 kinds (measured: docs/benchmarks.md).
+ONNX_RUNTIME_FIRST = "ONNX Runtime is ahead of TorchScript in CPU throughput (docs/benchmarks.md)"
+ONNX_SOURCES = ("onnx-traced", "onnx-dynamo", "onnx-scripted")  # an ONNX variant's sources, in preference order
 _TABLE: dict[str, ArtifactKind] = {}
 
 
@@ -96,48 +104,72 @@ def unregister(name: str) -> None:
 
 
 for _kind in (
-    ArtifactKind("traced", "model.traced.pt", "torchscript", "torch.jit.trace", "example", 50,
-                 "TorchScript last, and the trace after the script: a trace records the one path its example took",
-                 TORCHSCRIPT_TOLERANCE, exporters.trace, _inspect_torchscript),
-    ArtifactKind("scripted", "model.scripted.pt", "torchscript", "torch.jit.script", "model", 40,
-                 "TorchScript runs eager's own kernels (tight tolerance) but behind ONNX Runtime in speed",
-                 TORCHSCRIPT_TOLERANCE, exporters.script, _inspect_torchscript),
-    ArtifactKind("exported", "model.exported.pt2", "torch-export", "torch.export.export + torch.export.save "
-                 "(ExportedProgram)", "model", 35, "torch.export is TorchScript's maintained successor: eager's own "
-                 "kernels (tight tolerance), control flow kept as torch.cond; behind ONNX Runtime in speed (an "
-                 "interpreted graph), so after it", EXPORTED_PROGRAM_TOLERANCE, torch_export.exported_program,
-                 torch_export.program_control_flow),
-    ArtifactKind("aotinductor", "model.aoti.pt2", "aoti", "AOTInductor (torch._inductor.aot_compile, packaged "
-                 "with the torch build it needs)", "example", 25, "compiled ahead of time to this machine's code, "
-                 "ahead of the interpreted torch forms; after the ONNX forms that keep the graph's control flow: a "
-                 "package runs only under the torch build and CPU instruction set (or GPU) that compiled it",
-                 AOTINDUCTOR_TOLERANCE, torch_export.aot_inductor, torch_export.program_control_flow,
-                 off_by_default="its C++ compile takes up to a minute per ResNet on 2 cores and the package is "
-                                "pinned to this torch build and CPU: built when asked for",
-                 announce="compiling with AOTInductor (C++; up to a minute per ResNet on 2 cores)"),
-    ArtifactKind("onnx-traced", "model.traced.onnx", "onnx",
-                 "torch.onnx.export(dynamo=False) of the traced module", "example", 30,
-                 f"{ONNX_RUNTIME_FIRST}; after the other exporters: it inherits the trace's one path",
-                 ONNX_TOLERANCE, exporters.onnx_from_torchscript, _inspect_onnx, needs=("traced",)),
-    ArtifactKind("onnx-scripted", "model.scripted.onnx", "onnx",
-                 "torch.onnx.export(dynamo=False) of the scripted module", "model", 20,
-                 f"{ONNX_RUNTIME_FIRST}; keeps If/Loop from the script; the legacy exporter is frozen upstream",
-                 ONNX_TOLERANCE, exporters.onnx_from_torchscript, _inspect_onnx, needs=("scripted",)),
-    ArtifactKind("onnx-dynamo", "model.dynamo.onnx", "onnx", "torch.onnx.export(dynamo=True) (torch.export)",
-                 "model", 10, f"{ONNX_RUNTIME_FIRST}; torch.export is the maintained exporter (control flow as If)",
-                 ONNX_TOLERANCE, exporters.onnx_dynamo, _inspect_onnx),
-    ArtifactKind("onnx-int8", "model.int8.onnx", "onnx", "onnxruntime.quantization.quantize_static (QDQ)",
-                 "source", 0, "about 2x fp32 ONNX Runtime on CPU (docs/precision.md), served only within the "
-                 "accuracy gate", precision="int8", sources=("onnx-traced", "onnx-dynamo", "onnx-scripted")),
-    ArtifactKind("onnx-fp16", "model.fp16.onnx", "onnx", "onnxruntime.transformers.float16", "source", None,
-                 "fast only on a GPU, which the exporting machine may not be: served when asked (--serve)",
-                 precision="fp16", sources=("onnx-traced", "onnx-dynamo", "onnx-scripted")),
-    ArtifactKind("scripted-bf16", "model.scripted.pt", "torchscript", "torch.autocast(bfloat16) around the "
-                 "scripted module", "source", None, "fast only on CPUs with native bf16: served when asked "
-                 "(--serve)", precision="bf16", sources=("scripted",)),
-    ArtifactKind("scripted-fp16", "model.scripted.pt", "torchscript", "torch.autocast(float16) around the "
-                 "scripted module", "source", None, "fast only on a GPU: served when asked (--serve)",
-                 precision="fp16", sources=("scripted",)),
+    ArtifactKind(
+        name="traced", file_name="model.traced.pt", format=TORCHSCRIPT, exporter="torch.jit.trace",
+        input_sizes=EXAMPLE_SIZE, serving_rank=50,
+        rank_reason="TorchScript last, and the trace after the script: a trace records the one path its example "
+                    "took",
+        tolerance=TORCHSCRIPT_TOLERANCE, build=exporters.trace, inspect=_inspect_torchscript),
+    ArtifactKind(
+        name="scripted", file_name="model.scripted.pt", format=TORCHSCRIPT, exporter="torch.jit.script",
+        input_sizes=MODEL_SIZES, serving_rank=40,
+        rank_reason="TorchScript runs eager's own kernels (tight tolerance) but behind ONNX Runtime in speed",
+        tolerance=TORCHSCRIPT_TOLERANCE, build=exporters.script, inspect=_inspect_torchscript),
+    ArtifactKind(
+        name="exported", file_name="model.exported.pt2", format=TORCH_EXPORT,
+        exporter="torch.export.export + torch.export.save (ExportedProgram)", input_sizes=MODEL_SIZES, serving_rank=35,
+        rank_reason="torch.export is TorchScript's maintained successor: eager's own kernels (tight tolerance), "
+                    "control flow kept as torch.cond; behind ONNX Runtime in speed (an interpreted graph), so "
+                    "after it",
+        tolerance=EXPORTED_PROGRAM_TOLERANCE, build=torch_export.exported_program,
+        inspect=torch_export.program_control_flow),
+    ArtifactKind(
+        name="aotinductor", file_name="model.aoti.pt2", format=AOTI,
+        exporter="AOTInductor (torch._inductor.aot_compile, packaged with the torch build it needs)",
+        input_sizes=EXAMPLE_SIZE, serving_rank=25,
+        rank_reason="compiled ahead of time to this machine's code, ahead of the interpreted torch forms; after the "
+                    "ONNX forms that keep the graph's control flow: a package runs only under the torch build and "
+                    "CPU instruction set (or GPU) that compiled it",
+        tolerance=AOTINDUCTOR_TOLERANCE, build=torch_export.aot_inductor, inspect=torch_export.program_control_flow,
+        off_by_default="its C++ compile is the slowest step of an export (docs/aotinductor.md) and the package is "
+                       "pinned to this torch build and CPU: built when asked for",
+        announce="compiling with AOTInductor (C++, the slowest step of an export)"),
+    ArtifactKind(
+        name="onnx-traced", file_name="model.traced.onnx", format=ONNX,
+        exporter="torch.onnx.export(dynamo=False) of the traced module", input_sizes=EXAMPLE_SIZE, serving_rank=30,
+        rank_reason=f"{ONNX_RUNTIME_FIRST}; after the other exporters: it inherits the trace's one path",
+        tolerance=ONNX_TOLERANCE, build=exporters.onnx_from_torchscript, inspect=_inspect_onnx, needs=("traced",)),
+    ArtifactKind(
+        name="onnx-scripted", file_name="model.scripted.onnx", format=ONNX,
+        exporter="torch.onnx.export(dynamo=False) of the scripted module", input_sizes=MODEL_SIZES, serving_rank=20,
+        rank_reason=f"{ONNX_RUNTIME_FIRST}; keeps If/Loop from the script; the legacy exporter is frozen upstream",
+        tolerance=ONNX_TOLERANCE, build=exporters.onnx_from_torchscript, inspect=_inspect_onnx,
+        needs=("scripted",)),
+    ArtifactKind(
+        name="onnx-dynamo", file_name="model.dynamo.onnx", format=ONNX,
+        exporter="torch.onnx.export(dynamo=True) (torch.export)", input_sizes=MODEL_SIZES, serving_rank=10,
+        rank_reason=f"{ONNX_RUNTIME_FIRST}; torch.export is the maintained exporter (control flow as If)",
+        tolerance=ONNX_TOLERANCE, build=exporters.onnx_dynamo, inspect=_inspect_onnx),
+    ArtifactKind(
+        name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
+        exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=0,
+        rank_reason="faster than fp32 ONNX Runtime on CPU (docs/precision.md), served only within the accuracy gate",
+        precision="int8", sources=ONNX_SOURCES),
+    ArtifactKind(
+        name="onnx-fp16", file_name="model.fp16.onnx", format=ONNX, exporter="onnxruntime.transformers.float16",
+        input_sizes=SOURCE_SIZES, serving_rank=None,
+        rank_reason="fast only on a GPU, which the exporting machine may not be: served when asked (--serve)",
+        precision="fp16", sources=ONNX_SOURCES),
+    ArtifactKind(
+        name="scripted-bf16", file_name="model.scripted.pt", format=TORCHSCRIPT,
+        exporter="torch.autocast(bfloat16) around the scripted module", input_sizes=SOURCE_SIZES, serving_rank=None,
+        rank_reason="fast only on CPUs with native bf16: served when asked (--serve)",
+        precision="bf16", sources=("scripted",)),
+    ArtifactKind(
+        name="scripted-fp16", file_name="model.scripted.pt", format=TORCHSCRIPT,
+        exporter="torch.autocast(float16) around the scripted module", input_sizes=SOURCE_SIZES, serving_rank=None,
+        rank_reason="fast only on a GPU: served when asked (--serve)",
+        precision="fp16", sources=("scripted",)),
 ):
     register(_kind)
 
@@ -197,7 +229,7 @@ def variants(precision: str) -> list[ArtifactKind]:
 
 
 def precisions() -> tuple[str, ...]:
-    return tuple(dict.fromkeys(["fp32"] + [k.precision for k in _TABLE.values()]))
+    return tuple(dict.fromkeys([FP32] + [k.precision for k in _TABLE.values()]))
 
 
 def serving_preference() -> tuple[str, ...]:

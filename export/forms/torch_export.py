@@ -25,7 +25,7 @@ from runtime.aoti import BUILD_FILE, build_facts
 
 # Inductor settings of the AOTInductor kind, from `python -m measure aoti-tuning` (docs/aotinductor.md): freezing,
 # oneDNN weight pre-packing and static batches gave the same generated code or speed as the defaults on torch
-# 2.14 (AOTInductor already folds the weights), max-autotune no gain at 4x the compile time. dynamic_threads
+# 2.14 (AOTInductor already folds the weights), max-autotune no gain for a much longer compile. dynamic_threads
 # makes the kernels use the thread count of the process that runs them (a serving worker's share), where
 # Inductor would otherwise write the exporting process's count into the code when it differs from the cores.
 AOTI_CONFIGS = {"cpp.dynamic_threads": True}

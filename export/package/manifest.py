@@ -1,14 +1,33 @@
-"""Writing manifest.json (contract.records.Manifest) and checking an export folder against it."""
+"""manifest.json (contract.records.Manifest): assembled from what an export's steps found, written last, and
+an export folder checked against it."""
 
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from contract.records import MANIFEST_NAME, FileRecord, Manifest
+import torch
+
+from contract.records import (
+    LABELS_NAME,
+    MANIFEST_NAME,
+    ArtifactRecord,
+    FileRecord,
+    Manifest,
+    ModelInfo,
+    OutputRecord,
+    ServingDecision,
+)
 from export.atomic import atomic_write_text
-from export.errors import IntegrityError
+from export.checks.parity import ParityReport
+from export.checks.trace_vs_script import TraceVsScript
+from export.errors import ExportError, IntegrityError
+from export.forms.exporters import Artifact
+from export.precision.variants import PrecisionReport
+from export.refusals import EXPORT_LOG, Refusals
+from models.registry import BuiltModel, ModelEntry
 from runtime.integrity import file_sha256, mismatch
 
 
@@ -45,3 +64,84 @@ def verify_hashes(folder: Path, manifest: Manifest) -> None:
             problems[record.path] = problem
     if problems:
         raise IntegrityError(problems)
+
+
+@dataclass
+class ExportFindings:
+    """What an export's steps found, as manifest.json records it."""
+
+    entry: ModelEntry
+    built: BuiltModel
+    example: torch.Tensor
+    opset: int
+    artifacts: dict[str, Artifact]  # the fp32 forms that passed every step
+    parity: ParityReport
+    second_opinion: dict  # onnx.reference.ReferenceEvaluator vs ONNX Runtime (small models)
+    trace_vs_script: TraceVsScript
+    variants: PrecisionReport | None
+    serving: ServingDecision
+    refusals: Refusals
+    reports: list[str]  # files written beside the artifacts (export.package.reports)
+
+
+def assemble_manifest(folder: Path, found: ExportFindings) -> Manifest:
+    """The manifest of an export folder, from what its steps found: every artifact and file with its sha256,
+    the checks' verdicts and the serving decision (the run's warnings and timings are added when it ends)."""
+    entry, variants = found.entry, found.variants
+    manifest = Manifest(model=ModelInfo(entry.name, entry.family, entry.description, dict(entry.source)),
+                        weights=found.built.weights.describe(), input=entry.input_spec.record(),
+                        output=output_record(found.built.module, found.example, found.built.labels), opset=found.opset)
+    manifest.artifacts = {k: _artifact_record(folder, a, entry) for k, a in found.artifacts.items()}
+    files = list(found.reports)
+    if variants:
+        manifest.artifacts.update(_variant_records(folder, variants, found.artifacts, entry))
+        manifest.precision = variants.manifest_record()
+        files += variants.files
+    if found.refusals.has_log():
+        files.append(EXPORT_LOG)
+    manifest.refused = found.refusals.records
+    manifest.files = {name: file_record(folder, name) for name in files}
+    manifest.parity = {"passed": not found.parity.failures, "summary": found.parity.summary(),
+                       "reference_evaluator": found.second_opinion}
+    manifest.trace_vs_script = found.trace_vs_script.manifest_record()
+    manifest.serving = found.serving
+    return manifest
+
+
+def output_record(module, example, labels) -> OutputRecord:
+    """The output's shape and meaning; labels must name every class. Without labels the answers name each
+    class by its index, and the record says so."""
+    with torch.inference_mode():
+        output = module(example)
+    record = OutputRecord(shape=["batch"] + list(output.shape[1:]), dtype=str(output.dtype).replace("torch.", ""))
+    classes = output.shape[1] if output.dim() == 2 else None
+    if labels and len(labels) != classes:
+        raise ExportError(f"{len(labels)} labels were given but the model's output has shape "
+                          f"{tuple(output.shape)} ({classes or 'not'} classes); give one label per class")
+    if labels:
+        record.meaning, record.labels = "logits (apply softmax for probabilities)", LABELS_NAME
+    elif classes:
+        record.meaning = "logits; no labels given, so answers name each class by its index (--labels FILE names them)"
+    record.classes = classes
+    return record
+
+
+def _artifact_record(folder: Path, artifact: Artifact, entry: ModelEntry) -> ArtifactRecord:
+    file = file_record(folder, artifact.path.name)
+    return ArtifactRecord(kind=artifact.kind, path=file.path, sha256=file.sha256, bytes=file.bytes,
+                          format=artifact.format, exporter=artifact.exporter,
+                          spatial_dynamic=artifact.spatial_dynamic, accepts=artifact.accepts(entry.input_spec.shape),
+                          control_flow=artifact.control_flow, checks=artifact.checks, details=artifact.details)
+
+
+def _variant_records(folder: Path, variants: PrecisionReport, artifacts: dict, entry: ModelEntry) -> dict:
+    records = {}
+    for kind, variant in variants.variants.items():
+        source = artifacts[variant.source]
+        file = file_record(folder, variant.path.name)
+        records[kind] = ArtifactRecord(
+            kind=kind, path=file.path, sha256=file.sha256, bytes=file.bytes, format=variant.format,
+            exporter=variant.made_by["tool"], spatial_dynamic=source.spatial_dynamic,
+            accepts=source.accepts(entry.input_spec.shape), precision=variant.precision,
+            run_precision=variant.run_precision, source=variant.source, details=variant.details())
+    return records

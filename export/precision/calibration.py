@@ -31,11 +31,11 @@ from export.checks.parity import structured_images
 from export.errors import ExportError
 from runtime.images import ACCEPTED_FORMATS, ImageContract, ImageError, decode_image, preprocess
 
-# MinMax calibration ranges settle after a few dozen varied images; 100 keeps resnet50's calibration to
-# about 15 s on 2 cores while covering every class of a small folder several times.
+# MinMax calibration ranges settle after a few dozen varied images; 100 keeps the calibration short (measured:
+# docs/precision.md) while covering every class of a small folder several times.
 DEFAULT_CALIBRATION_SAMPLES = 100
-# The gate's resolution is 1 / count: 128 images let 98 % agreement tolerate 2 flipped images, and fp32 +
-# two int8 candidates over them cost about 20 s for resnet50 on 2 cores. A user's folder is read up to 1000.
+# The gate's resolution is 1 / count: 128 images let 98 % agreement tolerate 2 flipped images, while fp32 and
+# two int8 candidates over them stay a small part of an export. A user's folder is read up to 1000.
 DEFAULT_HOLDOUT_SAMPLES = 128
 MAX_VALIDATION_SAMPLES = 1000
 LOADER_BATCH = 16
@@ -187,8 +187,8 @@ def default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
 
 @contextmanager
 def single_thread():
-    """torch's antialiased resize of one image is ~10x slower on 2 threads than on 1 (thread hand-off costs
-    more than the work); DataLoader workers run 1 thread each for the same reason."""
+    """torch's antialiased resize of one image is many times slower on 2 threads than on 1 (thread hand-off
+    costs more than the work); DataLoader workers run 1 thread each for the same reason."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -6,14 +6,14 @@ What "in fp32" means here (NNCF's meaning): the node reads its weights, bias and
 its output is quantized only if its consumer is. ONNX Runtime's `nodes_to_exclude` alone does not give that:
 the excluded node still sits between Q/DQ pairs, and since ORT 1.2x the session's WeightBiasQuantization
 transformer quantizes such a node's float weights back to int8 at load, per tensor, which for a depthwise
-convolution is worse than the per-channel int8 it replaced (lite0: top-1 agreement 44 % with every depthwise
-"excluded" vs 69 % all int8). So the QDQ graph is edited instead: the node's inputs are re-pointed at the
+convolution is worse than the per-channel int8 it replaced (measured on lite0: docs/int8-efficientnet.md). So
+the QDQ graph is edited instead: the node's inputs are re-pointed at the
 fp32 tensors behind their Q/DQ pairs (`revert_to_fp32`), which that transformer does not match.
 
 Ranking: each node's damage is the logit error of a model where only that node is int8 (everything else fp32),
 measured on every RANKING_STRIDE-th calibration image (never the held-out ones). The opposite test ("all int8
 but this node") misses interactions: on lite0 the stem convolution looked harmless that way (the error left
-behind by the others hid it) while alone it costs 0.12 of the logit spread, second only to the first depthwise.
+behind by the others hid it) while alone it is among the most damaging (docs/int8-efficientnet.md).
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from export.precision.gate import agreement_metrics, judge
 RANKED_OPS = ("Conv", "Gemm", "MatMul", "Add")  # nodes with their own weights or their own quantized inputs
 ACTIVATIONS = ("Relu", "Clip")  # kept explicit (QDQKeepRemovableActivations) so a reverted node keeps its clip
 QUANTIZE_OPTIONS = {"QDQKeepRemovableActivations": True}
-# A fifth of lite0's 59 ranked nodes: past that, fp32 islands and their Q/DQ transitions leave little of the
-# int8 speed-up (lite0 here: 12 fp32 nodes ran at about fp32's speed), and a model that needs more is better
-# served in fp32.
+# About a fifth of lite0's ranked nodes: past that, fp32 islands and their Q/DQ transitions leave little of the
+# int8 speed-up (measured: docs/int8-efficientnet.md), and a model that needs more is better served in fp32.
 MAX_FP32_NODES = 12
-RANKING_STRIDE = 4  # every 4th calibration image: 25 of 100, ~1.5 s per ranked node on 2 cores
+RANKING_STRIDE = 4  # every 4th calibration image: ranking runs every node, so it sees a quarter of them
 FP32_SUFFIX = "_fp32"
 
 
@@ -183,19 +182,31 @@ def _error(model, images: torch.Tensor, reference: torch.Tensor) -> float:
     return agreement_metrics(reference, session_run(model, images))["relative_logit_error"]
 
 
-def fall_back(qdq, prepared, calibration: torch.Tensor, calibration_reference: torch.Tensor, kind: str,
-              precision: str, speed, progress, limit: int = MAX_FP32_NODES):
-    """Put the most damaging nodes back in fp32 one at a time until the gate passes on the calibration images
-    or `limit` nodes are fp32. speed(model) -> batch-1 images/s. Returns (model, Fallback)."""
+@dataclass
+class FallbackInputs:
+    """What the fallback edits and judges: the QDQ model (activations kept explicit), the fp32 graph it was
+    quantized from, the calibration images and the fp32 source's logits on them."""
+
+    qdq: object  # onnx.ModelProto
+    prepared: object  # onnx.ModelProto
+    images: torch.Tensor
+    reference: torch.Tensor
+
+
+def fall_back(inputs: FallbackInputs, kind, speed, progress, limit: int = MAX_FP32_NODES):
+    """Put the most damaging nodes back in fp32 one at a time until `kind`'s gate (its name and precision) passes
+    on the calibration images or `limit` nodes are fp32. speed(model) -> batch-1 images/s. Returns (model,
+    Fallback)."""
     started = time.perf_counter()
-    ranking = rank_by_damage(qdq, prepared, calibration[::RANKING_STRIDE], calibration_reference[::RANKING_STRIDE])
+    qdq, prepared, images, reference = inputs.qdq, inputs.prepared, inputs.images, inputs.reference
+    ranking = rank_by_damage(qdq, prepared, images[::RANKING_STRIDE], reference[::RANKING_STRIDE])
     fallback = Fallback(ranking, limit=limit)
     progress.step(f"int8 fallback: ranked {len(ranking)} nodes by damage; worst: " +
                   ", ".join(f"{r['node']} ({r['kind']}, {r['damage']:.3f})" for r in ranking[:3]))
     model = qdq
     for count in range(1, min(limit, len(ranking)) + 1):
         model = revert_to_fp32(qdq, prepared, {r["node"] for r in ranking[:count]})
-        gate = judge(kind, precision, calibration_reference, session_run(model, calibration))
+        gate = judge(kind.name, kind.precision, reference, session_run(model, images))
         fallback.steps.append(FallbackStep(count, _gate_summary(gate), speed(model)))
         progress.step(f"int8 fallback: {count} fp32 node(s), calibration images: {gate.verdict}")
         if gate.passed:

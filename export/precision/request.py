@@ -9,10 +9,11 @@ from pathlib import Path
 from export.errors import ExportError
 from export.forms import kinds
 from export.precision.calibration import DEFAULT_CALIBRATION_SAMPLES
+from export.precision.gate import GATE_ENFORCE
 from runtime.machine import cpu_flags
 
 PRECISIONS = kinds.precisions()
-DEFAULT_PRECISIONS = ("fp32",)
+DEFAULT_PRECISIONS = (kinds.FP32,)
 BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")
 
 
@@ -26,7 +27,7 @@ def parse_precisions(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise PrecisionError(f"--precision {text!r}: choose from {', '.join(PRECISIONS)}, comma-separated "
                              "(e.g. fp32,int8)")
-    if "fp32" not in names:
+    if kinds.FP32 not in names:
         raise PrecisionError(f"--precision {text!r} must include fp32: it is the reference every variant is "
                              "gated against and the fallback that is always servable (e.g. fp32,int8)")
     return names
@@ -38,12 +39,12 @@ class PrecisionRequest:
     calibration: Path | None = None
     validation: Path | None = None
     calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
-    gate: str = "enforce"  # export.precision.gate.GATE_MODES
+    gate: str = GATE_ENFORCE  # one of export.precision.gate.GATE_MODES
     loader_workers: int | None = None
 
     @property
     def wanted(self) -> bool:
-        return any(p != "fp32" for p in self.precisions)
+        return any(p != kinds.FP32 for p in self.precisions)
 
 
 def check_hardware(precisions: tuple[str, ...], device: str) -> None:
@@ -54,8 +55,8 @@ def check_hardware(precisions: tuple[str, ...], device: str) -> None:
                              "out of --precision on a CPU-only machine")
     if "bf16" in precisions and not on_gpu and not cpu_has_native_bf16():
         raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
-                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 ran resnet18 about 15x slower "
-                             "than fp32 here; use int8 on this machine, or export bf16 where the CPU has it "
+                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 is many times slower than fp32 "
+                             "(docs/precision.md); use int8 on this machine, or export bf16 where the CPU has it "
                              "(or on a GPU with --device cuda)")
 
 

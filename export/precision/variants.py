@@ -41,15 +41,8 @@ from export.precision.gate import (
     render_table,
     report_markdown,
 )
-from export.precision.request import (  # noqa: F401
-    BF16_CPU_FEATURES,
-    PRECISIONS,
-    PrecisionError,
-    PrecisionRequest,
-    check_hardware,
-    cpu_has_native_bf16,
-    parse_precisions,
-)
+from export.precision.request import PrecisionError, PrecisionRequest, check_hardware
+from export.refusals import Refusals
 from runtime import RunOptions, open_artifact
 from runtime.base import Backend
 from runtime.timing import time_runs
@@ -61,7 +54,7 @@ ACCURACY_FILES = ("accuracy.md", "accuracy.json")
 # inference handle a plain graph best); it must have passed parity and not diverge from eager.
 ACTIVATION_TYPES = ("QUInt8", "QInt8")  # weights are QInt8 either way (symmetric, per channel)
 SPEED_WARMUP = 2
-SPEED_RUNS = 10  # batch-1 images/s, median of single calls: enough to tell 2x apart, ~1 s per model
+SPEED_RUNS = 10  # batch-1 images/s, median of single calls: enough to tell the activation types apart
 
 
 @dataclass
@@ -104,64 +97,71 @@ class PrecisionReport:
             raise AccuracyGateError(self.failures, render_table(self.failures))
 
     def manifest_record(self) -> dict:
-        return {"precisions": ["fp32", *sorted({v.precision for v in self.variants.values()})],
+        return {"precisions": [kinds.FP32, *sorted({v.precision for v in self.variants.values()})],
                 "calibration": self.calibration, "holdout": self.holdout, "ladder_images_per_s_batch1": self.ladder,
                 "int8_choice": self.int8_choice, "gate": self.gate_verdicts(), "notes": self.notes}
 
 
 # ---------------------------------------------------------------- the step the pipeline calls
 
-def build_variants(stage: Path, request: PrecisionRequest, module: torch.nn.Module, contract_record,
-                   fp32_artifacts: dict, eligible_sources: list[str], model_labels: list[str] | None,
-                   device: str, progress, refusals=None) -> PrecisionReport:
-    """fp32_artifacts: kind -> export.forms.exporters.Artifact; eligible_sources: kinds that passed parity and do not
-    diverge from eager. Builds every requested variant in the stage, gates it, writes accuracy.md/json. A variant
-    that cannot be made is refused into `refusals` (export.refusals.Refusals) and the others go on; without
-    `refusals` its error is raised."""
+@dataclass
+class VariantSources:
+    """What the variants are made from: the stage they are written to, the fp32 module (the gate's reference),
+    its image input contract (None: the model takes no image, and nothing can be calibrated), the fp32 artifacts
+    (kind -> export.forms.exporters.Artifact), those a variant may be made from (passed parity, never diverge
+    from eager) and the model's labels."""
+
+    stage: Path
+    module: torch.nn.Module
+    contract: ImageContract | None
+    fp32_artifacts: dict
+    eligible: list[str]
+    labels: list[str] | None = None
+
+
+def build_variants(sources: VariantSources, request: PrecisionRequest, device: str, progress,
+                   refusals: Refusals) -> PrecisionReport:
+    """Builds every requested variant in the stage, gates it, writes accuracy.md/json. A variant that cannot be
+    made is refused into `refusals` and the others go on; a model none can be made for raises PrecisionError."""
     from runtime.eager import EagerBackend
-    if contract_record is None:
+    if sources.contract is None:
         raise PrecisionError("reduced precision needs images to calibrate and check on, and this model has no "
                              "image input contract (input.preprocessing); export it with --precision fp32")
-    contract: ImageContract = contract_record
     report = PrecisionReport()
     check_hardware(request.precisions, device)
     calibration = None
     if "int8" in request.precisions:
-        calibration = calibration_set(contract, request.calibration, request.calibration_samples,
+        calibration = calibration_set(sources.contract, request.calibration, request.calibration_samples,
                                       request.loader_workers)
         report.calibration = calibration.describe()
         progress.step(f"calibration images: {calibration.origin} ({len(calibration)})")
-    holdout = holdout_set(contract, request.validation, calibration, workers=request.loader_workers)
-    reference = run_batches(EagerBackend(module), holdout.images)
-    targets, labelled = label_targets(holdout.classes, holdout.labels, model_labels, reference.shape[1])
+    holdout = holdout_set(sources.contract, request.validation, calibration, workers=request.loader_workers)
+    reference = run_batches(EagerBackend(sources.module), holdout.images)
+    targets, labelled = label_targets(holdout.classes, holdout.labels, sources.labels, reference.shape[1])
     report.holdout = {**holdout.describe(), "labels": labelled}
     progress.step(f"held-out images for the accuracy gate: {holdout.origin} ({len(holdout)}); {labelled}")
-    checked = _Checked(holdout, reference, targets, device)
+    held_out = _HeldOut(holdout, reference, targets, device)
 
     def attempt(kind: str, make):
-        """make() -> Variant, or the kind refused with the reason (raised when nobody records refusals)."""
+        """make() -> Variant, or the kind refused with the reason."""
         try:
             report.variants[kind] = make()
         except Exception as error:  # noqa: BLE001 - a variant that cannot be made is refused, the others go on
-            if refusals is None:
-                raise
             refusals.refuse(kind, "precision", error)
 
     if "int8" in request.precisions:
-        attempt(INT8.name, lambda: _int8_variant(stage, report, fp32_artifacts, eligible_sources, calibration,
-                                                 checked, progress))
+        attempt(INT8.name, lambda: _int8_variant(sources, report, calibration, held_out, progress))
     for kind in requested_variant_kinds(request.precisions):
         if kind != INT8.name:
-            attempt(kind, lambda: _float_variant(stage, report, kinds.get(kind), fp32_artifacts, eligible_sources,
-                                                 checked))
+            attempt(kind, lambda: _float_variant(sources, report, kinds.get(kind), held_out))
     for kind, variant in report.variants.items():
         report.ladder[kind] = variant.images_per_s
-    _write_reports(stage, report, targets is not None)
+    _write_reports(sources.stage, report, targets is not None)
     return report
 
 
 @dataclass
-class _Checked:
+class _HeldOut:
     """What every variant is gated on: the held-out images, fp32 eager's logits on them and their targets."""
 
     holdout: ImageSet
@@ -169,31 +169,37 @@ class _Checked:
     targets: object
     device: str
 
+    def gate(self, kind, backend: Backend) -> GateResult:
+        """The kind's accuracy gate on the held-out images, run through `backend`."""
+        return judge(kind.name, kind.precision, self.reference, run_batches(backend, self.holdout.images),
+                     self.targets)
+
+    def speed(self, backend: Backend) -> float:
+        return images_per_s(backend, self.holdout.images[:1])
+
 
 def requested_variant_kinds(precisions: tuple[str, ...]) -> list[str]:
     """The variant kinds the requested precisions make, in table order."""
-    return [k.name for p in precisions if p != "fp32" for k in kinds.variants(p)]
+    return [k.name for p in precisions if p != kinds.FP32 for k in kinds.variants(p)]
 
 
-def _int8_variant(stage, report, fp32_artifacts, eligible, calibration, checked: _Checked, progress) -> Variant:
-    source = fp32_artifacts[_int8_source(fp32_artifacts, eligible)]
-    _record_source_speed(report, source, checked)
-    with _removed_on_failure(stage / RANGES_FILE, stage / INT8.file_name):
-        variant, report.int8_choice = build_int8(stage, source, calibration, checked.holdout, checked.reference,
-                                                 checked.targets, progress)
+def _int8_variant(sources: VariantSources, report, calibration, held_out: _HeldOut, progress) -> Variant:
+    source = sources.fp32_artifacts[_source(INT8, sources)]
+    _record_source_speed(report, source, held_out)
+    with _removed_on_failure(sources.stage / RANGES_FILE, sources.stage / INT8.file_name):
+        variant, report.int8_choice = build_int8(sources.stage, source, calibration, held_out, progress)
     report.files.append(RANGES_FILE)
     return variant
 
 
-def _float_variant(stage, report, kind, fp32_artifacts, eligible, checked: _Checked) -> Variant:
+def _float_variant(sources: VariantSources, report, kind, held_out: _HeldOut) -> Variant:
     """bf16 / fp16: autocast around the scripted TorchScript (no new file), or an fp16 ONNX."""
-    source = fp32_artifacts[_source(kind, fp32_artifacts, eligible)]
-    if kind.format == "torchscript":
-        return autocast_variant(kind, source, checked.device, checked.holdout, checked.reference, checked.targets)
-    _record_source_speed(report, source, checked)
-    with _removed_on_failure(stage / kind.file_name):
-        return build_onnx_fp16(stage, kind, source, checked.device, checked.holdout, checked.reference,
-                               checked.targets)
+    source = sources.fp32_artifacts[_source(kind, sources)]
+    if kind.format == kinds.TORCHSCRIPT:
+        return autocast_variant(kind, source, held_out)
+    _record_source_speed(report, source, held_out)
+    with _removed_on_failure(sources.stage / kind.file_name):
+        return build_onnx_fp16(sources.stage, kind, source, held_out)
 
 
 @contextlib.contextmanager
@@ -207,20 +213,16 @@ def _removed_on_failure(*paths: Path):
         raise
 
 
-def _record_source_speed(report: PrecisionReport, source, checked: _Checked) -> None:
+def _record_source_speed(report: PrecisionReport, source, held_out: _HeldOut) -> None:
     if source.kind not in report.ladder:
-        backend = open_artifact(source.format, source.path, RunOptions(device=checked.device))
-        report.ladder[source.kind] = images_per_s(backend, checked.holdout.images[:1])
+        backend = open_artifact(source.format, source.path, RunOptions(device=held_out.device))
+        report.ladder[source.kind] = held_out.speed(backend)
 
 
-def _int8_source(artifacts: dict, eligible: list[str]) -> str:
-    return _source(INT8, artifacts, eligible)
-
-
-def _source(kind, artifacts: dict, eligible: list[str]) -> str:
+def _source(kind, sources: VariantSources) -> str:
     """The first of the kind's fp32 sources that passed parity and does not diverge from eager."""
     for name in kind.sources:
-        if name in artifacts and name in eligible:
+        if name in sources.fp32_artifacts and name in sources.eligible:
             return name
     raise PrecisionError(f"none of {', '.join(kind.sources)} passed parity without diverging from eager, so "
                          f"there is nothing to make {kind.name} from; fix parity first (see parity.md)")
@@ -228,27 +230,41 @@ def _source(kind, artifacts: dict, eligible: list[str]) -> str:
 
 # ---------------------------------------------------------------- int8
 
-def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, reference: torch.Tensor,
-               targets, progress) -> tuple[Variant, dict]:
+@dataclass
+class _Int8Work:
+    """Where int8 is made: a scratch folder, the source prepared for quantization (quant_pre_process), the
+    calibrated ranges (cached: every quantization after the first reuses them) and the calibration images."""
+
+    folder: Path
+    prepared: Path
+    ranges: Path
+    calibration: ImageSet
+
+    def quantize(self, path: Path, activation: str, extra_options: dict | None = None) -> None:
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+        quantize_static(str(self.prepared), str(path), TensorReader(self.calibration.images, INPUT_NAME),
+                        quant_format=QuantFormat.QDQ, per_channel=True, activation_type=getattr(QuantType, activation),
+                        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                        calibration_cache_path=self.ranges, extra_options=extra_options)
+
+
+def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, progress) -> tuple[Variant, dict]:
     """Quantize `source` with both activation types; keep the fastest that passes the gate."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    work = stage / ".int8-work"
-    work.mkdir(exist_ok=True)
+    work = _Int8Work(stage / ".int8-work", stage / ".int8-work" / "prepared.onnx", stage / RANGES_FILE, calibration)
+    work.folder.mkdir(exist_ok=True)
     try:
-        prepared = work / "prepared.onnx"
         started = time.perf_counter()
-        quant_pre_process(str(source.path), str(prepared))
-        ranges = stage / RANGES_FILE
+        quant_pre_process(str(source.path), str(work.prepared))
         candidates, timings = {}, {"preprocess_s": round(time.perf_counter() - started, 2)}
         for activation in ACTIVATION_TYPES:
             started = time.perf_counter()
-            path = work / f"int8-{activation}.onnx"
-            _quantize(prepared, path, calibration, activation, ranges)
+            path = work.folder / f"int8-{activation}.onnx"
+            work.quantize(path, activation)
             timings[f"quantize_{activation}_s"] = round(time.perf_counter() - started, 2)
             backend = open_artifact(INT8.format, path, RunOptions(), name=f"int8 {activation}")
-            speed = images_per_s(backend, holdout.images[:1])
-            gate = judge(INT8.name, INT8.precision, reference, run_batches(backend, holdout.images), targets)
+            speed, gate = held_out.speed(backend), held_out.gate(INT8, backend)
             candidates[activation] = (path, speed, gate)
             progress.step(f"int8 activations {activation}, weights QInt8: {speed:.1f} images/s at batch 1, gate "
                           f"{gate.verdict} (top-1 agreement {100 * gate.metrics['top1_agreement']:.1f}%)")
@@ -256,11 +272,10 @@ def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, re
         path, speed, gate = candidates[chosen]
         fallback = None
         if not gate.passed:  # accuracy-aware: put the most damaging nodes back in fp32 (export.precision.int8_fallback)
-            path, speed, gate, fallback = _fall_back(work, prepared, source, chosen, ranges, calibration, holdout,
-                                                     reference, targets, progress)
+            path, speed, gate, fallback = _fall_back(work, source, chosen, held_out, progress)
         shutil.move(str(path), str(stage / INT8.file_name))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work.folder, ignore_errors=True)
     made_by = {"tool": "onnxruntime.quantization.quantize_static", "preprocessing": "quant_pre_process",
                "format": "QDQ", "per_channel": True, "weight_type": "QInt8", "activation_type": chosen,
                "calibrate_method": "MinMax", "calibration_images": len(calibration), "ranges": RANGES_FILE,
@@ -270,45 +285,37 @@ def build_int8(stage: Path, source, calibration: ImageSet, holdout: ImageSet, re
                                "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()},
               "fp32_fallback": fallback and {"nodes": [f"{r['node']} ({r['kind']})" for r in fallback["fp32_nodes"]],
                                              "images_per_s_batch1": round(speed, 1), "gate": gate.verdict}}
-    variant = Variant(INT8.name, stage / INT8.file_name, INT8.format, INT8.precision, "fp32", source.kind, made_by,
-                      gate, speed)
+    variant = Variant(kind=INT8.name, path=stage / INT8.file_name, format=INT8.format, precision=INT8.precision,
+                      run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate, images_per_s=speed)
     return variant, choice
 
 
-def _quantize(prepared: Path, path: Path, calibration: ImageSet, activation: str, ranges: Path,
-              extra_options: dict | None = None) -> None:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    quantize_static(str(prepared), str(path), TensorReader(calibration.images, INPUT_NAME),
-                    quant_format=QuantFormat.QDQ, per_channel=True, activation_type=getattr(QuantType, activation),
-                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                    calibration_cache_path=ranges, extra_options=extra_options)
-
-
-def _fall_back(work: Path, prepared: Path, source, activation: str, ranges: Path, calibration: ImageSet,
-               holdout: ImageSet, reference, targets, progress) -> tuple[Path, float, GateResult, dict]:
+def _fall_back(work: _Int8Work, source, activation: str, held_out: _HeldOut,
+               progress) -> tuple[Path, float, GateResult, dict]:
     """Re-quantize (cached ranges) with activations kept explicit, put nodes back in fp32 until the gate passes
     on the calibration images, then gate the result on the held-out images once."""
     import onnx
 
     from export.precision import int8_fallback
-    explicit = work / f"int8-{activation}-explicit.onnx"
-    _quantize(prepared, explicit, calibration, activation, ranges, int8_fallback.QUANTIZE_OPTIONS)
+    explicit = work.folder / f"int8-{activation}-explicit.onnx"
+    work.quantize(explicit, activation, int8_fallback.QUANTIZE_OPTIONS)
     fp32 = open_artifact(source.format, source.path, RunOptions(), name="fp32 source")
-    timing = work / "timing.onnx"
+    timing = work.folder / "timing.onnx"
 
     def speed(model) -> float:
         int8_fallback.save(model, timing)
-        return images_per_s(open_artifact(INT8.format, timing, RunOptions(), name="int8 step"), holdout.images[:1])
+        return held_out.speed(open_artifact(INT8.format, timing, RunOptions(), name="int8 step"))
 
-    model, fallback = int8_fallback.fall_back(onnx.load(str(explicit)), onnx.load(str(prepared)), calibration.images,
-                                              run_batches(fp32, calibration.images), INT8.name, INT8.precision,
-                                              speed, progress)
-    path = work / "int8-fallback.onnx"
+    images = work.calibration.images
+    graphs = int8_fallback.FallbackInputs(onnx.load(str(explicit)), onnx.load(str(work.prepared)), images,
+                                          run_batches(fp32, images))
+    model, fallback = int8_fallback.fall_back(graphs, INT8, speed, progress)
+    path = work.folder / "int8-fallback.onnx"
     int8_fallback.save(model, path)
     backend = open_artifact(INT8.format, path, RunOptions(), name="int8 with fp32 fallback")
-    gate = judge(INT8.name, INT8.precision, reference, run_batches(backend, holdout.images), targets)
+    gate = held_out.gate(INT8, backend)
     progress.step(f"int8 with {len(fallback.fp32_nodes)} fp32 node(s): held-out gate {gate.verdict}")
-    return path, images_per_s(backend, holdout.images[:1]), gate, fallback.record()
+    return path, held_out.speed(backend), gate, fallback.record()
 
 
 def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str, str]:
@@ -327,27 +334,29 @@ def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str
 
 # ---------------------------------------------------------------- bf16 / fp16
 
-def autocast_variant(kind, source, device: str, holdout: ImageSet, reference, targets) -> Variant:
+def autocast_variant(kind, source, held_out: _HeldOut) -> Variant:
     """An fp32 TorchScript file run under torch.autocast: no new file, a new way to run it."""
     precision = kind.precision
-    backend = open_artifact(source.format, source.path, RunOptions(device=device, precision=precision))
-    gate = judge(kind.name, precision, reference, run_batches(backend, holdout.images), targets)
-    made_by = {"tool": f"torch.autocast(dtype={precision}) around {source.path.name}", "device": device}
-    return Variant(kind.name, source.path, source.format, precision, precision, source.kind, made_by, gate,
-                   images_per_s(backend, holdout.images[:1]))
+    backend = open_artifact(source.format, source.path, RunOptions(device=held_out.device, precision=precision))
+    gate = held_out.gate(kind, backend)
+    made_by = {"tool": f"torch.autocast(dtype={precision}) around {source.path.name}", "device": held_out.device}
+    return Variant(kind=kind.name, path=source.path, format=source.format, precision=precision,
+                   run_precision=precision, source=source.kind, made_by=made_by, gate=gate,
+                   images_per_s=held_out.speed(backend))
 
 
-def build_onnx_fp16(stage: Path, kind, source, device: str, holdout: ImageSet, reference, targets) -> Variant:
+def build_onnx_fp16(stage: Path, kind, source, held_out: _HeldOut) -> Variant:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
     model = convert_float_to_float16(onnx.load(str(source.path)), keep_io_types=True)
     onnx.save(model, str(stage / kind.file_name))
-    backend = open_artifact(kind.format, stage / kind.file_name, RunOptions(device=device))
-    gate = judge(kind.name, kind.precision, reference, run_batches(backend, holdout.images), targets)
+    backend = open_artifact(kind.format, stage / kind.file_name, RunOptions(device=held_out.device))
+    gate = held_out.gate(kind, backend)
     made_by = {"tool": "onnxruntime.transformers.float16.convert_float_to_float16", "keep_io_types": True,
                "runs_on": "ONNX Runtime CUDAExecutionProvider"}
-    return Variant(kind.name, stage / kind.file_name, kind.format, kind.precision, "fp32", source.kind, made_by, gate,
-                   images_per_s(backend, holdout.images[:1]))
+    return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
+                   run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate,
+                   images_per_s=held_out.speed(backend))
 
 
 # ---------------------------------------------------------------- running and timing

@@ -9,7 +9,6 @@ import pytest
 
 from contract.cli import describe_os_error
 from export.atomic import atomic_write_bytes
-from tests.conftest import run_export
 
 
 @pytest.fixture
@@ -35,9 +34,9 @@ def test_write_that_fills_the_disk_leaves_nothing_behind(tiny_disk):
     assert "disk full" in describe_os_error(error.value)
 
 
-def test_export_onto_a_full_disk_is_refused_with_one_line(tiny_disk):
-    result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--no-archive",
-                        "--out", str(tiny_disk / "out"))
+def test_export_onto_a_full_disk_is_refused_with_one_line(tiny_disk, export_main):
+    result = export_main("resnet", "--arch", "resnet18", "--weights", "random", "--no-archive",
+                         "--out", tiny_disk / "out")
     assert result.returncode == 1
     assert "not enough free disk space" in result.stderr and "--out" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -21,9 +21,9 @@ from export.atomic import PARTIAL_MARK
 from export.forms import kinds
 from export.package.archive import SCRATCH_PREFIX
 from tests.conftest import ROOT, run_export
+from tests.export.user_models import USER_FILE
 
 pytestmark = pytest.mark.slow
-USER_FILE = Path(__file__).parent / "user_models" / "models_for_tests.py"
 ARGS = ["module", f"{USER_FILE}:plain", "--input-shape", "1,3,16,16", "--model-name", "net"]
 STORE = "store"
 # step being run -> what appears just before it: a file in the run's staging folder ("." for the folder

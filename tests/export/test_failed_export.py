@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_export
+from tests.export.user_models import USER_FILE
 
 pytestmark = pytest.mark.slow
 
-USER_FILE = Path(__file__).parent / "user_models" / "models_for_tests.py"
 SHAPE = "1,3,16,16"
 
 
@@ -19,18 +19,21 @@ def fingerprint(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def good_export(tmp_path):
-    out, store = tmp_path / "net", tmp_path / "store"
+@pytest.fixture(scope="module")
+def good_export(tmp_path_factory):
+    """One complete export and archive that every failing export below is made over."""
+    base = tmp_path_factory.mktemp("good")
+    out, store = base / "net", base / "store"
     result = run_export("module", f"{USER_FILE}:plain", "--input-shape", SHAPE, "--out", str(out),
                         "--model-store", str(store), "--model-name", "net")
     assert result.returncode == 0, result.stderr
     return {"out": out, "store": store, "before": fingerprint(out), "mar": (store / "net.mar").read_bytes()}
 
 
-def export_over(good, factory: str):
-    return run_export("module", f"{USER_FILE}:{factory}", "--input-shape", SHAPE, "--out", str(good["out"]),
-                      "--model-store", str(good["store"]), "--model-name", "net")
+def export_over(export_main, good, factory: str):
+    """Another model exported over the good one (in this process: export.cli.main)."""
+    return export_main("module", f"{USER_FILE}:{factory}", "--input-shape", SHAPE, "--out", good["out"],
+                       "--model-store", good["store"], "--model-name", "net")
 
 
 def assert_untouched(good):
@@ -39,8 +42,8 @@ def assert_untouched(good):
     assert sorted(p.name for p in good["store"].iterdir()) == ["net.mar"]  # no half-built archive left
 
 
-def test_parity_failure_keeps_the_previous_export_and_archive(good_export):
-    result = export_over(good_export, "scripted_differs")
+def test_parity_failure_keeps_the_previous_export_and_archive(good_export, export_main):
+    result = export_over(export_main, good_export, "scripted_differs")
     assert result.returncode == 3, result.stdout + result.stderr
     failed = good_export["out"].with_name("net.failed")
     assert f"the failed attempt is kept in {failed}" in result.stderr
@@ -51,8 +54,8 @@ def test_parity_failure_keeps_the_previous_export_and_archive(good_export):
     assert not (failed / "manifest.json").exists()  # never a manifest beside artifacts that failed
 
 
-def test_eval_check_failure_keeps_the_previous_export_and_archive(good_export):
-    result = export_over(good_export, "noisy_in_eval")
+def test_eval_check_failure_keeps_the_previous_export_and_archive(good_export, export_main):
+    result = export_over(export_main, good_export, "noisy_in_eval")
     assert result.returncode == 1
     assert "two forward passes on the same input differ" in result.stderr
     assert_untouched(good_export)

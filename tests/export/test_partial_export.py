@@ -8,11 +8,11 @@ import torch
 
 from contract.records import Manifest
 from export.errors import ExportError
-from export.pipeline import ExportOptions, Progress, export_model, output_record
+from export.package.manifest import output_record
+from export.pipeline import ExportOptions, Progress, export_model
 from models.user_module import user_entry
-from tests.conftest import ROOT
+from tests.export.user_models import USER_FILE
 
-USER_FILE = ROOT / "tests" / "export" / "user_models" / "models_for_tests.py"
 SHAPE = (1, 3, 16, 16)
 
 

@@ -15,10 +15,8 @@ import torch
 from export import interrupt
 from export.pipeline import Progress
 from export.refusals import EXPORT_LOG, Refusals, describe, first_line, model_location
-from tests.conftest import ROOT
+from tests.export.user_models import USER_FILE
 from tests.export.user_models.models_for_tests import Unscriptable
-
-USER_FILE = ROOT / "tests" / "export" / "user_models" / "models_for_tests.py"
 
 
 def _line_of(path, text: str) -> int:

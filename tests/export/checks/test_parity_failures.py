@@ -1,4 +1,8 @@
-"""Parity must fail loudly: a perturbed ONNX weight, a modified file, and `python -m export parity DIR`."""
+"""Parity must fail loudly: a perturbed ONNX weight, a modified file, and `python -m export parity DIR`.
+
+A re-check that rebuilds the random weights runs as its own process, as a user runs it: the drawn weights are
+the same in a process like the exporting one (this test process may have changed torch's thread count, which
+moves the drawn normalisation statistics by rounding). One that fails before rebuilding runs in this process."""
 
 import json
 import shutil
@@ -63,11 +67,11 @@ def test_recheck_passes_on_a_clean_folder(export_copy):
     assert (export_copy / "parity.recheck.json").is_file()
 
 
-def test_recheck_names_a_modified_artifact(export_copy):
+def test_recheck_names_a_modified_artifact(export_copy, export_main):
     with open(export_copy / "model.scripted.onnx", "r+b") as handle:
         handle.seek(-10, 2)
         handle.write(b"0123456789")
-    result = run_export("parity", str(export_copy))
+    result = export_main("parity", export_copy)
     assert result.returncode == 4  # contract.errors.EXIT_INTEGRITY
     recorded = Manifest.read(export_copy).artifacts["onnx-scripted"].sha256
     assert f"model.scripted.onnx: sha256 {file_sha256(export_copy / 'model.scripted.onnx')} but the manifest " \
@@ -93,11 +97,11 @@ def test_recheck_fails_loudly_when_an_artifact_disagrees(export_copy):
     assert "parity failed for onnx-dynamo" in result.stderr and "| onnx-dynamo |" in result.stderr
 
 
-def test_recheck_refuses_a_manifest_of_another_schema_version(export_copy):
+def test_recheck_refuses_a_manifest_of_another_schema_version(export_copy, export_main):
     data = Manifest.read(export_copy).to_dict()
     data["schema"] = 1
     (export_copy / MANIFEST_NAME).write_text(json.dumps(data))
-    result = run_export("parity", str(export_copy))
+    result = export_main("parity", export_copy)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"manifest schema version 1, but this code reads version {SCHEMA_VERSION}" in result.stderr
     assert "re-run the export" in result.stderr

@@ -10,9 +10,8 @@ from onnx.reference import ReferenceEvaluator
 
 import models
 from export.checks.parity import ONNX_TOLERANCE
-from export.checks.trace_vs_script import REJECTED, ArtifactUnderTest, compare_paths, markdown_section
+from export.checks.trace_vs_script import MATCHES, REJECTED, SILENTLY_WRONG, ArtifactUnderTest, compare_paths
 from export.forms import kinds
-from export.pipeline import ExportOptions, Progress, export_model
 from runtime.base import Backend, RunOptions
 from runtime.eager import EagerBackend
 
@@ -22,10 +21,9 @@ DATA_DEPENDENT = ("cf-branch", "cf-loop")
 
 
 @pytest.fixture(scope="module")
-def demo_exports(tmp_path_factory):
-    base = tmp_path_factory.mktemp("controlflow")
-    return {name: export_model(models.get(name), ExportOptions(base / name, "random"), Progress(quiet=True)).out
-            for name in models.names("controlflow")}
+def demo_exports(controlflow_export):
+    """Each control-flow demo's export folder, from `python -m export controlflow` (shared with test_cli)."""
+    return {name: controlflow_export["out"] / name for name in models.names("controlflow")}
 
 
 def _probes(name):
@@ -133,23 +131,62 @@ PROBES = {"as traced": torch.ones(1, 3, 8, 8), "bigger": torch.ones(1, 3, 9, 9)}
 
 def test_a_refused_input_is_reported_with_its_reason_and_keeps_the_traceback():
     result = compare_paths(EagerBackend(torch.nn.Identity()), _fixed_size(), PROBES)
-    bigger = next(r for r in result["rows"][0]["probes"] if r["probe"] == "bigger")
-    assert bigger["status"] == REJECTED and "(1, 3, 9, 9)" in bigger["error"]
-    assert "ValueError: Got invalid dimensions" in bigger["traceback"] and "predict" in bigger["traceback"]
-    assert result["rows"][0]["verdict"] == "right where it runs; refuses (loudly) bigger"
-    assert "rejected: fixed failed on input (1, 3, 9, 9)" in markdown_section("m", "", result)
+    bigger = result.rows[0].on("bigger")
+    assert bigger.status == REJECTED and "(1, 3, 9, 9)" in bigger.error
+    assert "ValueError: Got invalid dimensions" in bigger.traceback and "predict" in bigger.traceback
+    assert result.rows[0].verdict == "right where it runs; refuses (loudly) bigger"
+    assert "rejected: fixed failed on input (1, 3, 9, 9)" in result.markdown("m", "")
 
 
 def test_a_probe_eager_refuses_is_skipped_with_its_reason_and_traceback():
     eager = _FixedSize()  # the model itself takes only 8x8: the 9x9 probe says nothing about its artifacts
     result = compare_paths(eager, _fixed_size(), PROBES)
-    assert result["probes"] == ["as traced"]
-    skip = result["skipped_probes"]["bigger"]
-    assert "(1, 3, 9, 9)" in skip["error"] and "ValueError: Got invalid dimensions" in skip["traceback"]
+    assert result.probes == ["as traced"]
+    skip = result.skipped_probes["bigger"]
+    assert "(1, 3, 9, 9)" in skip.error and "ValueError: Got invalid dimensions" in skip.traceback
     assert "probe `bigger` skipped: eager itself rejects it (fixed failed on input (1, 3, 9, 9)" in \
-        markdown_section("m", "", result)
+        result.markdown("m", "")
 
 
 def test_a_bug_of_ours_is_not_mistaken_for_a_refused_input():
     with pytest.raises(AttributeError):  # a tolerance that is not a Tolerance: our error, not the artifact's
         compare_paths(EagerBackend(torch.nn.Identity()), _fixed_size("not a tolerance"), PROBES)
+
+
+class _OffWhenBig(Backend):
+    """Right on the 8x8 probe, silently off by one on anything bigger: a trace that took the small path."""
+
+    format = "off-when-big-test"
+
+    def __init__(self):
+        super().__init__(None, RunOptions(), "off")
+
+    def predict(self, batch):
+        return batch + 1.0 if batch.shape[-1] > 8 else batch.clone()
+
+
+def test_report_json_and_the_manifest_record_keep_their_keys_and_say_who_diverges():
+    """report.json and manifest.json's trace_vs_script are read by people and tools: the record writes them
+    with the same keys, in the same order, for each kind of result."""
+    units = _fixed_size() + [ArtifactUnderTest("traced", "off-when-big-test", _OffWhenBig(), {"prim::If": 0},
+                                               ONNX_TOLERANCE)]
+    result = compare_paths(EagerBackend(torch.nn.Identity()), units, PROBES,
+                           [{"category": "TracerWarning", "message": "m", "count": 1}], {"scripted": "build: X"})
+    record = result.as_dict()
+    assert list(record) == ["probes", "skipped_probes", "rows", "missing", "tracer_warnings", "diverging"]
+    fixed, traced = record["rows"]
+    assert list(traced) == ["artifact", "format", "control_flow", "probes", "verdict"]
+    assert [p["status"] for p in traced["probes"]] == [MATCHES, SILENTLY_WRONG]
+    assert list(traced["probes"][1]) == ["probe", "shape", "eager_mean", "status", "max_abs", "output_mean"]
+    assert list(fixed["probes"][1]) == ["probe", "shape", "eager_mean", "status", "error", "traceback"]
+    assert record["diverging"] == [{"artifact": "traced", "probe": "bigger", "max_abs": 1.0}]
+    assert result.diverging_probes() == {"traced": ["bigger"]}
+    assert record["missing"] == {"scripted": "build: X"} and record["tracer_warnings"][0]["count"] == 1
+    manifest = result.manifest_record()
+    assert list(manifest) == ["diverging", "verdicts", "missing", "warning"]
+    assert manifest["verdicts"] == {"fixed": "right where it runs; refuses (loudly) bigger",
+                                    "traced": "WRONG without error on: bigger"}
+    assert manifest["warning"].startswith("traced silently diverge from eager on input 'bigger' (max abs diff 1)")
+    assert "WRONG 1" in result.table("m") and "scripted       MISSING: build: X" in result.table("m")
+    clean = compare_paths(EagerBackend(torch.nn.Identity()), _fixed_size(), PROBES)
+    assert clean.warning() is None and clean.manifest_record()["warning"] == ""

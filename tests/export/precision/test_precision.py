@@ -16,15 +16,16 @@ import yaml
 from contract.records import MANIFEST_NAME, Manifest
 from export.errors import ExportError
 from export.forms import kinds
-from export.precision.variants import (
+from export.pipeline import Progress
+from export.precision.request import (
     BF16_CPU_FEATURES,
-    RANGES_FILE,
     PrecisionError,
     PrecisionRequest,
-    build_variants,
     check_hardware,
     cpu_has_native_bf16,
 )
+from export.precision.variants import RANGES_FILE, VariantSources, build_variants
+from export.refusals import Refusals
 from tests.conftest import run_export
 
 INT8_FILE = kinds.get("onnx-int8").file_name
@@ -81,8 +82,8 @@ def test_the_gated_int8_is_served_and_packaged(int8_export):
 
 
 @pytest.mark.slow
-def test_parity_recheck_verifies_every_hash_and_holds_only_fp32_artifacts_to_fp32_tolerances(int8_export):
-    result = run_export("parity", str(int8_export["out"]))
+def test_parity_recheck_verifies_every_hash_and_holds_only_fp32_artifacts_to_fp32_tolerances(int8_export, export_main):
+    result = export_main("parity", int8_export["out"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "onnx-int8" not in result.stdout.split("parity passed for")[-1]
 
@@ -97,9 +98,10 @@ def test_fp16_without_a_gpu_and_bf16_without_native_bf16_are_refused_before_any_
 
 
 def test_a_model_without_an_image_contract_cannot_be_calibrated(tmp_path):
+    sources = VariantSources(tmp_path, torch.nn.Identity(), contract=None, fp32_artifacts={}, eligible=[])
     with pytest.raises(ExportError, match="input.preprocessing"):
-        build_variants(tmp_path, PrecisionRequest(("fp32", "int8")), torch.nn.Identity(), None, {}, [], None, "cpu",
-                       None)
+        build_variants(sources, PrecisionRequest(("fp32", "int8")), "cpu", Progress(quiet=True),
+                       Refusals(tmp_path, Progress(quiet=True)))
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ from export.precision.gate import (
     label_targets,
     render_table,
 )
-from export.precision.variants import PrecisionError, choose_activation_type, parse_precisions
+from export.precision.request import PrecisionError, parse_precisions
+from export.precision.variants import choose_activation_type
 
 SIZE = (3, 224, 224)
 

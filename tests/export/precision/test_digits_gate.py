@@ -2,9 +2,10 @@
 
 A small CNN is trained for a few seconds on scikit-learn's handwritten digits (8x8, upsampled to 32x32 RGB
 by the handler's own preprocessing), saved as a state_dict, and exported through `python -m export module`
-with `--precision fp32,int8`, calibration and validation folders in ImageFolder layout (PNG files, class
-folders named by output index). The int8 artifact must stay within the gate's tolerance of fp32 on the
-held-out split and be served; a calibration of all-black images must be caught by the gate.
+(export.cli.main, in this process) with `--precision fp32,int8`, calibration and validation folders in
+ImageFolder layout (PNG files, class folders named by output index). The int8 artifact must stay within the
+gate's tolerance of fp32 on the held-out split and be served; a calibration of all-black images must be caught
+by the gate.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from torch import nn
 from contract.records import ImageContract, Manifest
 from export.precision.gate import EXIT_ACCURACY_GATE, INT8_TOLERANCE
 from runtime.images import preprocess
-from tests.conftest import run_export
 
 pytestmark = pytest.mark.slow
 
@@ -135,16 +135,16 @@ def digits_model(tmp_path_factory) -> dict:
             "held_out": len(held_out)}
 
 
-def export_digits(model: dict, out: Path, calibration: Path, *extra: str):
-    return run_export("module", model["reference"], "--input-shape", f"1,3,{SIDE},{SIDE}", "--weights",
-                      str(model["weights"]), "--out", str(out), "--precision", "fp32,int8",
-                      "--calibration", str(calibration), "--validation", str(model["validation"]), *extra)
+def export_digits(export_main, model: dict, out: Path, calibration: Path, *extra: str):
+    return export_main("module", model["reference"], "--input-shape", f"1,3,{SIDE},{SIDE}", "--weights",
+                       model["weights"], "--out", out, "--precision", "fp32,int8", "--calibration", calibration,
+                       "--validation", model["validation"], *extra)
 
 
-def test_int8_of_a_trained_model_is_within_tolerance_of_fp32_on_the_held_out_split(digits_model):
+def test_int8_of_a_trained_model_is_within_tolerance_of_fp32_on_the_held_out_split(digits_model, export_main):
     assert digits_model["eager_accuracy"] > 0.9, "the digits model did not train: the test would prove nothing"
     out = digits_model["base"] / "export"
-    result = export_digits(digits_model, out, digits_model["calibration"])
+    result = export_digits(export_main, digits_model, out, digits_model["calibration"])
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = Manifest.read(out)
     # what the test's own preprocessing assumed: the contract derived from --input-shape (its source aside)
@@ -169,9 +169,9 @@ def test_int8_of_a_trained_model_is_within_tolerance_of_fp32_on_the_held_out_spl
     assert "accuracy.md" in manifest.files and (out / "model.int8.onnx").is_file()
 
 
-def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_model):
+def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_model, export_main):
     out = digits_model["base"] / "sabotaged"
-    enforced = export_digits(digits_model, out, digits_model["black"])
+    enforced = export_digits(export_main, digits_model, out, digits_model["black"])
     assert enforced.returncode == EXIT_ACCURACY_GATE, enforced.stdout + enforced.stderr
     assert "accuracy gate FAILED" in enforced.stderr and "top-1" in enforced.stderr
     assert "| onnx-int8 |" in enforced.stderr  # the numbers, not just a verdict
@@ -179,7 +179,7 @@ def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_
     failed = out.with_name(out.name + ".failed")
     assert (failed / "accuracy.md").is_file() and "FAIL" in (failed / "accuracy.md").read_text()
 
-    reported = export_digits(digits_model, out, digits_model["black"], "--gate", "report")
+    reported = export_digits(export_main, digits_model, out, digits_model["black"], "--gate", "report")
     assert reported.returncode == 0, reported.stdout + reported.stderr
     assert "ACCURACY GATE FAILED" in reported.stdout
     manifest = Manifest.read(out)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from export.precision.calibration import TensorReader
 from export.precision import int8_fallback
+from export.precision.calibration import TensorReader
 
 
 class TwoConvs(nn.Module):
