@@ -43,7 +43,7 @@ from export.precision.gate import (
 )
 from export.precision.request import PrecisionError, PrecisionRequest, check_hardware
 from export.refusals import Refusals
-from runtime import RunOptions, open_artifact
+from runtime import RunOptions, machine, open_artifact
 from runtime.base import Backend
 from runtime.timing import time_runs
 
@@ -230,6 +230,12 @@ def _source(kind, sources: VariantSources) -> str:
 
 # ---------------------------------------------------------------- int8
 
+REDUCE_RANGE_WHY = {
+    True: "7-bit weights: this CPU has no VNNI, and ONNX Runtime's u8 x s8 kernels without it add products in int16, "
+          "which saturates (ONNX Runtime's quantization guide)",
+    False: "8-bit weights: this CPU's int8 kernels do not saturate (VNNI, or not x86)",
+}
+
 @dataclass
 class _Int8Work:
     """Where int8 is made: a scratch folder, the source prepared for quantization (quant_pre_process), the
@@ -239,13 +245,16 @@ class _Int8Work:
     prepared: Path
     ranges: Path
     calibration: ImageSet
+    # 7-bit weights where this CPU's int8 kernels would saturate (runtime.machine.int8_saturates)
+    reduce_range: bool = field(default_factory=lambda: machine.int8_saturates(machine.cpu_flags()))
 
     def quantize(self, path: Path, activation: str, extra_options: dict | None = None) -> None:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
         quantize_static(str(self.prepared), str(path), TensorReader(self.calibration.images, INPUT_NAME),
                         quant_format=QuantFormat.QDQ, per_channel=True, activation_type=getattr(QuantType, activation),
                         weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                        calibration_cache_path=self.ranges, extra_options=extra_options)
+                        reduce_range=self.reduce_range, calibration_cache_path=self.ranges,
+                        extra_options=extra_options)
 
 
 def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, progress) -> tuple[Variant, dict]:
@@ -278,6 +287,7 @@ def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, p
         shutil.rmtree(work.folder, ignore_errors=True)
     made_by = {"tool": "onnxruntime.quantization.quantize_static", "preprocessing": "quant_pre_process",
                "format": "QDQ", "per_channel": True, "weight_type": "QInt8", "activation_type": chosen,
+               "reduce_range": work.reduce_range, "reduce_range_why": REDUCE_RANGE_WHY[work.reduce_range],
                "calibrate_method": "MinMax", "calibration_images": len(calibration), "ranges": RANGES_FILE,
                "timings": timings, "fp32_fallback": fallback}
     choice = {"chosen": chosen, "why": why,

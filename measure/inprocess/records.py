@@ -6,8 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from contract.errors import VisionExportError
-
-VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+from runtime import machine
 
 
 class BenchError(VisionExportError):
@@ -140,8 +139,7 @@ def best_of(by_library: dict[str, float]) -> tuple[str, float]:
 
 
 def has_vnni(cpuinfo: str) -> bool:
-    flags = set(re.split(r"\s+", cpuinfo))
-    return any(flag in flags for flag in VNNI_FLAGS)
+    return machine.has_vnni(set(re.split(r"\s+", cpuinfo)))
 
 
 def best_rows(rows: list[Row], device: str = "cpu", precision: str | None = None) -> dict[int, Row]:
