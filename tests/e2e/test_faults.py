@@ -47,8 +47,8 @@ def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(resnet18_e
     assert result.recovered and result.killed_pid not in result.pids_after
     assert len(result.pids_after) == len(result.pids_before)
     # TorchServe's reaction is bounded here; the cold start of the new worker (Python, imports, model load)
-    # depends on how busy the machine is: 7-13 s on this 2-core machine, 17-26 s beside a full CI run. The
-    # issue's 15 s for the whole recovery is what `python -m measure faults` enforces and reports.
+    # depends on how busy the machine is (docs/reliability.md). The bound on the whole recovery,
+    # faults.RECOVERY_LIMIT_S, is what `python -m measure faults` enforces and reports.
     assert result.respawn_s <= faults.RESPAWN_LIMIT_S
     assert result.failed <= LOAD_THREADS  # at most the requests in flight at the kill
     assert result.requests_after_recovery > 0 and result.failed_after_recovery == 0

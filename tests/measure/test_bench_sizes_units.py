@@ -1,5 +1,5 @@
-"""The per-size serving benchmark's pure parts (issue 20): bodies and their Content-Types, the mix row, the
-pipeline ceiling of a row, the per-size table and issue 20's targets."""
+"""The per-size serving benchmark's pure parts: bodies and their Content-Types, the mix row, the pipeline ceiling
+of a row, the per-size table and the photo-size targets."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_the_per_size_table_puts_each_served_row_beside_its_ceiling_and_the_mode
     assert "| mix | default | 8 | 9.0 | ≤300 | ≤900 | 0 | 12.0 | 20.0 (8) | 0.75 | 0.45 |" in text
 
 
-def test_issue_20_targets_from_the_rows_of_one_run(tmp_path):
+def test_photo_size_targets_from_the_rows_of_one_run(tmp_path):
     files = [_image(tmp_path / "cat.jpg", (64, 64)), _image(tmp_path / "12mp.jpg", (4032, 3024))]
     assert bench_targets.phone_photo(files) == "12mp.jpg" and bench_targets.phone_photo(files[:1]) is None
     rows = [_row("default", "12mp.jpg", 16.0, 400, 700), _row("int8", "cat.jpg", 30.0, 200, 500, precision="int8"),
