@@ -3,15 +3,15 @@ they were (never a manifest beside incomplete artifacts, never a half-written .m
 
 The kills form one chain in step order: the run after a kill during step N is itself killed during step N+1,
 so it went through every step the killed run had reached; the run after the last kill completes. Eight kills
-(with the five kinds of the table) cost nine exports instead of sixteen."""
+(with the five kinds of the table) cost nine exports instead of sixteen. Every run is forked from one process that
+imported the export command once (tests/export/preloaded_export.py): a real process SIGKILLed, without a torch
+import per kill."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import pytest
 from export.atomic import PARTIAL_MARK
 from export.forms import kinds
 from export.package.archive import SCRATCH_PREFIX
-from tests.conftest import ROOT, run_export
+from tests.export.preloaded_export import PreloadedExport
 from tests.export.user_models import USER_FILE
 
 pytestmark = pytest.mark.slow
@@ -51,29 +51,47 @@ def reached(marker: str, pid: int, out: Path, store: Path) -> bool:
     return (out.parent / f".{out.name}{PARTIAL_MARK}{pid}" / marker).exists()
 
 
-def kill_during(step: str, out: Path, store: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "export", *ARGS, "--out", str(out), "--model-store", str(store)],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+@pytest.fixture
+def exports():
+    server = PreloadedExport()
+    yield server
+    server.close()
+
+
+def run_to_the_end(exports: PreloadedExport, out: Path, store: Path) -> None:
+    log = out.parent / "export-output.txt"
+    exports.start([*ARGS, "--out", str(out), "--model-store", str(store)], log)
+    assert exports.wait() == 0, log.read_text()[-3000:]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # the server reaps its child at once: an ended run's pid is gone
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def kill_during(step: str, exports: PreloadedExport, out: Path, store: Path) -> None:
+    pid = exports.start([*ARGS, "--out", str(out), "--model-store", str(store)], out.parent / f"killed-{step}.txt")
     deadline = time.monotonic() + 180
-    while not reached(KILL_DURING[step], process.pid, out, store):
-        assert process.poll() is None and time.monotonic() < deadline, f"export ended before {step} could be killed"
+    while not reached(KILL_DURING[step], pid, out, store):
+        assert _alive(pid) and time.monotonic() < deadline, f"export ended before {step} could be killed"
         time.sleep(0.005)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    os.kill(pid, signal.SIGKILL)
+    status = exports.wait()
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"export ended before {step} was killed"
 
 
-def test_sigkill_during_each_step_changes_nothing_and_the_next_run_succeeds(tmp_path):
+def test_sigkill_during_each_step_changes_nothing_and_the_next_run_succeeds(tmp_path, exports):
     out, store = tmp_path / "net", tmp_path / "store"
-    first = run_export(*ARGS, "--out", str(out), "--model-store", str(store))
-    assert first.returncode == 0, first.stderr
+    run_to_the_end(exports, out, store)
     before, archive = fingerprint(out), (store / "net.mar").read_bytes()
     for step in KILL_DURING:
-        kill_during(step, out, store)
+        kill_during(step, exports, out, store)
         assert fingerprint(out) == before, step  # the previous complete export, manifest and all, untouched
         assert [p.name for p in store.iterdir() if not p.name.startswith(".")] == ["net.mar"], step
         assert (store / "net.mar").read_bytes() == archive, step  # never a half-written archive
-    rerun = run_export(*ARGS, "--out", str(out), "--model-store", str(store))
-    assert rerun.returncode == 0, rerun.stderr
+    run_to_the_end(exports, out, store)
     assert fingerprint(out).keys() == before.keys()
     assert not list(tmp_path.glob(f".net{PARTIAL_MARK}*")) and not list(store.glob(f"{SCRATCH_PREFIX}*"))
