@@ -1,14 +1,20 @@
 """Shared fixtures. The expensive ones run once per session: the real export command for `resnet18_export` (random
 weights), `lite0_int8_export` (EfficientNet-Lite0's trained weights, fp32 and int8) and `aoti_export`, and one plain
-TorchServe serving resnet18 (`resnet18_server`) for every test that needs a server but no special setting."""
+TorchServe serving resnet18 (`resnet18_server`) for every test that needs a server but no special setting.
+
+`make test` runs the suite on two pytest-xdist workers (--dist loadgroup). Each test module runs whole on one
+worker; modules that share a session fixture named in SHARED_BY_GROUP run on the same worker, so a server or a
+long export is made once; and an export both workers need is made once for the run (`made_once`)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,41 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CAT = ROOT / "examples" / "cat.jpg"
 sys.path.insert(0, str(ROOT))
+# Session fixtures whose users run on one worker: each of these is made by that worker alone.
+SHARED_BY_GROUP = ("lite0_int8_export", "aoti_export", "controlflow_export", "resnet18_server",
+                   "resnet18_inprocess_bench")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """One xdist group per test module, modules that use the same fixture of SHARED_BY_GROUP merged into one."""
+    groups = {}  # module or fixture -> the key it was merged into
+
+    def find(key):
+        while groups.setdefault(key, key) != key:
+            key = groups[key]
+        return key
+    for item in items:
+        for fixture in SHARED_BY_GROUP:
+            if fixture in item.fixturenames:
+                groups[find(item.module.__name__)] = find(fixture)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(find(item.module.__name__)))
+
+
+def made_once(tmp_path_factory, name: str, make) -> dict:
+    """make(folder) -> dict of paths and strings, run once for the whole test run: under pytest-xdist the first
+    worker to ask makes it (under a file lock, in the run's common temporary folder) and the others read its record."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+    common = tmp_path_factory.getbasetemp().parent
+    record = common / f"{name}.json"
+    with FileLock(str(record) + ".lock"):
+        if not record.exists():
+            made = make(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=common)))
+            record.write_text(json.dumps({key: [isinstance(value, Path), str(value)] for key, value in made.items()}))
+    return {key: Path(value) if is_path else value for key, (is_path, value) in json.loads(record.read_text()).items()}
 
 
 def run_export(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -46,13 +87,14 @@ def run_measure(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subproces
 @pytest.fixture(scope="session")
 def resnet18_export(tmp_path_factory) -> dict:
     """resnet18, random weights: every artifact, the manifest and model-store/resnet18.mar."""
-    base = tmp_path_factory.mktemp("resnet18")
-    out, store = base / "artifacts", base / "model-store"
-    result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
-                        "--model-store", str(store), "--max-batch-delay", "40")
-    assert result.returncode == 0, result.stdout + result.stderr
-    return {"out": out, "model_store": store, "archive": store / "resnet18.mar", "model_name": "resnet18",
-            "stdout": result.stdout, "stderr": result.stderr}
+    def make(base: Path) -> dict:
+        out, store = base / "artifacts", base / "model-store"
+        result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(out),
+                            "--model-store", str(store), "--max-batch-delay", "40")
+        assert result.returncode == 0, result.stdout + result.stderr
+        return {"out": out, "model_store": store, "archive": store / "resnet18.mar", "model_name": "resnet18",
+                "stdout": result.stdout, "stderr": result.stderr}
+    return made_once(tmp_path_factory, "resnet18", make)
 
 
 @pytest.fixture(scope="session")
