@@ -15,6 +15,7 @@ from serving.settings import ServingSettings
 HTTP_PORT = 8000  # Ray Serve's default (ray.serve.config.DEFAULT_HTTP_PORT)
 SETTINGS_FILE = "ray-settings.json"
 LOG_FILE = "ray-serve.log"
+ADDRESS_FILE = "ray-address"  # our own head node's GCS address: what a further node's `ray start --address` takes
 REFUSAL = "REFUSING TO SERVE:"  # the line the server process logs with the reason a model cannot be served
 TEMP_DIR = "ray"  # Ray's session folder (its own logs, sockets), in the run dir
 # Ray puts its Unix sockets under the temp dir (…/session_<date>_<pid>/sockets/plasma_store) and a socket path
@@ -41,6 +42,10 @@ class RaySettings(ServingSettings):
     @property
     def log_file(self) -> Path:
         return self.log_dir / LOG_FILE
+
+    @property
+    def address_file(self) -> Path:
+        return self.run_dir.absolute() / ADDRESS_FILE
 
     def temp_dir(self) -> Path:
         """Ray's temp dir: RUN_DIR/ray, or a link there to a short folder when the run dir's path is long."""
@@ -80,6 +85,7 @@ def deployment_options(policy: ServingPolicy) -> dict:
                                    "max_replicas": policy.workers, "target_ongoing_requests": policy.batch_size}}
 
 
-def head_cpus(policy: ServingPolicy) -> int:
-    """The CPUs our own head node offers Ray: every replica's, at the policy's largest."""
-    return policy.workers * policy.threads_per_worker
+def head_cpus(policy: ServingPolicy, cores: int) -> int:
+    """The CPUs our own head node offers Ray: the machine's cores, as `ray start` offers by default, or every
+    replica's at the policy's largest when the policy asks for more (--workers, --threads)."""
+    return max(cores, policy.workers * policy.threads_per_worker)

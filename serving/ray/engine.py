@@ -88,6 +88,14 @@ class RayServe(Engine):
                 f" policy: {policy.reason}, {scaling['min_replicas']}-{scaling['max_replicas']} replica(s) x "
                 f"{policy.threads_per_worker} CPU(s)); waiting for a real prediction from each model ...")
 
+    def notes(self) -> list[str]:
+        address = self.settings.address_file
+        if self.settings.address or not address.is_file():
+            return []
+        port = address.read_text().rsplit(":", 1)[1]
+        return [f"Ray head node: {address.read_text()}; another node joins with `ray start --address "
+                f"ADDRESS:{port}`, ADDRESS this machine's address as that node reaches it (docs/scaling.md)"]
+
     def urls(self, model: str) -> dict[str, str]:
         return {"predictions": self.settings.predictions_url(model)}
 

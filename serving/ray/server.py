@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from contract.errors import VisionExportError
+from handlers.policy import this_machine
 from serving.processes import sigterm_interrupts
 from serving.ray import cluster
 from serving.ray.config import REFUSAL, RaySettings, deployment_options, head_cpus
@@ -34,10 +35,11 @@ def start_head(settings: RaySettings):
     """Our own head node, its processes in this process's session; (its `ray start` process, its address)."""
     port = settings.gcs_port or free_port()
     temp_dir = settings.temp_dir()
-    command = cluster.node_command(temp_dir, head_cpus(settings.effective_policy()), head_port=port)
+    command = cluster.node_command(temp_dir, head_cpus(settings.effective_policy(), this_machine()[1]), head_port=port)
     node = cluster.start_node(command, settings.log_dir / "ray-head.log")
     address = f"{settings.host}:{port}"
     cluster.wait_for_gcs(address, node, settings.log_dir / "ray-head.log")
+    settings.address_file.write_text(address)
     logger.info("started a Ray head node at %s (temp dir %s)", address, temp_dir)
     return node, address
 
@@ -61,8 +63,19 @@ def deploy(settings: RaySettings) -> None:
             str(archive), policy.threads_per_worker, batch, "cuda" if policy.device == "gpu" else "cpu")
         try:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
-        except RuntimeError as error:  # Serve's "Deploying application NAME failed: ..." with the replica's error
-            raise ServingError(f"{name}: {error}") from None
+        except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
+            raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
+
+
+def deployment_failure(name: str) -> str | None:
+    """Serve's message of application name's failed deployment: the replica constructor's exception, its
+    traceback cut to the last line (the core's reason, e.g. the sha256 mismatch)."""
+    from ray import serve
+    application = serve.status().applications.get(name)
+    messages = [status.message for status in (application.deployments.values() if application else ())
+                if status.message]
+    lines = [line for message in messages for line in message.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else None
 
 
 def serve_until_stopped(settings: RaySettings, head) -> int:
@@ -118,6 +131,7 @@ def main(argv: list[str]) -> int:
     finally:
         if own_cluster:
             stop_head(head)
+            settings.address_file.unlink(missing_ok=True)
     return code
 
 
