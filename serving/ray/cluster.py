@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from serving.ray.config import OBJECT_STORE_BYTES
-from serving.settings import HOST, ServingError, free_port
+from serving.settings import HOST, PROJECT_ROOT, ServingError, free_port
 
 PROC = Path("/proc")
 NODE_UP_TIMEOUT_S = 60  # `ray start` until its GCS answers (several processes start, on a slow shared machine)
@@ -45,10 +45,13 @@ def node_command(temp_dir: Path, num_cpus: int, head_port: int | None = None, ad
 
 
 def start_node(command: list[str], log: Path, new_session: bool = False) -> subprocess.Popen:
-    """A `ray start --block` process; in a session of its own when it must be ended apart from its starter's."""
+    """A `ray start --block` process; in a session of its own when it must be ended apart from its starter's.
+    The replicas its raylet starts import our code: the project is on their path."""
+    path = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "ab") as output:
         return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=new_session)
+                                env=env, start_new_session=new_session)
 
 
 def wait_for_gcs(address: str, node: subprocess.Popen | None, log: Path, timeout: float = NODE_UP_TIMEOUT_S) -> None:
