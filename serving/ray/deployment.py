@@ -50,6 +50,25 @@ def batching(config: dict, policy: ServingPolicy) -> BatchPolicy:
                        int(config.get("maxBatchDelay", policy.max_batch_delay_ms)))
 
 
+def application(args: dict):
+    """One archive's Serve application: what server.py deploys, and the import_path of the Serve config a
+    cluster deploys (serve_config.py). args: archive (its path on every node), name, threads, batch_size,
+    max_batch_delay_ms, device ("cpu" or "cuda"), and options, the deployment's options (config.py
+    deployment_options); a Serve config gives those in its `deployments:` entry instead, where operators
+    tune them."""
+    batch = BatchPolicy(int(args["batch_size"]), int(args["max_batch_delay_ms"]))
+    return ImageClassifierDeployment.options(name=args["name"], **args.get("options", {})).bind(
+        str(args["archive"]), int(args["threads"]), batch, args.get("device", "cpu"))
+
+
+def application_args(archive: Path, policy: ServingPolicy) -> dict:
+    """application()'s args for archive under the policy (the archive's pinned batching wins)."""
+    batch = batching(archive_config(archive), policy)
+    return {"archive": str(archive), "name": archive.stem, "threads": policy.threads_per_worker,
+            "batch_size": batch.size, "max_batch_delay_ms": batch.delay_ms,
+            "device": "cuda" if policy.device == "gpu" else "cpu"}
+
+
 @serve.deployment
 class ImageClassifierDeployment:
     def __init__(self, archive: str, threads: int, batch: BatchPolicy, device: str = "cpu"):

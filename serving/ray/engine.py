@@ -34,6 +34,8 @@ class RayServe(Engine):
                    "running cluster (--address).\nIts HTTP proxy binds --host (loopback by default); Ray's own "
                    "ports have no authentication (docs/scaling.md).")
     settings_type = RaySettings
+    extra_actions = {"serve-config": "write the Serve config (serve deploy, a RayService's serveConfigV2) of the "
+                                     "store's archives with this machine's serving policy to --out"}
     # The server process removes its applications and ends its Ray node on SIGTERM; signalled beside it, the
     # node's processes would die while Serve still talks to them.
     leader_stops_workers = True
@@ -46,10 +48,28 @@ class RayServe(Engine):
                             help=f"Serve's HTTP port (default {HTTP_PORT})")
         parser.add_argument("--address", default=None, help="a running Ray cluster's GCS address HOST:PORT to "
                             "deploy on (default: start a head node of our own, ended by stop)")
+        parser.add_argument("--out", type=Path, default=None, help="where `serve-config` writes the Serve config")
+        parser.add_argument("--cluster-model-store", type=Path, default=None, help="the archives' folder on the "
+                            "cluster's nodes, for `serve-config` (default: --model-store's absolute path)")
 
     @classmethod
     def own_settings(cls, args: argparse.Namespace) -> dict:
         return {"host": args.host, "http_port": args.http_port, "address": args.address}
+
+    def run_extra_action(self, action: str, args: argparse.Namespace) -> int:
+        """serve-config: for clusters that deploy with Ray's own tools (serve deploy, KubeRay)."""
+        if action != "serve-config":
+            return super().run_extra_action(action, args)
+        if args.out is None:
+            raise ServingError("serve-config needs --out PATH for the Serve config it writes")
+        if importlib.util.find_spec("ray") is None:
+            raise ServingError(f"Ray is not installed in {sys.prefix} (its schema validates the config): {INSTALL}")
+        from serving.ray import serve_config
+        config = serve_config.serve_config(self.settings.model_store, self.settings.models,
+                                           self.settings.effective_policy(), args.cluster_model_store)
+        serve_config.write(args.out, config)
+        print(f"{args.out}: {', '.join(self.settings.models)}; {self.settings.effective_policy().reason}")
+        return 0
 
     def launch(self) -> subprocess.Popen:
         """`python -m serving.ray.server SETTINGS_FILE`: the settings travel as a file, the policy decided."""

@@ -49,7 +49,7 @@ def deploy(settings: RaySettings) -> None:
     ServingError with Serve's reason when it cannot deploy (a replica's constructor failing, e.g. the sha256)."""
     from ray import serve
 
-    from serving.ray.deployment import ImageClassifierDeployment, archive_config, batching
+    from serving.ray.deployment import application, application_args
     policy = settings.effective_policy()
     options = deployment_options(policy)
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
@@ -57,10 +57,8 @@ def deploy(settings: RaySettings) -> None:
                 ", ".join(settings.models), settings.url, policy.reason, options["autoscaling_config"],
                 policy.threads_per_worker, policy.batch_size, policy.max_batch_delay_ms)
     for name in settings.models:
-        archive = Path(settings.model_store) / f"{name}.mar"
-        batch = batching(archive_config(archive), policy)
-        app = ImageClassifierDeployment.options(name=name, **options).bind(
-            str(archive), policy.threads_per_worker, batch, "cuda" if policy.device == "gpu" else "cpu")
+        archive = Path(settings.model_store).absolute() / f"{name}.mar"
+        app = application({**application_args(archive, policy), "options": options})
         try:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
