@@ -47,7 +47,8 @@ class RayServe(Engine):
         parser.add_argument("--inference-port", "--http-port", dest="http_port", type=int, default=HTTP_PORT,
                             help=f"Serve's HTTP port (default {HTTP_PORT})")
         parser.add_argument("--address", default=None, help="a running Ray cluster's GCS address HOST:PORT to "
-                            "deploy on (default: start a head node of our own, ended by stop)")
+                            "deploy on (default: start a head node of our own, ended by stop); where Serve runs "
+                            "there already, --http-port must be its proxy's port (Serve keeps its first options)")
         parser.add_argument("--out", type=Path, default=None, help="where `serve-config` writes the Serve config")
         parser.add_argument("--cluster-model-store", type=Path, default=None, help="the archives' folder on the "
                             "cluster's nodes, for `serve-config` (default: --model-store's absolute path)")
