@@ -1,0 +1,91 @@
+"""How a Ray Serve engine of ours is configured: the shared serving settings (serving/settings.py), Serve's HTTP
+port, the cluster it joins (or the head node it starts), written to one JSON file the server process reads with
+the policy decided; and what the serving policy becomes in Ray (deployment_options)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from handlers.policy import ServingPolicy
+from serving.settings import ServingSettings
+
+HTTP_PORT = 8000  # Ray Serve's default (ray.serve.config.DEFAULT_HTTP_PORT)
+SETTINGS_FILE = "ray-settings.json"
+LOG_FILE = "ray-serve.log"
+ADDRESS_FILE = "ray-address"  # our own head node's GCS address: what a further node's `ray start --address` takes
+REFUSAL = "REFUSING TO SERVE:"  # the line the server process logs with the reason a model cannot be served
+TEMP_DIR = "ray"  # Ray's session folder (its own logs, sockets), in the run dir
+# Ray puts its Unix sockets under the temp dir (…/session_<date>_<pid>/sockets/plasma_store) and a socket path
+# may not exceed 107 bytes: a longer run dir gets a short folder under /tmp, linked from the run dir.
+MAX_TEMP_DIR_CHARS = 40
+# The object store holds only what Serve passes between its actors (no tensors travel through it); Ray's
+# default reserves 30 % of the memory of every node.
+OBJECT_STORE_BYTES = 100 * 2**20
+
+
+@dataclass
+class RaySettings(ServingSettings):
+    http_port: int = HTTP_PORT
+    address: str | None = None  # an existing cluster's GCS address (HOST:PORT); None: a head node of our own
+    gcs_port: int = 0  # our head node's GCS port; 0: a free one
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def predictions_url(self, model: str) -> str:
+        return f"{self.url}/predictions/{model}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.log_dir / LOG_FILE
+
+    @property
+    def address_file(self) -> Path:
+        return self.run_dir.absolute() / ADDRESS_FILE
+
+    def temp_dir(self) -> Path:
+        """Ray's temp dir: RUN_DIR/ray, or a link there to a short folder when the run dir's path is long."""
+        link = self.run_dir.absolute() / TEMP_DIR
+        if len(str(link)) <= MAX_TEMP_DIR_CHARS:
+            return link
+        if not link.is_symlink():
+            link.symlink_to(tempfile.mkdtemp(prefix="ray-"))
+        return link.resolve()
+
+    def write(self) -> Path:
+        """The settings file the server process reads, with the policy decided here."""
+        path = self.run_dir.absolute() / SETTINGS_FILE
+        record = {**asdict(self), "model_store": str(Path(self.model_store).absolute()),
+                  "run_dir": str(self.run_dir.absolute()), "models": list(self.models),
+                  "policy": asdict(self.effective_policy())}
+        path.write_text(json.dumps(record, indent=2))
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> "RaySettings":
+        record = json.loads(Path(path).read_text())
+        return cls(**{**record, "model_store": Path(record["model_store"]), "run_dir": Path(record["run_dir"]),
+                      "models": tuple(record["models"]), "policy": ServingPolicy(**record["policy"])})
+
+
+def deployment_options(policy: ServingPolicy) -> dict:
+    """The policy as Serve's deployment options. A replica is a policy worker: its CPUs are the worker's threads
+    (its GPU, on a GPU machine). It takes up to two batches at once, one in the core and the next gathering:
+    more would queue inside a busy replica instead of in the proxy, which can route them to an idle one.
+    The autoscaler keeps one batch per replica in flight, between one replica and the policy's workers."""
+    actor = {"num_cpus": policy.threads_per_worker}
+    if policy.device == "gpu":
+        actor["num_gpus"] = 1
+    return {"ray_actor_options": actor, "max_ongoing_requests": 2 * policy.batch_size,
+            "autoscaling_config": {"min_replicas": 1, "initial_replicas": policy.workers,
+                                   "max_replicas": policy.workers, "target_ongoing_requests": policy.batch_size}}
+
+
+def head_cpus(policy: ServingPolicy, cores: int) -> int:
+    """The CPUs our own head node offers Ray: the machine's cores, as `ray start` offers by default, or every
+    replica's at the policy's largest when the policy asks for more (--workers, --threads)."""
+    return max(cores, policy.workers * policy.threads_per_worker)

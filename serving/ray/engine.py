@@ -1,0 +1,124 @@
+"""The Ray engine (`python -m serving --engine ray`): Ray Serve with every archive of the model store, one
+application each at /predictions/NAME, ready when each model has answered a real prediction. It starts a Ray
+head node of its own (its processes ended by stop) or joins a running cluster with --address. The same
+archives, artifacts (sha256-checked when a replica loads one), request core, answers and 4xx as the TorchServe
+engine; replicas, their CPUs and threads, max_ongoing_requests and autoscaling from the same serving policy
+(serving/ray/config.py deployment_options). Ray is an optional extra: `pip install '.[ray]'`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from serving.engine import Engine, register
+from serving.ray.config import HTTP_PORT, REFUSAL, RaySettings, deployment_options
+from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError
+
+if TYPE_CHECKING:
+    import requests
+
+LOG_TAIL_LINES = 5
+INSTALL = "pip install '.[ray]' (Ray Serve, an optional extra)"
+
+
+@register
+class RayServe(Engine):
+    name = "ray"
+    title = "the Ray Serve server"
+    description = ("Ray Serve, our request core as one application per archive; a Ray head node of its own, or a "
+                   "running cluster (--address).\nIts HTTP proxy binds --host (loopback by default); Ray's own "
+                   "ports have no authentication (docs/scaling.md).")
+    settings_type = RaySettings
+    extra_actions = {"serve-config": "write the Serve config (serve deploy, a RayService's serveConfigV2) of the "
+                                     "store's archives with this machine's serving policy to --out"}
+    # The server process removes its applications and ends its Ray node on SIGTERM; signalled beside it, the
+    # node's processes would die while Serve still talks to them.
+    leader_stops_workers = True
+    settings: RaySettings
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--host", default=HOST, help="address Serve's HTTP proxy binds (default: loopback)")
+        parser.add_argument("--inference-port", "--http-port", dest="http_port", type=int, default=HTTP_PORT,
+                            help=f"Serve's HTTP port (default {HTTP_PORT})")
+        parser.add_argument("--address", default=None, help="a running Ray cluster's GCS address HOST:PORT to "
+                            "deploy on (default: start a head node of our own, ended by stop); where Serve runs "
+                            "there already, --http-port must be its proxy's port (Serve keeps its first options)")
+        parser.add_argument("--out", type=Path, default=None, help="where `serve-config` writes the Serve config")
+        parser.add_argument("--cluster-model-store", type=Path, default=None, help="the archives' folder on the "
+                            "cluster's nodes, for `serve-config` (default: --model-store's absolute path)")
+
+    @classmethod
+    def own_settings(cls, args: argparse.Namespace) -> dict:
+        return {"host": args.host, "http_port": args.http_port, "address": args.address}
+
+    def run_extra_action(self, action: str, args: argparse.Namespace) -> int:
+        """serve-config: for clusters that deploy with Ray's own tools (serve deploy, KubeRay)."""
+        if action != "serve-config":
+            return super().run_extra_action(action, args)
+        if args.out is None:
+            raise ServingError("serve-config needs --out PATH for the Serve config it writes")
+        if importlib.util.find_spec("ray") is None:
+            raise ServingError(f"Ray is not installed in {sys.prefix} (its schema validates the config): {INSTALL}")
+        from serving.ray import serve_config
+        config = serve_config.serve_config(self.settings.model_store, self.settings.models,
+                                           self.settings.effective_policy(), args.cluster_model_store)
+        serve_config.write(args.out, config)
+        print(f"{args.out}: {', '.join(self.settings.models)}; {self.settings.effective_policy().reason}")
+        return 0
+
+    def launch(self) -> subprocess.Popen:
+        """`python -m serving.ray.server SETTINGS_FILE`: the settings travel as a file, the policy decided."""
+        if importlib.util.find_spec("ray") is None:
+            raise ServingError(f"Ray is not installed in {sys.prefix}: {INSTALL}")
+        self.settings.log_file.unlink(missing_ok=True)
+        config = self.settings.write()
+        return self.popen([sys.executable, "-m", "serving.ray.server", str(config)], self.settings.log_file,
+                          {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RAY_USAGE_STATS_ENABLED": "0",
+                           **self.settings.extra_env})
+
+    def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
+        import requests
+        url, body = self.settings.predictions_url(model), Path(image).read_bytes()
+        return url, lambda: requests.post(url, data=body, timeout=PROBE_TIMEOUT_S)
+
+    def log_text(self) -> str:
+        log_file = self.settings.log_file
+        return log_file.read_text(errors="replace") if log_file.exists() else ""
+
+    def load_failure(self) -> str | None:
+        """The server's refusal (an application Serve could not deploy, a node that did not start), if logged."""
+        refusals = [line.split(REFUSAL, 1)[1].strip() for line in self.log_text().splitlines() if REFUSAL in line]
+        return refusals[-1] if refusals else None
+
+    def exit_reason(self) -> str:
+        """The server's refusal when it logged one, else the end of its log."""
+        return self.load_failure() or (" | ".join(self.log_text().strip().splitlines()[-LOG_TAIL_LINES:])
+                                       or f"see {self.settings.log_file}")
+
+    def announcement(self) -> str:
+        policy = self.settings.effective_policy()
+        where = f"the cluster at {self.settings.address}" if self.settings.address else "a Ray head node of its own"
+        scaling = deployment_options(policy)["autoscaling_config"]
+        return (f"Ray Serve starting on {where} with {', '.join(self.settings.models)} (log: {self.settings.log_file};"
+                f" policy: {policy.reason}, {scaling['min_replicas']}-{scaling['max_replicas']} replica(s) x "
+                f"{policy.threads_per_worker} CPU(s)); waiting for a real prediction from each model ...")
+
+    def notes(self) -> list[str]:
+        address = self.settings.address_file
+        if self.settings.address or not address.is_file():
+            return []
+        port = address.read_text().rsplit(":", 1)[1]
+        return [f"Ray head node: {address.read_text()}; another node joins with `ray start --address "
+                f"ADDRESS:{port}`, ADDRESS this machine's address as that node reaches it (docs/scaling.md)"]
+
+    def urls(self, model: str) -> dict[str, str]:
+        return {"predictions": self.settings.predictions_url(model)}
+
+    def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:
+        return f"curl -sS -X POST {self.settings.predictions_url(model)} -H 'Content-Type: image/jpeg' --data-binary @{image}"

@@ -1,0 +1,151 @@
+"""The Ray Serve server process: `python -m serving.ray.server RUN_DIR/ray-settings.json` (started by the engine,
+in a session of its own). It starts a head node of its own (`ray start --head`, its processes in this session)
+or joins the cluster at settings.address, deploys one Serve application per archive at /predictions/NAME with
+the policy's replicas, and stays until SIGTERM: then it removes its applications, and ends its own head node.
+An application that cannot be deployed (an archive failing its sha256 check) stops the start with its reason
+(logged after REFUSAL, exit 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from contract.errors import VisionExportError
+from handlers.policy import this_machine
+from serving.processes import sigterm_interrupts
+from serving.ray import cluster
+from serving.ray.config import REFUSAL, RaySettings, deployment_options, head_cpus
+from serving.settings import ServingError, free_port
+
+logger = logging.getLogger("serving.ray")
+
+NAMESPACE = "serve"  # Serve's own namespace: `serve status` and the Serve API of a cluster find our applications
+# One proxy, on the head node: nodes on one machine would contend for the same port, and a cluster's
+# users reach the head (or a load balancer in front of the nodes' proxies, docs/scaling.md).
+PROXY_LOCATION = "HeadOnly"
+WATCH_INTERVAL_S = 1.0
+
+
+def start_head(settings: RaySettings):
+    """Our own head node, its processes in this process's session; (its `ray start` process, its address)."""
+    port = settings.gcs_port or free_port()
+    temp_dir = settings.temp_dir()
+    command = cluster.node_command(temp_dir, head_cpus(settings.effective_policy(), this_machine()[1]), head_port=port)
+    node = cluster.start_node(command, settings.log_dir / "ray-head.log")
+    address = f"{settings.host}:{port}"
+    cluster.wait_for_gcs(address, node, settings.log_dir / "ray-head.log")
+    settings.address_file.write_text(address)
+    logger.info("started a Ray head node at %s (temp dir %s)", address, temp_dir)
+    return node, address
+
+
+def deploy(settings: RaySettings) -> None:
+    """One application per archive; each call returns once its replicas run (serve.run waits for them), or raises
+    ServingError with Serve's reason when it cannot deploy (a replica's constructor failing, e.g. the sha256)."""
+    from ray import serve
+
+    from serving.ray.deployment import application, application_args
+    policy = settings.effective_policy()
+    options = deployment_options(policy)
+    serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
+    logger.info("deploying %s on %s: %s; replicas %s, %d CPU(s) each, batch %d within %d ms",
+                ", ".join(settings.models), settings.url, policy.reason, options["autoscaling_config"],
+                policy.threads_per_worker, policy.batch_size, policy.max_batch_delay_ms)
+    for name in settings.models:
+        archive = Path(settings.model_store).absolute() / f"{name}.mar"
+        app = application({**application_args(archive, policy), "options": options})
+        try:
+            serve.run(app, name=name, route_prefix=f"/predictions/{name}")
+        except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
+            raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
+
+
+def deployment_failure(name: str) -> str | None:
+    """Serve's message of application name's failed deployment: the replica constructor's exception, its
+    traceback cut to the last line (the core's reason, e.g. the sha256 mismatch)."""
+    from ray import serve
+    application = serve.status().applications.get(name)
+    messages = [status.message for status in (application.deployments.values() if application else ())
+                if status.message]
+    lines = [line for message in messages for line in message.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else None
+
+
+def serve_until_stopped(settings: RaySettings, head) -> int:
+    """Watch until SIGTERM (0) or our head node's exit (1); Serve itself replaces a replica that dies."""
+    try:
+        while head is None or head.poll() is None:
+            time.sleep(WATCH_INTERVAL_S)
+    except KeyboardInterrupt:  # SIGTERM (sigterm_interrupts) or Ctrl-C
+        return 0
+    logger.error("the Ray head node exited with code %s: %s", head.returncode,
+                 cluster.log_tail(settings.log_dir / "ray-head.log"))
+    return 1
+
+
+def remove(settings: RaySettings, own_cluster: bool) -> None:
+    """Our applications off the cluster: all of Serve with our own head node, only ours on someone else's."""
+    import ray
+    from ray import serve
+    if not ray.is_initialized():
+        return
+    if own_cluster:
+        serve.shutdown()
+    else:
+        for name in settings.models:
+            serve.delete(name)
+    ray.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    settings = RaySettings.read(Path(argv[0]))
+    sigterm_interrupts()  # a stop while the node starts or Serve deploys still cleans up
+    head, code = None, 0
+    try:
+        import ray
+        if settings.address is None:
+            head, address = start_head(settings)
+        else:
+            address = settings.address
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+        sigterm_interrupts()  # ray.init put its own in place (sys.exit, which would skip our clean-up)
+        deploy(settings)
+        code = serve_until_stopped(settings, head)
+    except KeyboardInterrupt:
+        logger.info("stopped while starting")
+    except VisionExportError as error:
+        logger.error("%s %s", REFUSAL, error)
+        code = error.exit_code
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop: the clean-up itself is not interrupted
+    own_cluster = settings.address is None
+    try:
+        remove(settings, own_cluster)
+    finally:
+        if own_cluster:
+            stop_head(head)
+            settings.address_file.unlink(missing_ok=True)
+    return code
+
+
+def stop_head(head) -> None:
+    """Our head node's processes ended (all of this session's but us: a stop while it started included).
+    `ray start --block` itself only watches them, and on SIGTERM waits for a drain that has nothing left to
+    drain (the applications are gone): it is killed, the node's processes are asked to stop (SIGKILL past
+    cluster.NODE_STOP_TIMEOUT_S)."""
+    if head is not None:
+        head.kill()
+        head.wait()
+    left = cluster.end_session(os.getsid(0), spare=os.getpid())
+    if left:
+        logger.warning("Ray process(es) killed, still running %.0f s after SIGTERM: %s", cluster.NODE_STOP_TIMEOUT_S,
+                       "; ".join(left))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""The ray engine on one node: Ray Serve (a head node of its own, on 127.0.0.1) serving the .mar that `python -m
+export resnet` built through our request core. Every answer is compared with the same artifact run in-process on
+the same image (tests/answers.py) and with a real TorchServe's; the bad-input matrix of the TorchServe path
+(tests/e2e/test_bad_input.py) gets the same statuses and reasons; a tampered archive deployed onto the running
+cluster (--address) is refused with the sha256 reason and leaves the first application serving; stop leaves no
+process of the node behind. One cluster for the module: a start costs tens of seconds."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import zipfile
+
+import pytest
+import requests
+
+from handlers.policy import ServingPolicy
+from serving.ray.cluster import session_members
+from serving.settings import ServingError, free_port
+from tests.answers import assert_same_answer, cached_answers
+from tests.conftest import ROOT
+from tests.e2e.test_bad_input import CASES, JPEG, OK, assert_outcome, b64
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
+from serving.ray.config import RaySettings  # noqa: E402  (needs ray only at run time; after the skip for clarity)
+from serving.ray.deployment import SERVED_BY  # noqa: E402
+from serving.ray.engine import RayServe  # noqa: E402
+
+pytestmark = pytest.mark.slow
+CAT = ROOT / "examples" / "cat.jpg"
+# One replica of one CPU: the machine's other core stays free for the tampered deployment and the test itself.
+ONE_REPLICA = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
+                            reason="tests: one replica")
+
+
+@pytest.fixture(scope="module")
+def served(resnet18_export, tmp_path_factory):
+    settings = RaySettings(resnet18_export["model_store"], (resnet18_export["model_name"],), http_port=free_port(),
+                           run_dir=tmp_path_factory.mktemp("ray"), policy=ONE_REPLICA)
+    engine = RayServe(settings)
+    with engine.running(CAT) as process:
+        yield settings, process
+    assert not session_members(process.pid), "processes of the Ray node survived stop()"
+    assert not settings.address_file.exists()
+
+
+@pytest.fixture(scope="module")
+def settings(served) -> RaySettings:
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def expect(resnet18_export):
+    """image bytes (, topk) -> the answer the archive's artifact gives in-process, computed once per image."""
+    return cached_answers(resnet18_export["archive"])
+
+
+def post(settings: RaySettings, body: bytes, headers: dict | None = None, model: str = "resnet18", **kwargs):
+    return requests.post(settings.predictions_url(model), data=body, headers=headers, timeout=60, **kwargs)
+
+
+def test_answers_as_the_artifact_in_process_and_names_where_it_ran(settings, expect):
+    response = post(settings, CAT.read_bytes(), JPEG)
+    assert response.status_code == 200, response.text
+    assert_same_answer(response.json(), expect(CAT.read_bytes()))
+    node, replica = response.headers[SERVED_BY].split()
+    assert len(node) == 56 and replica, response.headers  # Ray's node id: 28 bytes in hex
+
+
+def test_json_and_form_bodies_with_their_topk(settings, expect):
+    as_json = post(settings, json.dumps({"data": b64(CAT.read_bytes()), "topk": 2}).encode(),
+                   {"Content-Type": "application/json"})
+    form = requests.post(settings.predictions_url("resnet18"), files={"file": CAT.read_bytes()},
+                         data={"topk": "3"}, timeout=60)
+    assert as_json.status_code == 200 and form.status_code == 200, (as_json.text, form.text)
+    assert_same_answer(as_json.json(), expect(CAT.read_bytes(), 2))
+    assert_same_answer(form.json(), expect(CAT.read_bytes(), 3))
+
+
+def test_same_answer_as_torchserve(settings, resnet18_server):
+    ours = post(settings, CAT.read_bytes(), JPEG)
+    theirs = requests.post(resnet18_server.predictions_url(), data=CAT.read_bytes(), headers=JPEG, timeout=60)
+    assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
+    assert_same_answer(ours.json(), theirs.json())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_matrix_as_on_the_torchserve_path(settings, case):
+    body, headers, expected = CASES[case]
+    response = post(settings, body, headers)
+    assert_outcome(response, expected)
+    if case == "topk 3 in a header":
+        assert len(response.json()["predictions"]) == 3
+
+
+def test_a_form_without_a_file_and_a_get_without_a_body(settings):
+    form = requests.post(settings.predictions_url("resnet18"), files={"topk": (None, "3")}, timeout=60)
+    assert_outcome(form, (400, "no image in the request"))
+    assert_outcome(requests.get(settings.predictions_url("resnet18"), timeout=60), (400, "empty image body"))
+
+
+def test_bad_and_good_requests_interleaved_and_the_replica_survives(settings, expect):
+    bad = [CASES[c] for c in ("random bytes", "truncated JPEG", "JSON array", "topk abc", "1x1 image")]
+    jobs = [(CAT.read_bytes(), JPEG, OK) if i % 2 == 0 else bad[i // 2 % len(bad)] for i in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda job: post(settings, job[0], job[1]), jobs))
+    for (body, _, expected), response in zip(jobs, responses):
+        assert_outcome(response, expected)
+        if expected == OK:
+            assert_same_answer(response.json(), expect(body))
+    assert len({response.headers[SERVED_BY] for response in responses}) == 1, "the replica was replaced"
+
+
+def test_a_tampered_archive_is_refused_on_the_running_cluster_and_the_first_keeps_serving(
+        settings, resnet18_export, tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    tampered = store / "tampered.mar"
+    with zipfile.ZipFile(resnet18_export["archive"]) as source, zipfile.ZipFile(tampered, "w") as target:
+        for item in source.infolist():
+            data = source.read(item.filename)
+            if item.filename.endswith(".onnx"):
+                data = data[:-64] + bytes(64)  # the served artifact, its last bytes zeroed
+            target.writestr(item, data)
+    joined = RaySettings(store, ("tampered",), http_port=settings.http_port, run_dir=tmp_path / "run",
+                         address=settings.address_file.read_text(), policy=ONE_REPLICA)
+    with pytest.raises(ServingError, match="sha256"):
+        with RayServe(joined).running(CAT, timeout=180):
+            pass
+    assert post(settings, CAT.read_bytes(), JPEG).status_code == 200
+    assert post(settings, CAT.read_bytes(), JPEG, model="tampered").status_code == 404
+

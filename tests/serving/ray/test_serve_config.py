@@ -1,0 +1,92 @@
+"""The Serve config a cluster deploys our archives from (`python -m serving --engine ray serve-config`): accepted
+by Ray's own schema (ServeDeploySchema), a misspelled field refused by it, its import_path the very builder the
+ray engine deploys, and each deployment's options the serving policy's (replicas, CPUs or GPU,
+max_ongoing_requests, autoscaling), the archive's pinned batching winning as on the other engines."""
+
+from __future__ import annotations
+
+import importlib
+import zipfile
+
+import pytest
+import yaml
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
+from pydantic import ValidationError  # noqa: E402  (after the skip: Ray Serve brings it)
+from ray.serve.deployment import Application  # noqa: E402
+
+from handlers.policy import machine_policy  # noqa: E402
+from serving.cli import main  # noqa: E402
+from serving.ray import serve_config  # noqa: E402
+from serving.ray.config import deployment_options  # noqa: E402
+
+CPU_2_CORES = machine_policy(gpus=0, cores=2)
+ONE_GPU = machine_policy(gpus=1, cores=8)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store of two archives; only their model-config.yaml is read here (one pins TorchServe's batching)."""
+    folder = tmp_path / "store"
+    folder.mkdir()
+    for name, config in (("plain", {}), ("pinned", {"batchSize": 4, "maxBatchDelay": 40})):
+        with zipfile.ZipFile(folder / f"{name}.mar", "w") as archive:
+            archive.writestr("model-config.yaml", yaml.safe_dump(config))
+    return folder
+
+
+def test_the_config_passes_rays_schema_and_a_wrong_type_does_not(store):
+    config = serve_config.serve_config(store, ("plain", "pinned"), CPU_2_CORES, "/mnt/models/model-store")
+    assert serve_config.validated(config) is config
+    config["applications"][0]["deployments"][0]["max_ongoing_requests"] = "lots"
+    with pytest.raises(ValidationError, match="max_ongoing_requests"):
+        serve_config.validated(config)
+
+
+def test_a_misspelled_field_which_rays_schema_ignores_is_refused(store):
+    config = serve_config.serve_config(store, ("plain",), CPU_2_CORES)
+    config["applications"][0]["deployments"][0]["max_ongoing_request"] = 2
+    from ray.serve.schema import ServeDeploySchema
+    ServeDeploySchema.model_validate(config)  # Ray's own models drop it silently
+    with pytest.raises(ValueError, match=r"applications\[0\]\.deployments\[0\]\.max_ongoing_request"):
+        serve_config.validated(config)
+
+
+def test_each_archive_is_an_application_at_its_route_read_from_the_clusters_store(store):
+    config = serve_config.serve_config(store, ("plain", "pinned"), CPU_2_CORES, "/mnt/models/model-store")
+    assert [(a["name"], a["route_prefix"]) for a in config["applications"]] == [
+        ("plain", "/predictions/plain"), ("pinned", "/predictions/pinned")]
+    plain, pinned = (a["args"] for a in config["applications"])
+    assert plain["archive"] == "/mnt/models/model-store/plain.mar"
+    assert (plain["batch_size"], pinned["batch_size"], pinned["max_batch_delay_ms"]) == (1, 4, 40)
+
+
+def test_the_import_path_is_the_builder_the_engine_deploys(store):
+    config = serve_config.serve_config(store, ("plain",), CPU_2_CORES)
+    module, function = config["applications"][0]["import_path"].split(":")
+    builder = getattr(importlib.import_module(module), function)
+    from serving.ray.deployment import application
+    assert builder is application
+    assert isinstance(builder(config["applications"][0]["args"]), Application)
+
+
+@pytest.mark.parametrize("policy,actor,ongoing,replicas", [
+    (CPU_2_CORES, {"num_cpus": 1}, 2, (1, 2, 2)),  # a replica per core, one thread each, no batching
+    (ONE_GPU, {"num_cpus": 8, "num_gpus": 1}, 16, (1, 1, 1)),  # one batching replica per GPU
+])
+def test_deployment_options_come_from_the_serving_policy(policy, actor, ongoing, replicas):
+    options = deployment_options(policy)
+    scaling = options["autoscaling_config"]
+    assert options["ray_actor_options"] == actor and options["max_ongoing_requests"] == ongoing
+    assert (scaling["min_replicas"], scaling["initial_replicas"], scaling["max_replicas"]) == replicas
+    assert scaling["target_ongoing_requests"] == policy.batch_size
+
+
+def test_the_command_writes_the_validated_config(store, tmp_path, capsys):
+    out = tmp_path / "serve.yaml"
+    assert main(["--engine", "ray", "serve-config", "--model-store", str(store), "--models", "plain",
+                 "--workers", "3", "--out", str(out)]) == 0
+    written = yaml.safe_load(out.read_text())
+    assert written["applications"][0]["deployments"][0]["autoscaling_config"]["max_replicas"] == 3
+    assert main(["--engine", "ray", "serve-config", "--model-store", str(store)]) == 1
+    assert "serve-config needs --out PATH" in capsys.readouterr().err
