@@ -187,7 +187,7 @@ def run(args, choose_models) -> int:
         raise ServingError(f"{args.model_store} holds {', '.join(models)}: name one with --model")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     results = measure(args.model_store, models[0], args.clients, args.even_routing)
-    command = "python -m measure.distributed.two_node " + " ".join(str(a) for a in [args.out, "--model-store",
+    command = "python -m measure ray-two-node " + " ".join(str(a) for a in [args.out, "--model-store",
                                                                              args.model_store, "--clients", args.clients])
     command += " --even-routing" if args.even_routing else ""
     report.write(args.out, results, command)

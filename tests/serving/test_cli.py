@@ -43,7 +43,8 @@ def test_the_engine_is_chosen_by_flag_and_torchserve_stays_the_default(argv, eng
 
 
 def test_an_unknown_engine_is_refused_with_the_choices(capsys):
-    assert "invalid choice: 'ray' (choose from 'torchserve', 'kserve')" in usage_error(["--engine", "ray"], capsys)
+    assert "invalid choice: 'nope' (choose from 'torchserve', 'kserve', 'ray')" in usage_error(["--engine", "nope"],
+                                                                                              capsys)
 
 
 def test_an_unknown_command_lists_every_command(capsys):
