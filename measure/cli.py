@@ -25,7 +25,7 @@ COMMANDS = {
     "faults": ("measure.reliability.faults", "main", "a worker killed under load: requests lost, seconds to recover"),
     "gpu-check": ("measure.gpu.check", "main", "the GPU path proven on a CUDA machine (make gpu-check)"),
     "ray-two-node": ("measure.distributed.two_node", "main",
-                     "a Ray node killed under load on a two-node Ray Serve cluster (needs the extra: pip install '.[ray]')"),
+                     "a Ray node killed under load on a two-node Ray Serve cluster (pip install '.[ray]' first)"),
 }
 
 
