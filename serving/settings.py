@@ -4,8 +4,9 @@ error it raises, and the settings record each engine's own settings extend."""
 
 from __future__ import annotations
 
+import json
 import socket
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from contract.errors import VisionExportError
@@ -51,6 +52,23 @@ class ServingSettings:
     @property
     def log_dir(self) -> Path:
         return self.run_dir.absolute() / "logs"
+
+    def write_file(self, name: str) -> Path:
+        """These settings as RUN_DIR/name, with the policy decided here, for a server process to read (an engine
+        whose server cannot take them as flags)."""
+        path = self.run_dir.absolute() / name
+        record = {**asdict(self), "model_store": str(Path(self.model_store).absolute()),
+                  "run_dir": str(self.run_dir.absolute()), "models": list(self.models),
+                  "policy": asdict(self.effective_policy())}
+        path.write_text(json.dumps(record, indent=2))
+        return path
+
+    @classmethod
+    def read(cls, path: Path):
+        """The settings write_file wrote."""
+        record = json.loads(Path(path).read_text())
+        return cls(**{**record, "model_store": Path(record["model_store"]), "run_dir": Path(record["run_dir"]),
+                      "models": tuple(record["models"]), "policy": ServingPolicy(**record["policy"])})
 
 
 def archives_in(model_store: Path) -> list[str]:

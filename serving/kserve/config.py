@@ -4,11 +4,9 @@ command line at import, so the settings do not travel as flags)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from handlers.policy import ServingPolicy
 from serving.settings import ServingSettings
 
 HTTP_PORT = 8080  # KServe's default (kserve.constants DEFAULT_HTTP_PORT): what an InferenceService's container serves
@@ -43,15 +41,4 @@ class KServeSettings(ServingSettings):
 
     def write(self) -> Path:
         """The settings file the server process reads, with the policy decided here."""
-        path = self.run_dir.absolute() / SETTINGS_FILE
-        record = {**asdict(self), "model_store": str(Path(self.model_store).absolute()),
-                  "run_dir": str(self.run_dir.absolute()), "models": list(self.models),
-                  "policy": asdict(self.effective_policy())}
-        path.write_text(json.dumps(record, indent=2))
-        return path
-
-    @classmethod
-    def read(cls, path: Path) -> "KServeSettings":
-        record = json.loads(Path(path).read_text())
-        return cls(**{**record, "model_store": Path(record["model_store"]), "run_dir": Path(record["run_dir"]),
-                      "models": tuple(record["models"]), "policy": ServingPolicy(**record["policy"])})
+        return self.write_file(SETTINGS_FILE)
