@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,13 +75,28 @@ def staged_directory(final: Path):
             error.add_note(note)
         raise
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        _discard(stage)
         raise
     try:
         _swap_in(stage, final)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        _discard(stage)
         raise
+
+
+def _discard(stage: Path) -> None:
+    """Remove an interrupted attempt's folder; a second try for a file that appeared while the first ran, then a
+    line saying what is left (the next run removes it) rather than a silent leftover."""
+    for _ in range(2):
+        try:
+            shutil.rmtree(stage)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            problem = error
+    print(f"could not remove the interrupted attempt {stage} ({problem}); the next export removes it",
+          file=sys.stderr)
 
 
 def failed_dir(final: Path) -> Path:

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,8 +64,11 @@ class Entrypoint:
         self.artifacts = tmp_path / "artifacts"
         self.workdir = tmp_path / "work"
         self.log_dir = tmp_path / "logs"
-        for folder in (self.workdir, self.log_dir, tmp_path / "tmp"):
+        for folder in (self.workdir, self.log_dir):
             folder.mkdir(exist_ok=True)
+        # The entrypoint makes TorchServe's folder for worker sockets in TMPDIR: a short one, as /tmp is in the
+        # image, because a unix socket's path has at most 107 bytes and a test's tmp_path can be long.
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="entrypoint-"))
         self.ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc1", "grpc2")}
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("TS_") and k not in ("MODEL", "ARCH")},
@@ -81,7 +85,7 @@ class Entrypoint:
             "TS_GRPC_MANAGEMENT_PORT": str(self.ports["grpc2"]),
             "LOG_LOCATION": str(self.log_dir),
             "METRICS_LOCATION": str(self.log_dir),
-            "TMPDIR": str(tmp_path / "tmp"),
+            "TMPDIR": str(self.tmpdir),
             "TS_KEYS_DIR": str(tmp_path / "keys"),  # where TorchServe writes key_file.json (token auth)
             **env,
         }
@@ -158,6 +162,7 @@ def entrypoint(tmp_path):
     yield make
     for instance in created:
         instance.kill_everything()
+        shutil.rmtree(instance.tmpdir, ignore_errors=True)
 
 
 def assert_the_archives_answer(served: dict, archive: Path) -> None:

@@ -182,9 +182,11 @@ def test_user_module_without_control_flow_has_no_warning_and_takes_weights(expor
 
 
 def _start_export(out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "export", "module", f"{USER_FILE}:plain", "--input-shape",
-                             "1,3,16,16", "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    """`python -m export` on the tiny model into out; what it prints goes to OUT.output.txt beside it."""
+    with open(out.parent / f"{out.name}.output.txt", "wb") as output:
+        return subprocess.Popen([sys.executable, "-m", "export", "module", f"{USER_FILE}:plain", "--input-shape",
+                                 "1,3,16,16", "--out", str(out)], cwd=ROOT, stdout=output,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 @pytest.mark.slow
@@ -217,7 +219,7 @@ def test_interrupting_a_reexport_keeps_the_previous_complete_export(tmp_path, ex
     process.send_signal(signal.SIGINT)  # Ctrl-C
     assert process.wait(timeout=60) != 0
     assert (out / MANIFEST_NAME).read_bytes() == before
-    assert not list(tmp_path.glob(".plain.partial-*"))
+    assert not list(tmp_path.glob(".plain.partial-*")), (tmp_path / "plain.output.txt").read_text()[-3000:]
 
 
 @pytest.mark.slow
