@@ -162,7 +162,7 @@ def entrypoint(tmp_path):
     yield make
     for instance in created:
         instance.kill_everything()
-        shutil.rmtree(instance.tmpdir, ignore_errors=True)
+        shutil.rmtree(instance.tmpdir)
 
 
 def assert_the_archives_answer(served: dict, archive: Path) -> None:

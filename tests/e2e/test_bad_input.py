@@ -185,9 +185,14 @@ def test_no_content_type(serving, pids_before):
     assert_outcome(response, OK)
 
 
-def test_bad_and_good_requests_interleaved_under_concurrency(serving, pids_before):
+def interleaved_jobs(count: int) -> list[tuple]:
+    """count (body, content type, expected outcome): the cat photo and a bad case in turn."""
     bad = [CASES[c] for c in ("random bytes", "truncated JPEG", "JSON array", "topk abc", "1x1 image")]
-    jobs = [(CAT.read_bytes(), JPEG, OK) if i % 2 == 0 else bad[i // 2 % len(bad)] for i in range(40)]
+    return [(CAT.read_bytes(), JPEG, OK) if i % 2 == 0 else bad[i // 2 % len(bad)] for i in range(count)]
+
+
+def test_bad_and_good_requests_interleaved_under_concurrency(serving, pids_before):
+    jobs = interleaved_jobs(40)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(lambda job: post(serving, job[0], job[1]), jobs))
     for (_, _, expected), response in zip(jobs, responses):

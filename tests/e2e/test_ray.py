@@ -19,7 +19,7 @@ from serving.ray.cluster import session_members
 from serving.settings import ServingError, free_port
 from tests.answers import assert_same_answer, cached_answers
 from tests.conftest import ROOT
-from tests.e2e.test_bad_input import CASES, JPEG, OK, assert_outcome, b64
+from tests.e2e.test_bad_input import CASES, JPEG, OK, assert_outcome, b64, interleaved_jobs
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
 from serving.ray.config import RaySettings  # noqa: E402  (needs ray only at run time; after the skip for clarity)
@@ -100,8 +100,7 @@ def test_a_form_without_a_file_and_a_get_without_a_body(settings):
 
 
 def test_bad_and_good_requests_interleaved_and_the_replica_survives(settings, expect):
-    bad = [CASES[c] for c in ("random bytes", "truncated JPEG", "JSON array", "topk abc", "1x1 image")]
-    jobs = [(CAT.read_bytes(), JPEG, OK) if i % 2 == 0 else bad[i // 2 % len(bad)] for i in range(16)]
+    jobs = interleaved_jobs(16)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(lambda job: post(settings, job[0], job[1]), jobs))
     for (body, _, expected), response in zip(jobs, responses):
