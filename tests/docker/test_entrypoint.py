@@ -141,7 +141,9 @@ class Entrypoint:
     def kill_everything(self) -> None:
         if self.process is None:
             return
-        for pid in session_pids(self.process.pid):
+        # The serving command starts its server in a session of its own: found by its run dir (in TMPDIR) or store.
+        servers = processes_mentioning(str(self.tmpdir)) + processes_mentioning(str(self.model_store))
+        for pid in session_pids(self.process.pid) + [int(line.split()[0]) for line in servers]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -266,7 +268,7 @@ def test_engine_kserve_serves_the_store_with_the_policys_workers_and_stops_on_si
     health = server.healthcheck()
     assert health.returncode == 0 and "KServe serves resnet18" in health.stdout, health.stdout + health.stderr
     (group,) = [int(line.split()[0]) for line in processes_mentioning("serving.kserve.worker")
-                if str(server.tmp_path) in line]  # the ModelServer's process group (its spawned workers too)
+                if str(server.tmpdir) in line]  # the ModelServer's process group (its run dir is in TMPDIR)
     workers = machine_policy(*this_machine()).workers
     spawned = subprocess.run(["pgrep", "-g", str(group), "-f", "spawn_main"], capture_output=True, text=True)
     assert len(spawned.stdout.split()) == (workers if workers > 1 else 0)  # KServe spawns --workers processes
