@@ -1,6 +1,7 @@
 """Accuracy-aware int8, in the spirit of NNCF's `quantize_with_accuracy_control`: when the int8 model fails the
-accuracy gate, the nodes that do the most damage are put back in fp32, one at a time, until the gate passes on
-the calibration images or MAX_FP32_NODES is reached. The held-out images then judge the result once.
+accuracy gate, the nodes that do the most damage are put back in fp32, one at a time, until the calibration
+images pass a stricter target (SELECTION_SHARE) or MAX_FP32_NODES is reached. The held-out images then judge the
+result once, against the gate's own tolerance.
 
 What "in fp32" means here (NNCF's meaning): the node reads its weights, bias and input activations unquantized;
 its output is quantized only if its consumer is. ONNX Runtime's `nodes_to_exclude` alone does not give that:
@@ -20,12 +21,12 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from export.precision.gate import agreement_metrics, judge
+from export.precision.gate import TOLERANCE_BY_PRECISION, GateTolerance, agreement_metrics, judge
 
 RANKED_OPS = ("Conv", "Gemm", "MatMul", "Add")  # nodes with their own weights or their own quantized inputs
 ACTIVATIONS = ("Relu", "Clip")  # kept explicit (QDQKeepRemovableActivations) so a reverted node keeps its clip
@@ -35,13 +36,27 @@ QUANTIZE_OPTIONS = {"QDQKeepRemovableActivations": True}
 MAX_FP32_NODES = 12
 RANKING_STRIDE = 4  # every 4th calibration image: ranking runs every node, so it sees a quarter of them
 FP32_SUFFIX = "_fp32"
+# The nodes are ranked and counted on the calibration images, so a pass on them is optimistic: a count that only
+# just passed them (top-5 99.0 %, one miss in 100) passed the held-out images on one CPU and failed them on
+# another (98.4 %; CI, 2026-11-24). So the fallback aims at SELECTION_SHARE of each allowed disagreement, error
+# and drop on the calibration images, and the held-out images keep the gate's full tolerance.
+SELECTION_SHARE = 0.5
+
+
+def selection_tolerance(tolerance: GateTolerance, share: float = SELECTION_SHARE) -> GateTolerance:
+    """`tolerance` with `share` of each allowed shortfall: 98 % agreement (2 % allowed off) becomes 99 %."""
+    return GateTolerance(min_top1_agreement=1 - share * (1 - tolerance.min_top1_agreement),
+                         min_top5_agreement=1 - share * (1 - tolerance.min_top5_agreement),
+                         max_relative_logit_error=share * tolerance.max_relative_logit_error,
+                         max_accuracy_drop_points=share * tolerance.max_accuracy_drop_points)
 
 
 @dataclass
 class FallbackStep:
     fp32_nodes: int
-    calibration_gate: dict  # the gate's verdict and metrics on the calibration images
+    calibration_gate: dict  # the verdict against the selection target, and the metrics, on the calibration images
     images_per_s: float | None = None
+    gate_passed: bool = False  # whether the same metrics are within the gate's own tolerance
 
 
 @dataclass
@@ -52,13 +67,17 @@ class Fallback:
     passed_on_calibration: bool = False
     limit: int = MAX_FP32_NODES
     seconds: float = 0.0
+    target: GateTolerance | None = None
+    stopped_because: str = ""
 
     def record(self) -> dict:
         return {"fp32_nodes": self.fp32_nodes, "passed_on_calibration": self.passed_on_calibration,
+                "selection_target": self.target and {"share_of_tolerance": SELECTION_SHARE, **asdict(self.target)},
+                "stopped_because": self.stopped_because,
                 "limit_max_fp32_nodes": self.limit, "ranking_images": f"every {RANKING_STRIDE}th calibration image",
                 "ranking_top": self.ranking[:2 * self.limit],
                 "steps": [{"fp32_nodes": s.fp32_nodes, "images_per_s_batch1": s.images_per_s,
-                           **s.calibration_gate} for s in self.steps],
+                           "within_gate_tolerance": s.gate_passed, **s.calibration_gate} for s in self.steps],
                 "seconds": round(self.seconds, 1)}
 
 
@@ -194,27 +213,48 @@ class FallbackInputs:
 
 
 def fall_back(inputs: FallbackInputs, kind, speed, progress, limit: int = MAX_FP32_NODES):
-    """Put the most damaging nodes back in fp32 one at a time until `kind`'s gate (its name and precision) passes
-    on the calibration images or `limit` nodes are fp32. speed(model) -> batch-1 images/s. Returns (model,
+    """Put the most damaging nodes back in fp32 one at a time until the calibration images meet the selection
+    target of `kind`'s gate (its name and precision), or `limit` nodes are fp32; in that case the fewest nodes
+    that met the gate's own tolerance, if any count did. speed(model) -> batch-1 images/s. Returns (model,
     Fallback)."""
     started = time.perf_counter()
     qdq, prepared, images, reference = inputs.qdq, inputs.prepared, inputs.images, inputs.reference
     ranking = rank_by_damage(qdq, prepared, images[::RANKING_STRIDE], reference[::RANKING_STRIDE])
-    fallback = Fallback(ranking, limit=limit)
+    target = selection_tolerance(TOLERANCE_BY_PRECISION[kind.precision])
+    fallback = Fallback(ranking, limit=limit, target=target)
     progress.step(f"int8 fallback: ranked {len(ranking)} nodes by damage; worst: " +
                   ", ".join(f"{r['node']} ({r['kind']}, {r['damage']:.3f})" for r in ranking[:3]))
-    model = qdq
+    models = {}
     for count in range(1, min(limit, len(ranking)) + 1):
-        model = revert_to_fp32(qdq, prepared, {r["node"] for r in ranking[:count]})
-        gate = judge(kind.name, kind.precision, reference, session_run(model, images))
-        fallback.steps.append(FallbackStep(count, _gate_summary(gate), speed(model)))
-        progress.step(f"int8 fallback: {count} fp32 node(s), calibration images: {gate.verdict}")
-        if gate.passed:
-            fallback.passed_on_calibration = True
+        models[count] = revert_to_fp32(qdq, prepared, {r["node"] for r in ranking[:count]})
+        logits = session_run(models[count], images)
+        aimed = judge(kind.name, kind.precision, reference, logits, tolerance=target)
+        within = judge(kind.name, kind.precision, reference, logits).passed
+        fallback.steps.append(FallbackStep(count, _gate_summary(aimed), speed(models[count]), within))
+        progress.step(f"int8 fallback: {count} fp32 node(s), calibration images: selection target "
+                      f"{aimed.verdict}" + ("" if aimed.passed else f" (gate's own tolerance: "
+                                                                    f"{'met' if within else 'not met'})"))
+        if aimed.passed:
+            fallback.stopped_because = "the calibration images met the selection target"
             break
-    fallback.fp32_nodes = ranking[:len(fallback.steps)]
+    count = _chosen_count(fallback)
+    fallback.passed_on_calibration = fallback.steps[count - 1].gate_passed
+    fallback.fp32_nodes = ranking[:count]
     fallback.seconds = time.perf_counter() - started
-    return model, fallback
+    return models[count], fallback
+
+
+def _chosen_count(fallback: Fallback) -> int:
+    """The last step when it met the selection target (or nothing met even the gate's tolerance: the most nodes
+    tried, for the held-out judgement to refuse), else the fewest nodes within the gate's own tolerance."""
+    last = fallback.steps[-1]
+    if fallback.stopped_because:
+        return last.fp32_nodes
+    within = [s.fp32_nodes for s in fallback.steps if s.gate_passed]
+    fallback.stopped_because = (f"limit of {fallback.limit} fp32 nodes reached without meeting the selection "
+                                "target; " + (f"kept the fewest nodes within the gate's own tolerance ({within[0]})"
+                                              if within else "no count met even the gate's own tolerance"))
+    return within[0] if within else last.fp32_nodes
 
 
 def _gate_summary(gate) -> dict:

@@ -7,7 +7,8 @@
                  fastest that passes the gate is kept (ORT documents S8S8 as its default; U8S8 is the one
                  whose kernels use u8 x s8 dot products on x86). Both numbers and the choice are recorded.
                  When neither passes, export.precision.int8_fallback puts the most damaging nodes back in fp32, one at a
-                 time, until the gate passes or its limit is reached (recorded in made_by.fp32_fallback).
+                 time, until the calibration images meet a stricter target than the gate or its limit is
+                 reached, then gates the result on the held-out images (recorded in made_by.fp32_fallback).
   scripted-bf16  the scripted TorchScript artifact run under torch.autocast(bfloat16) (PyTorch's CPU autocast;
                  fast only on CPUs with native bf16: AVX512-BF16 or AMX).
   onnx-fp16      the fp32 ONNX converted to float16 (inputs and outputs stay float32) for ONNX Runtime's CUDA
@@ -302,8 +303,9 @@ def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, p
 
 def _fall_back(work: _Int8Work, source, activation: str, held_out: _HeldOut,
                progress) -> tuple[Path, float, GateResult, dict]:
-    """Re-quantize (cached ranges) with activations kept explicit, put nodes back in fp32 until the gate passes
-    on the calibration images, then gate the result on the held-out images once."""
+    """Re-quantize (cached ranges) with activations kept explicit, put nodes back in fp32 until the calibration
+    images meet the selection target (int8_fallback.SELECTION_SHARE of the gate's tolerance), then gate the
+    result on the held-out images once."""
     import onnx
 
     from export.precision import int8_fallback

@@ -14,6 +14,7 @@ from torch import nn
 
 from export.precision import int8_fallback
 from export.precision.calibration import TensorReader
+from export.precision.gate import INT8_TOLERANCE
 
 
 class TwoConvs(nn.Module):
@@ -81,6 +82,27 @@ def test_the_ranking_puts_the_damaging_depthwise_first(tiny):
     assert ranking[0]["damage"] >= ranking[1]["damage"]
 
 
+def test_the_selection_target_allows_half_of_each_shortfall_the_gate_allows():
+    target = int8_fallback.selection_tolerance(INT8_TOLERANCE)
+    assert target.min_top1_agreement == pytest.approx(0.99) and target.min_top5_agreement == pytest.approx(0.995)
+    assert target.max_relative_logit_error == pytest.approx(0.15)
+    assert target.max_accuracy_drop_points == pytest.approx(0.5)
+
+
+def steps(*within: bool) -> list:
+    return [int8_fallback.FallbackStep(count, {}, None, ok) for count, ok in enumerate(within, start=1)]
+
+
+def test_the_fallback_keeps_the_step_that_met_the_target_else_the_fewest_nodes_within_the_gate():
+    met = int8_fallback.Fallback([], steps(False, True, True), stopped_because="target met")
+    assert int8_fallback._chosen_count(met) == 3
+    limit = int8_fallback.Fallback([], steps(False, True, False, True), limit=4)
+    assert int8_fallback._chosen_count(limit) == 2 and "fewest nodes within the gate's own tolerance (2)" in \
+        limit.stopped_because
+    hopeless = int8_fallback.Fallback([], steps(False, False), limit=2)
+    assert int8_fallback._chosen_count(hopeless) == 2 and "no count met" in hopeless.stopped_because
+
+
 @pytest.mark.slow
 def test_lite0_int8_passes_with_fp32_nodes_recorded_and_is_served(lite0_int8_export):
     manifest, store = lite0_int8_export["manifest"], lite0_int8_export["store"]
@@ -90,6 +112,7 @@ def test_lite0_int8_passes_with_fp32_nodes_recorded_and_is_served(lite0_int8_exp
     assert 1 <= len(nodes) <= int8_fallback.MAX_FP32_NODES and fallback["passed_on_calibration"]
     assert any(n["kind"] == "depthwise conv" for n in nodes)
     assert [s["fp32_nodes"] for s in fallback["steps"]] == list(range(1, len(nodes) + 1))
+    assert fallback["steps"][-1]["within_gate_tolerance"] and fallback["selection_target"]["share_of_tolerance"] == 0.5
     assert record.details["accuracy"]["passed"]
     assert manifest.precision["int8_choice"]["fp32_fallback"]["gate"] == "passed"
     assert manifest.decision().served == "onnx-int8"
