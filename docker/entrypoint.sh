@@ -13,6 +13,8 @@ PYTHON="${PYTHON:-python}"
 MODEL="${MODEL:-resnet50}"  # the archive that must be there: MODEL.mar, served at /predictions/MODEL
 ARCH="${ARCH:-$MODEL}"      # the ResNet exported as MODEL when it is not (set it to name an export yourself)
 WEIGHTS="${WEIGHTS:-auto}"
+# More options for that export, split on spaces (e.g. "--formats scripted,onnx-scripted --precision fp32,int8").
+read -r -a EXPORT_OPTIONS <<< "${EXPORT_ARGS:-}"
 # Relative paths are taken from the caller's working directory, as `python -m export` does.
 MODEL_STORE="$(absolute "${MODEL_STORE:-model-store}")"
 ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$MODEL}")"
@@ -104,7 +106,7 @@ if [[ ! -f "$MODEL_STORE/$MODEL.mar" ]]; then
   # From the project root so `-m export` imports this checkout's code whatever the working directory.
   run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" \
     "$PYTHON" -m export resnet --arch "$ARCH" --name "$MODEL" --weights "$WEIGHTS" --model-store "$MODEL_STORE" \
-    --out "$ARTIFACTS"
+    --out "$ARTIFACTS" "${EXPORT_OPTIONS[@]}"
 fi
 
 if [[ "$ENGINE" == kserve ]]; then

@@ -1,6 +1,6 @@
 """A trained ImageNet model end to end: `python -m export efficientnet --precision fp32,int8` on the packaged
 EfficientNet-Lite0 weights. Real photographs get their class in the top 5 from every artifact (eager, traced,
-scripted, each ONNX, int8) and from the served endpoint, whose answer equals the archive's artifact run
+scripted, legacy ONNX, int8) and from the served endpoint, whose answer equals the archive's artifact run
 in-process; int8 passes the accuracy gate and is what is served."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from runtime import RunOptions, open_artifact
 from runtime.images import decode_image, preprocess
 from serving.torchserve import server
 from tests.answers import assert_same_answer, expected_answer
+from tests.conftest import LITE0_FORMATS
 from tests.photos import EXPECTED_CLASSES, photo_jpeg, top5_labels
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,7 @@ def test_every_artifact_puts_each_photo_class_in_its_top5(lite0_export):
     rows = {photo: preprocess(decode_image(photo_jpeg(photo)), manifest.input.preprocessing)
             for photo in EXPECTED_CLASSES}
     batch = torch.stack(list(rows.values()))
-    assert {"traced", "scripted", "onnx-traced", "onnx-scripted", "onnx-dynamo", "onnx-int8"} <= set(manifest.artifacts)
+    assert set(LITE0_FORMATS.split(",")) | {"onnx-int8"} == set(manifest.artifacts)
     for kind, record in manifest.artifacts.items():
         backend = open_artifact(record.format, folder / record.path, RunOptions(precision=record.run_precision))
         logits = backend(batch)
