@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
@@ -44,6 +45,9 @@ def session_options(threads: int):
     options.intra_op_num_threads = threads  # 0: every core
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # errors only: warnings about unused initializers are noise here
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        # ORT's own thread pool ignores OpenMP's setting; asked to wait passively, its threads stop spinning too
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 

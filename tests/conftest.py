@@ -21,10 +21,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CAT = ROOT / "examples" / "cat.jpg"
-# Two workers, each with its exports and servers, ask for more threads than the cores: OpenMP threads that spin
-# while they wait then take CPU from the others. Passive waiting (set before torch is imported here or in any
-# process a test starts; no effect on results) measured 97 s -> 87 s of wall and 140 s -> 111 s of CPU for two
-# export modules side by side (2-core AVX2 EPYC). A value already set is kept.
+# Two workers, each with its exports and servers, ask for more threads than the cores: threads that spin while
+# they wait then take CPU from the others. Passive waiting (set before torch is imported here or in any process a
+# test starts; ONNX Runtime's sessions follow it, runtime/onnxruntime.py; no effect on results) measured 97 s ->
+# 65 s of wall for two export modules side by side (2-core AVX2 EPYC, docs/design.md#tests). A value already set
+# is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(ROOT))
 # Session fixtures whose users run on one worker: each of these is made by that worker alone.

@@ -134,3 +134,18 @@ def test_an_artifact_error_raised_by_a_backend_passes_through_unwrapped(artifact
     with pytest.raises(ArtifactError) as caught:
         backend(torch.rand(1, 3, 8, 8))
     assert caught.value is refusal
+
+
+@pytest.mark.parametrize("policy, spinning", [("PASSIVE", "0"), ("passive", "0"), ("ACTIVE", None), (None, None)])
+def test_onnx_runtime_threads_stop_spinning_when_openmp_is_asked_to_wait_passively(monkeypatch, policy, spinning):
+    from runtime.onnxruntime import session_options
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    options = session_options(2)
+    if spinning is None:  # ORT's default (spinning) is left alone: the key is not set at all
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            options.get_session_config_entry("session.intra_op.allow_spinning")
+    else:
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == spinning
