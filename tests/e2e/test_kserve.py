@@ -25,7 +25,7 @@ from serving.processes import group_alive
 from serving.settings import ServingError, free_port
 from serving.torchserve.config import on_free_ports
 from serving.torchserve.engine import TorchServe
-from tests.answers import assert_same_answer, cached_answers
+from tests.answers import assert_same_answer
 from tests.conftest import ROOT
 from tests.e2e.test_bad_input import CASES, JPEG, OK
 
@@ -50,12 +50,6 @@ def served(resnet18_export, tmp_path_factory):
 @pytest.fixture(scope="module")
 def settings(served) -> KServeSettings:
     return served[0]
-
-
-@pytest.fixture(scope="module")
-def expect(resnet18_export):
-    """image bytes (, topk) -> the answer the archive's artifact gives in-process, computed once per image."""
-    return cached_answers(resnet18_export["archive"])
 
 
 def b64(data: bytes) -> str:

@@ -17,7 +17,7 @@ import requests
 from handlers.policy import ServingPolicy
 from serving.ray.cluster import session_members
 from serving.settings import ServingError, free_port
-from tests.answers import assert_same_answer, cached_answers
+from tests.answers import assert_same_answer
 from tests.conftest import ROOT
 from tests.e2e.test_bad_input import CASES, JPEG, OK, assert_outcome, b64, interleaved_jobs
 
@@ -47,12 +47,6 @@ def served(resnet18_export, tmp_path_factory):
 @pytest.fixture(scope="module")
 def settings(served) -> RaySettings:
     return served[0]
-
-
-@pytest.fixture(scope="module")
-def expect(resnet18_export):
-    """image bytes (, topk) -> the answer the archive's artifact gives in-process, computed once per image."""
-    return cached_answers(resnet18_export["archive"])
 
 
 def post(settings: RaySettings, body: bytes, headers: dict | None = None, model: str = "resnet18", **kwargs):

@@ -22,7 +22,7 @@ from contract.records import Manifest
 from export.package.archive import build_archive
 from serving.torchserve import server
 from serving.torchserve.server import free_port
-from tests.answers import assert_same_answer, cached_answers
+from tests.answers import assert_same_answer
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -43,12 +43,6 @@ def _no_process_mentions(text: str) -> bool:
 @pytest.fixture(scope="module")
 def serving(resnet18_server):
     return resnet18_server
-
-
-@pytest.fixture(scope="module")
-def expect(resnet18_export):
-    """image bytes (, topk) -> the answer the archive's artifact gives in-process, computed once per image."""
-    return cached_answers(resnet18_export["archive"])
 
 
 def _post(settings, data, headers=None, files=None, timeout=60):

@@ -1,0 +1,13 @@
+"""Fixtures of the end-to-end tests that compare a served answer with the archive's artifact run in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.answers import cached_answers
+
+
+@pytest.fixture(scope="module")
+def expect(resnet18_export):
+    """image bytes (, topk) -> the answer resnet18.mar's artifact gives in-process, computed once per image."""
+    return cached_answers(resnet18_export["archive"])
