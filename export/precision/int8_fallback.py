@@ -57,6 +57,7 @@ class FallbackStep:
     calibration_gate: dict  # the verdict against the selection target, and the metrics, on the calibration images
     images_per_s: float | None = None
     gate_passed: bool = False  # whether the same metrics are within the gate's own tolerance
+    met_target: bool = False  # whether they met the selection target
 
 
 @dataclass
@@ -224,37 +225,45 @@ def fall_back(inputs: FallbackInputs, kind, speed, progress, limit: int = MAX_FP
     fallback = Fallback(ranking, limit=limit, target=target)
     progress.step(f"int8 fallback: ranked {len(ranking)} nodes by damage; worst: " +
                   ", ".join(f"{r['node']} ({r['kind']}, {r['damage']:.3f})" for r in ranking[:3]))
-    models = {}
+
+    def reverted(count: int):
+        return revert_to_fp32(qdq, prepared, {r["node"] for r in ranking[:count]})
+
     for count in range(1, min(limit, len(ranking)) + 1):
-        models[count] = revert_to_fp32(qdq, prepared, {r["node"] for r in ranking[:count]})
-        logits = session_run(models[count], images)
+        model = reverted(count)
+        logits = session_run(model, images)
         aimed = judge(kind.name, kind.precision, reference, logits, tolerance=target)
         within = judge(kind.name, kind.precision, reference, logits).passed
-        fallback.steps.append(FallbackStep(count, _gate_summary(aimed), speed(models[count]), within))
+        fallback.steps.append(FallbackStep(count, _gate_summary(aimed), speed(model), within, aimed.passed))
         progress.step(f"int8 fallback: {count} fp32 node(s), calibration images: selection target "
                       f"{aimed.verdict}" + ("" if aimed.passed else f" (gate's own tolerance: "
                                                                     f"{'met' if within else 'not met'})"))
         if aimed.passed:
-            fallback.stopped_because = "the calibration images met the selection target"
             break
-    count = _chosen_count(fallback)
-    fallback.passed_on_calibration = fallback.steps[count - 1].gate_passed
-    fallback.fp32_nodes = ranking[:count]
+    if not fallback.steps:  # no node of RANKED_OPS: the plain int8 model goes to the held-out gate as it is
+        fallback.stopped_because = f"no {'/'.join(RANKED_OPS)} node to put back in fp32"
+        return qdq, fallback
+    chosen, fallback.stopped_because = chosen_count(fallback.steps, limit)
+    fallback.passed_on_calibration = fallback.steps[chosen - 1].gate_passed
+    fallback.fp32_nodes = ranking[:chosen]
+    if chosen != len(fallback.steps):  # the last model tried is not the one kept: edit the graph again
+        model = reverted(chosen)
     fallback.seconds = time.perf_counter() - started
-    return models[count], fallback
+    return model, fallback
 
 
-def _chosen_count(fallback: Fallback) -> int:
-    """The last step when it met the selection target (or nothing met even the gate's tolerance: the most nodes
-    tried, for the held-out judgement to refuse), else the fewest nodes within the gate's own tolerance."""
-    last = fallback.steps[-1]
-    if fallback.stopped_because:
-        return last.fp32_nodes
-    within = [s.fp32_nodes for s in fallback.steps if s.gate_passed]
-    fallback.stopped_because = (f"limit of {fallback.limit} fp32 nodes reached without meeting the selection "
-                                "target; " + (f"kept the fewest nodes within the gate's own tolerance ({within[0]})"
-                                              if within else "no count met even the gate's own tolerance"))
-    return within[0] if within else last.fp32_nodes
+def chosen_count(steps: list[FallbackStep], limit: int) -> tuple[int, str]:
+    """(fp32 nodes kept, why): the last step when it met the selection target (or when no step met even the
+    gate's tolerance: the most nodes tried, for the held-out judgement to refuse), else the fewest nodes within
+    the gate's own tolerance."""
+    last = steps[-1]
+    if last.met_target:
+        return last.fp32_nodes, "the calibration images met the selection target"
+    within = [s.fp32_nodes for s in steps if s.gate_passed]
+    why = f"limit of {limit} fp32 nodes reached without meeting the selection target; "
+    if within:
+        return within[0], why + f"kept the fewest nodes within the gate's own tolerance ({within[0]})"
+    return last.fp32_nodes, why + "no count met even the gate's own tolerance"
 
 
 def _gate_summary(gate) -> dict:

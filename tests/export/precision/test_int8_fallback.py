@@ -6,6 +6,7 @@ Real ONNX Runtime quantization throughout."""
 from __future__ import annotations
 
 import zipfile
+from types import SimpleNamespace
 
 import onnx
 import pytest
@@ -89,18 +90,18 @@ def test_the_selection_target_allows_half_of_each_shortfall_the_gate_allows():
     assert target.max_accuracy_drop_points == pytest.approx(0.5)
 
 
-def steps(*within: bool) -> list:
-    return [int8_fallback.FallbackStep(count, {}, None, ok) for count, ok in enumerate(within, start=1)]
+def steps(*within: bool, met_at: int | None = None) -> list:
+    return [int8_fallback.FallbackStep(count, {}, None, ok, count == met_at)
+            for count, ok in enumerate(within, start=1)]
 
 
 def test_the_fallback_keeps_the_step_that_met_the_target_else_the_fewest_nodes_within_the_gate():
-    met = int8_fallback.Fallback([], steps(False, True, True), stopped_because="target met")
-    assert int8_fallback._chosen_count(met) == 3
-    limit = int8_fallback.Fallback([], steps(False, True, False, True), limit=4)
-    assert int8_fallback._chosen_count(limit) == 2 and "fewest nodes within the gate's own tolerance (2)" in \
-        limit.stopped_because
-    hopeless = int8_fallback.Fallback([], steps(False, False), limit=2)
-    assert int8_fallback._chosen_count(hopeless) == 2 and "no count met" in hopeless.stopped_because
+    assert int8_fallback.chosen_count(steps(False, True, True, met_at=3), 12) == (
+        3, "the calibration images met the selection target")
+    count, why = int8_fallback.chosen_count(steps(False, True, False, True), 4)
+    assert count == 2 and "fewest nodes within the gate's own tolerance (2)" in why
+    count, why = int8_fallback.chosen_count(steps(False, False), 2)
+    assert count == 2 and "no count met" in why
 
 
 @pytest.mark.slow
@@ -118,3 +119,15 @@ def test_lite0_int8_passes_with_fp32_nodes_recorded_and_is_served(lite0_int8_exp
     assert manifest.decision().served == "onnx-int8"
     with zipfile.ZipFile(store / "efficientnet-lite0.mar") as archive:
         assert record.path in archive.namelist()
+
+
+def test_a_graph_without_ranked_nodes_keeps_its_plain_int8_and_says_why(tiny, monkeypatch):
+    """Nothing to put back in fp32 (here RANKED_OPS is emptied): the QDQ model is returned as it is, with the
+    reason, and no step is tried."""
+    monkeypatch.setattr(int8_fallback, "RANKED_OPS", ())
+    inputs = int8_fallback.FallbackInputs(tiny["qdq"], tiny["prepared"], tiny["images"], tiny["reference"])
+    progress = SimpleNamespace(step=lambda line: None)
+    model, fallback = int8_fallback.fall_back(inputs, SimpleNamespace(name="onnx-int8", precision="int8"),
+                                              lambda model: 1.0, progress)
+    assert model is tiny["qdq"] and fallback.steps == [] and fallback.fp32_nodes == []
+    assert fallback.stopped_because.endswith("node to put back in fp32")
