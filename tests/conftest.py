@@ -9,6 +9,7 @@ use a session fixture named in SHARED_BY_GROUP run on the same one, so a server 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -69,6 +70,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=scope_rank)
 
 
+@functools.cache  # read by the scheduler and by the collection's ordering
 def module_groups(root: Path) -> dict[str, str]:
     """{test module path: the shared fixture its group is named after}, modules naming the same fixture merged."""
     merged = {}  # module or fixture -> the key it was merged into
