@@ -17,7 +17,9 @@ against an honest baseline, a peer, and the ceilings measured in the same run.
    traced TorchScript behind a handler written as TorchServe's documentation teaches (naive_handler.py),
    TorchServe's default worker count, no thread tuning, no batching. `litserve` is the peer: the same artifact
    and preprocessing behind a minimal LitServe server (peer_litserve.py, peer.py). `kserve` is the second
-   engine: the same archive and core in KServe's own ModelServer (serving/kserve/), sent v1 JSON.
+   engine: the same archive and core in KServe's own ModelServer (serving/kserve/), sent v1 JSON; `ray` the
+   distributed one: the same archive and core as a Ray Serve deployment behind Serve's proxy (serving/ray/;
+   skipped, saying so, where Ray is not installed and --configurations was not given).
 4. Where the time goes: our handler logs decode/preprocess/inference/encode per batch (model_log.log, the
    same numbers as its Prometheus metrics); the medians per request of each row sit beside its throughput.
 Prints the tables and writes results.md (per body: served req/s beside its pipeline ceiling and the model
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import sys
 import tempfile
@@ -53,6 +56,8 @@ from measure.served.configurations import (
     LITSERVE,
     NAIVE,
     NAIVE_CONFIG,
+    OPTIONAL_ENGINES,
+    RAY,
     build_naive_archive,
     ceiling_of,
     naive_policy,
@@ -70,6 +75,7 @@ from serving.torchserve.config import ServerSettings, on_free_ports
 
 DEFAULT_DURATION_S = 20
 DEFAULT_LEVELS = "1,4,8,16"
+DEFAULT_CONFIGURATIONS = ",".join(CONFIGURATIONS)  # those whose engine is not installed are skipped, saying so
 
 
 class BenchError(VisionExportError):
@@ -137,6 +143,20 @@ def kserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scrat
                      facts=row_facts(KSERVE, manifest))
 
 
+@contextlib.contextmanager
+def ray_served(export_dir: Path, manifest: Manifest, files: list[Path], scratch: Path):
+    """The export's archive as a Ray Serve application on a head node of its own (this machine's policy); each
+    body sent raw, as to TorchServe."""
+    from serving.ray.config import RaySettings
+    from serving.ray.engine import RayServe
+    folder, name = scratch / RAY, manifest.model.name
+    build_archive(export_dir, manifest, folder / "store")
+    settings = RaySettings(folder / "store", (name,), http_port=free_port(), run_dir=folder / "run")
+    with RayServe(settings).running(EXAMPLE_IMAGE):
+        yield Served(RAY, settings.predictions_url(name), REQUEST_TIMEOUT_S, raw_wire(files),
+                     model_log=settings.log_file, facts=row_facts(RAY, manifest))
+
+
 def bench_configuration(name: str, export_dir: Path, manifest: Manifest, files: list[Path], levels: list[int],
                         scratch: Path, plan: LoadPlan, token_auth: bool = False) -> list[dict]:
     """Every body (and the mix) at every concurrency against one configuration, started and stopped here."""
@@ -144,6 +164,8 @@ def bench_configuration(name: str, export_dir: Path, manifest: Manifest, files: 
         served = litserve_served(export_dir, manifest, files, scratch)
     elif name == KSERVE:
         served = kserve_served(export_dir, manifest, files, scratch)
+    elif name == RAY:
+        served = ray_served(export_dir, manifest, files, scratch)
     else:
         served = torchserve_served(name, export_dir, manifest, files, scratch, token_auth)
     with served as target:
@@ -194,7 +216,7 @@ def parse_args(argv):
     parser.add_argument("--duration", type=int, default=DEFAULT_DURATION_S, help="seconds per row (default 20)")
     parser.add_argument("--requests", type=int, default=None, help="a fixed count per row instead of --duration")
     parser.add_argument("--concurrency", default=DEFAULT_LEVELS)
-    parser.add_argument("--configurations", default=",".join(CONFIGURATIONS))
+    parser.add_argument("--configurations", default=DEFAULT_CONFIGURATIONS)
     parser.add_argument("--inprocess", default="run",
                         help="run (default: the in-process benchmark first, same export), none, or a bench.json")
     parser.add_argument("--pipeline", choices=("run", "none"), default="run",
@@ -234,8 +256,22 @@ def check(args) -> tuple[list[int], list[str]]:
     if LITSERVE in names and not peer.installed():
         raise BenchError("the litserve configuration needs LitServe: pip install -e '.[dev]' (or pip install "
                          "litserve python-multipart), or leave litserve out of --configurations")
+    names = with_installed_engines(names, explicit=args.configurations != DEFAULT_CONFIGURATIONS)
     require_hey()  # after the options, so a typo is reported on machines without hey too
     return levels, names
+
+
+def with_installed_engines(names: list[str], explicit: bool) -> list[str]:
+    """names without the optional engines that are not installed: skipped with the reason when the list is the
+    default one, refused when it was asked for."""
+    missing = [n for n in names if n in OPTIONAL_ENGINES and importlib.util.find_spec(OPTIONAL_ENGINES[n]) is None]
+    if missing and explicit:
+        raise BenchError(f"the {', '.join(missing)} configuration needs its engine: pip install -e '.[{missing[0]}]', "
+                         "or leave it out of --configurations")
+    for name in missing:
+        print(f"skipping {name}: its engine is not installed (pip install -e '.[{name}]')", flush=True)
+    return [n for n in names if n not in missing]
+
 
 
 def describe(names: list[str]) -> dict[str, str]:

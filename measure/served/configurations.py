@@ -20,6 +20,8 @@ DEFAULT = "default"
 INT8 = "int8"
 LITSERVE = "litserve"  # the peer: not TorchServe (bench_peer.py, peer_litserve.py)
 KSERVE = "kserve"  # our core in KServe's own ModelServer (serving/kserve/), not TorchServe
+RAY = "ray"  # our core as a Ray Serve deployment (serving/ray/), behind Serve's HTTP proxy
+OPTIONAL_ENGINES = {RAY: "ray"}  # configurations whose engine is an optional extra (pip extra, module): its module
 NAIVE_HANDLER = Path(__file__).resolve().parent / "naive_handler.py"
 NAIVE_ARTIFACT = "traced"
 # TorchServe's own defaults for a CPU host (ConfigManager.getDefaultWorkers: a worker per processor when
@@ -65,6 +67,9 @@ CONFIGURATIONS = {
     KSERVE: Configuration("the second engine: the same archive and request core in KServe's own ModelServer "
                           "(python -m serving --engine kserve), the default policy's worker processes and threads, "
                           "sent each image as KServe's v1 JSON (base64 in instances)"),
+    RAY: Configuration("the distributed engine: the same archive and request core as a Ray Serve deployment "
+                       "(python -m serving --engine ray, a head node of its own), the default policy's replicas and "
+                       "CPUs, behind Serve's HTTP proxy; sent each image raw, as to TorchServe"),
 }
 
 NAIVE_CONFIG = """# TorchServe with its defaults, on loopback only (the naive baseline of python -m measure bench)

@@ -123,6 +123,18 @@ def test_bad_options_are_errors_that_say_what_to_give(tmp_path):
         bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--concurrency", "1,many"]))
 
 
+def test_an_optional_engine_not_installed_is_skipped_by_default_and_refused_when_asked_for(monkeypatch, capsys):
+    monkeypatch.setitem(configurations.OPTIONAL_ENGINES, configurations.RAY, "no_such_engine_module")
+    names = bench.DEFAULT_CONFIGURATIONS.split(",")
+    assert configurations.RAY in names
+    assert bench.with_installed_engines(names, explicit=False) == [n for n in names if n != configurations.RAY]
+    assert "skipping ray: its engine is not installed (pip install -e '.[ray]')" in capsys.readouterr().out
+    with pytest.raises(bench.BenchError, match=r"the ray configuration needs its engine: pip install -e '.\[ray\]'"):
+        bench.with_installed_engines(["default", "ray"], explicit=True)
+    monkeypatch.setitem(configurations.OPTIONAL_ENGINES, configurations.RAY, "json")  # an installed module
+    assert bench.with_installed_engines(["default", "ray"], explicit=True) == ["default", "ray"]
+
+
 def test_the_naive_baseline_is_torchserves_default_worker_count_without_batching():
     policy = configurations.naive_policy()
     assert policy.workers == configurations.CORES and policy.batch_size == 1
