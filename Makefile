@@ -1,6 +1,6 @@
 # Two commands for a fresh machine:
 #   make run   set up .venv, export $(ARCH) (+ model-store/$(ARCH).mar), serve it, send one curl, stop
-#   make test  set up .venv and run every test (slow end-to-end ones included)
+#   make test  set up .venv and run every test (slow end-to-end ones included; the venv has every extra, Ray too)
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +13,7 @@ PORT ?= 8080
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[serving,dev]'
+	$(PY) -m pip install --quiet -e '.[serving,dev,ray]'
 	touch $@
 
 setup: $(VENV)/.installed
