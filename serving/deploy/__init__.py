@@ -1,10 +1,12 @@
-"""`python -m serving deploy kserve OUT` and `python -m serving deploy triton OUT`: deployment material from an
-export (what other platforms serve; the engines that serve here are `python -m serving --engine NAME`).
+"""`python -m serving deploy kserve|triton|ray OUT`: deployment material from an export (what other platforms
+serve; the engines that serve here are `python -m serving --engine NAME`).
 
   python -m serving deploy kserve deploy/kserve [--export-dir artifacts/resnet50] [--model-store model-store]
   python -m serving deploy triton deploy/triton [--export-dir artifacts/resnet50] [--instance-kind gpu|cpu]
+  python -m serving deploy ray deploy/ray [--export-dir artifacts/resnet50] [--model-store model-store]
+      [--cluster-model-store /mnt/models/model-store] [--workers N] [--threads N]
 
-The model's name (the archive NAME.mar, the Triton model, the InferenceService) is the export's
+The model's name (the archive NAME.mar, the Triton model, the InferenceService, the RayService) is the export's
 (manifest.json -> model.name) unless --model-name says otherwise. See docs/scaling.md for when to use which
 and how to apply what is written.
 """
@@ -12,18 +14,22 @@ and how to apply what is written.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from contract.records import Manifest
 from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.deploy.kserve import STORAGE_URI_PLACEHOLDER as KSERVE_URI
 from serving.deploy.kserve import write_kserve
+from serving.deploy.ray import CLAIM_NAME, CLUSTER_MODEL_STORE, storage_folder, write_ray
 from serving.deploy.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI
 from serving.deploy.triton import write_triton
+from serving.settings import decide_policy
 
 TARGETS = {"kserve": "KServe: storage layouts + InferenceServices for its TorchServe runtime and for our image "
                      "with the kserve engine",
-           "triton": "a Triton model repository + an InferenceService for KServe's Triton runtime"}
+           "triton": "a Triton model repository + an InferenceService for KServe's Triton runtime",
+           "ray": "a KubeRay RayService (our image with Ray) + the storage folder and claim its pods read the "
+                  "archive from"}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -41,6 +47,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                            help="where the storage folder will be ({model}, {device} are filled in)")
     targets.choices["triton"].add_argument("--instance-kind", choices=("gpu", "cpu"), default="gpu")
     targets.choices["triton"].add_argument("--storage-uri", default=TRITON_URI)
+    ray = targets.choices["ray"]
+    ray.add_argument("--model-store", type=Path, default=Path("model-store"))
+    ray.add_argument("--cluster-model-store", type=PurePosixPath, default=CLUSTER_MODEL_STORE,
+                     help=f"where the pods read the archive (the claim's folder is mounted there; default: "
+                          f"{CLUSTER_MODEL_STORE})")
+    ray.add_argument("--workers", type=int, default=None,
+                     help="replicas per pod (default: this machine's serving policy, as `python -m serving`)")
+    ray.add_argument("--threads", type=int, default=None, help="CPU threads per replica (default: the policy's)")
     return parser.parse_args(argv)
 
 
@@ -48,7 +62,15 @@ def deploy(argv: list[str]) -> int:
     args = parse(argv)
     manifest = Manifest.read(args.export_dir)
     name = args.model_name or manifest.model.name
-    if args.target == "kserve":
+    if args.target == "ray":
+        policy = decide_policy(argparse.Namespace(workers=args.workers, threads=args.threads, batch_size=None,
+                                                  max_batch_delay=None))
+        out = write_ray(args.out, args.export_dir, args.model_store, name, policy, args.cluster_model_store,
+                        args.force)
+        print(f"wrote {out}/: rayservice.yaml (KubeRay RayService, serveConfigV2 validated with Ray's schema), "
+              f"storage/model-store/{name}.mar, storage-pvc.yaml (claim {CLAIM_NAME}: kubectl cp storage/. "
+              f"{CLAIM_NAME}-upload:/pv/{storage_folder(name)})")
+    elif args.target == "kserve":
         out = write_kserve(args.out, args.export_dir, args.model_store, name, args.storage_uri, args.force)
         print(f"wrote {out}/: gpu/ and cpu/ (TorchServe runtime), kserve-engine/ (our image with ENGINE=kserve): "
               "storage/ + inferenceservice.yaml each; storage-pvc.yaml")
