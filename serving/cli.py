@@ -6,7 +6,8 @@ model has answered a real prediction; and deployment material written from an ex
   python -m serving stop                stop every server started from the run dir (--run-dir), whatever its engine
   python -m serving --engine kserve     the same archives in KServe's own ModelServer
   python -m serving config --out F      TorchServe's config.properties with this machine's serving policy
-  python -m serving deploy kserve OUT   KServe material; `deploy triton OUT`: a Triton model repository
+  python -m serving deploy kserve OUT   KServe material; `deploy triton OUT`: a Triton model repository;
+                                        `deploy ray OUT`: a KubeRay RayService
 
 Measurements (bench, soak, faults, gpu-check, pipeline, decoders) are `python -m measure COMMAND`.
 `python -m serving --engine NAME --help` lists that engine's own options; `python -m serving deploy --help`.
@@ -25,7 +26,7 @@ from serving.processes import serve_until_stopped, sigterm_interrupts, start_unt
 from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models, decide_policy
 
 PROG = "python -m serving"
-DEPLOY = "deploy"  # a command of its own: python -m serving deploy kserve|triton OUT
+DEPLOY = "deploy"  # a command of its own: python -m serving deploy kserve|triton|ray OUT
 MEASUREMENTS = ("bench", "soak", "faults", "gpu-check", "pipeline", "decoders")
 MOVED = {"kserve": f"{PROG} deploy kserve", "triton": f"{PROG} deploy triton",
          **{name: f"python -m measure {name}" for name in MEASUREMENTS}}
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = parser_for(engine_type)
     args = parser.parse_args(argv)
     if args.action == DEPLOY:
-        parser.error(f"deploy comes first, without the serving options: {PROG} deploy kserve|triton OUT")
+        parser.error(f"deploy comes first, without the serving options: {PROG} deploy kserve|triton|ray OUT")
     return run_command(lambda: serve(engine_type, args), interrupted=f"interrupted; {engine_type.title} stopped")
 
 
