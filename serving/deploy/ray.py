@@ -56,14 +56,15 @@ HEAD_START_PARAMS = {
     # runs jobs: only the operator should reach it (a NetworkPolicy, docs/scaling.md).
     "dashboard-host": "0.0.0.0",
     # No replica on the head: its CPUs go to the GCS, Serve's controller and its proxy, and a replica that
-    # overloads it would take the cluster's state down with it (KubeRay's samples do the same).
+    # overloads it would take the cluster's state down with it (as KubeRay v1.7.0's autoscaler samples do).
     "num-cpus": "0",
     "object-store-memory": OBJECT_STORE,
 }
 WORKER_START_PARAMS = {"object-store-memory": OBJECT_STORE}
 # A worker pod is ready when its raylet and its Serve proxy answer. KubeRay's own check of a RayService's workers
-# runs `wget`, which our image (an NVIDIA CUDA Ubuntu) lacks: this is that check in the image's Python. One failed
-# check takes the pod out of the serve Service at once, as KubeRay's (its ServeReadinessProbeFailureThreshold).
+# runs `wget`, which docker/Dockerfile does not install: this is that check in the image's Python. KubeRay's delay
+# and period; 5 s to answer (a Python starts); one failed check takes the pod out of the serve Service at once, as
+# KubeRay's does (its ServeReadinessProbeFailureThreshold).
 READINESS_SCRIPT = (
     "import urllib.request as u;"
     f"[u.urlopen(url,timeout=4).read() for url in ('http://127.0.0.1:{DASHBOARD_AGENT_PORT}/api/healthz',"
