@@ -26,6 +26,8 @@ COMMANDS = {
     "gpu-check": ("measure.gpu.check", "main", "the GPU path proven on a CUDA machine (make gpu-check)"),
     "ray-two-node": ("measure.distributed.two_node", "main",
                      "a Ray node killed under load on a two-node Ray Serve cluster (pip install '.[ray]' first)"),
+    "ray-autoscale": ("measure.distributed.autoscale", "main",
+                      "Ray Serve's autoscaler under a load step: a replica added, then given back (pip install '.[ray]')"),
 }
 
 

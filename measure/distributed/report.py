@@ -1,5 +1,6 @@
-"""The two-node measurement's figures: hey's counts per phase, the checker's answers, the recovery times; written
-as results.json and results.md (a table, the CPU and the command)."""
+"""The Ray measurements' figures: hey's counts per phase, the checker's answers, the two-node run's recovery
+times; written as results.json and results.md (a table, the CPU and the command). The autoscaler's own table is
+in autoscale.py."""
 
 from __future__ import annotations
 
@@ -92,9 +93,13 @@ def seconds(value: float | None) -> str:
 
 
 def write(out: Path, results: dict, command: str) -> None:
+    write_files(out, {**results, "command": command}, f"# A node killed under load: Ray Serve on two nodes\n\n"
+                f"CPU: {results['cpu']}; {results['clients']} hey connections; model {results['model']}; "
+                f"routing: {results['routing']}.\n\nCommand: `{command}`\n\n{table(results)}\n")
+
+
+def write_files(out: Path, results: dict, markdown: str) -> None:
+    """OUT/results.json and OUT/results.md, each whole or not at all."""
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps({**results, "command": command}, indent=2) + "\n")
-    atomic_write_text(out / "results.md", f"# A node killed under load: Ray Serve on two nodes\n\n"
-                      f"CPU: {results['cpu']}; {results['clients']} hey connections; model {results['model']}; "
-                      f"routing: {results['routing']}.\n\n"
-                      f"Command: `{command}`\n\n{table(results)}\n")
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out / "results.md", markdown)

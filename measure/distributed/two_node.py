@@ -73,24 +73,27 @@ def running_replicas(model: str) -> int:
 
 
 class Checker(threading.Thread):
-    """One client beside the load: every answer compared with the in-process one; (time, status, node, wrong)."""
+    """One client beside the load, pause_s between requests: every answer compared with the in-process one;
+    (time, status, node, wrong, seconds it took)."""
 
-    def __init__(self, url: str, image: bytes, expected: dict):
+    def __init__(self, url: str, image: bytes, expected: dict, pause_s: float = 0.0):
         super().__init__(daemon=True)
-        self.url, self.image, self.expected = url, image, expected
+        self.url, self.image, self.expected, self.pause_s = url, image, expected, pause_s
         self.records: list[tuple[float, int, str, bool]] = []
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
+            sent = time.time()
             try:
                 response = requests.post(self.url, data=self.image, headers={"Content-Type": "image/jpeg"},
                                          timeout=REQUEST_TIMEOUT_S)
                 wrong = response.status_code == 200 and not same_answer(response.json(), self.expected)
                 node = response.headers.get(SERVED_BY, " ").split()[0] if SERVED_BY in response.headers else ""
-                self.records.append((time.time(), response.status_code, node, wrong))
+                self.records.append((time.time(), response.status_code, node, wrong, time.time() - sent))
             except requests.RequestException:
-                self.records.append((time.time(), 0, "", False))
+                self.records.append((time.time(), 0, "", False, time.time() - sent))
+            self.stopping.wait(self.pause_s)
 
 
 def same_answer(served: dict, expected: dict) -> bool:

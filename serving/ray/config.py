@@ -60,17 +60,27 @@ class RaySettings(ServingSettings):
         return self.write_file(SETTINGS_FILE)
 
 
+# Serve's autoscaler, for replicas that load in seconds (an archive's artifact opens in ~1-5 s on a CPU): Ray's
+# defaults (a scale-up 30 s after the queue grew, a scale-down after 10 idle minutes) suit replicas that load
+# for minutes. Ours add a replica 10 s into an overload and give one back after a minute below target, judged
+# on the last 10 s of load that replicas report every 2 s (`python -m measure ray-autoscale` shows both steps).
+AUTOSCALING_PACE = {"upscale_delay_s": 10.0, "downscale_delay_s": 60.0, "look_back_period_s": 10.0,
+                    "metrics_interval_s": 2.0}
+
+
 def deployment_options(policy: ServingPolicy) -> dict:
     """The policy as Serve's deployment options. A replica is a policy worker: its CPUs are the worker's threads
     (its GPU, on a GPU machine). It takes up to two batches at once, one in the core and the next gathering:
     more would queue inside a busy replica instead of in the proxy, which can route them to an idle one.
-    The autoscaler keeps one batch per replica in flight, between one replica and the policy's workers."""
+    The autoscaler keeps one batch per replica in flight, between one replica and the policy's workers, at
+    AUTOSCALING_PACE."""
     actor = {"num_cpus": policy.threads_per_worker}
     if policy.device == "gpu":
         actor["num_gpus"] = 1
     return {"ray_actor_options": actor, "max_ongoing_requests": 2 * policy.batch_size,
             "autoscaling_config": {"min_replicas": 1, "initial_replicas": policy.workers,
-                                   "max_replicas": policy.workers, "target_ongoing_requests": policy.batch_size}}
+                                   "max_replicas": policy.workers, "target_ongoing_requests": policy.batch_size,
+                                   **AUTOSCALING_PACE}}
 
 
 def head_cpus(policy: ServingPolicy, cores: int) -> int:

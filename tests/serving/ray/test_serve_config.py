@@ -82,6 +82,15 @@ def test_deployment_options_come_from_the_serving_policy(policy, actor, ongoing,
     assert scaling["target_ongoing_requests"] == policy.batch_size
 
 
+def test_the_autoscaler_paces_for_replicas_that_load_in_seconds_and_ray_accepts_it():
+    """Ray's own AutoscalingConfig takes our pace, faster than its defaults in both directions."""
+    from ray.serve.config import AutoscalingConfig
+    ours = AutoscalingConfig.model_validate(deployment_options(CPU_2_CORES)["autoscaling_config"])
+    defaults = AutoscalingConfig()
+    assert ours.upscale_delay_s < defaults.upscale_delay_s and ours.downscale_delay_s < defaults.downscale_delay_s
+    assert ours.metrics_interval_s <= ours.look_back_period_s <= ours.downscale_delay_s
+
+
 def test_the_command_writes_the_validated_config(store, tmp_path, capsys):
     out = tmp_path / "serve.yaml"
     assert main(["--engine", "ray", "serve-config", "--model-store", str(store), "--models", "plain",
