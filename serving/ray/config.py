@@ -63,9 +63,12 @@ class RaySettings(ServingSettings):
 # Serve's autoscaler, for replicas that load in seconds (an archive's artifact opens in ~1-5 s on a CPU): Ray's
 # defaults (a scale-up 30 s after the queue grew, a scale-down after 10 idle minutes) suit replicas that load
 # for minutes. Ours add a replica 10 s into an overload and give one back after a minute below target, judged
-# on the last 10 s of load that replicas report every 2 s (`python -m measure ray-autoscale` shows both steps).
-AUTOSCALING_PACE = {"upscale_delay_s": 10.0, "downscale_delay_s": 60.0, "look_back_period_s": 10.0,
-                    "metrics_interval_s": 2.0}
+# on the last 15 s of load that replicas report every 2 s (`python -m measure ray-autoscale` shows both steps).
+# (Ray 2.60 wants the look-back longer than the deprecated metrics_interval_s, 10 s unless set.)
+AUTOSCALING_PACE = {"upscale_delay_s": 10.0, "downscale_delay_s": 60.0, "look_back_period_s": 15.0}
+# How often a replica reports its load: Ray 2.60 deprecates the config's metrics_interval_s for this variable of
+# the replica's environment (default 10 s).
+REPLICA_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}
 
 
 def deployment_options(policy: ServingPolicy) -> dict:
@@ -73,8 +76,8 @@ def deployment_options(policy: ServingPolicy) -> dict:
     (its GPU, on a GPU machine). It takes up to two batches at once, one in the core and the next gathering:
     more would queue inside a busy replica instead of in the proxy, which can route them to an idle one.
     The autoscaler keeps one batch per replica in flight, between one replica and the policy's workers, at
-    AUTOSCALING_PACE."""
-    actor = {"num_cpus": policy.threads_per_worker}
+    AUTOSCALING_PACE, with replicas reporting their load as REPLICA_ENV says."""
+    actor = {"num_cpus": policy.threads_per_worker, "runtime_env": {"env_vars": dict(REPLICA_ENV)}}
     if policy.device == "gpu":
         actor["num_gpus"] = 1
     return {"ray_actor_options": actor, "max_ongoing_requests": 2 * policy.batch_size,

@@ -18,7 +18,7 @@ from ray.serve.deployment import Application  # noqa: E402
 from handlers.policy import machine_policy  # noqa: E402
 from serving.cli import main  # noqa: E402
 from serving.ray import serve_config  # noqa: E402
-from serving.ray.config import deployment_options  # noqa: E402
+from serving.ray.config import REPLICA_ENV, deployment_options  # noqa: E402
 
 CPU_2_CORES = machine_policy(gpus=0, cores=2)
 ONE_GPU = machine_policy(gpus=1, cores=8)
@@ -77,7 +77,8 @@ def test_the_import_path_is_the_builder_the_engine_deploys(store):
 def test_deployment_options_come_from_the_serving_policy(policy, actor, ongoing, replicas):
     options = deployment_options(policy)
     scaling = options["autoscaling_config"]
-    assert options["ray_actor_options"] == actor and options["max_ongoing_requests"] == ongoing
+    assert options["ray_actor_options"] == {**actor, "runtime_env": {"env_vars": REPLICA_ENV}}
+    assert options["max_ongoing_requests"] == ongoing
     assert (scaling["min_replicas"], scaling["initial_replicas"], scaling["max_replicas"]) == replicas
     assert scaling["target_ongoing_requests"] == policy.batch_size
 
@@ -88,7 +89,8 @@ def test_the_autoscaler_paces_for_replicas_that_load_in_seconds_and_ray_accepts_
     ours = AutoscalingConfig.model_validate(deployment_options(CPU_2_CORES)["autoscaling_config"])
     defaults = AutoscalingConfig()
     assert ours.upscale_delay_s < defaults.upscale_delay_s and ours.downscale_delay_s < defaults.downscale_delay_s
-    assert ours.metrics_interval_s <= ours.look_back_period_s <= ours.downscale_delay_s
+    assert float(REPLICA_ENV["RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"]) < ours.look_back_period_s
+    assert ours.look_back_period_s <= ours.downscale_delay_s
 
 
 def test_the_command_writes_the_validated_config(store, tmp_path, capsys):
