@@ -16,13 +16,13 @@ Writes results.json, results.md and autoscale.png (replicas and the checker's la
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from measure.distributed import report
+from measure.distributed.command import measured_model, ray_command_parser
 from measure.distributed.two_node import Checker, expected_answer, hey
 from serving.ray.config import AUTOSCALING_PACE, RaySettings
 from serving.settings import EXAMPLE_IMAGE, ServingError, decide_policy, free_port
@@ -201,26 +201,17 @@ def chart(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m measure ray-autoscale", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
-    parser.add_argument("--model", default=None, help="NAME of NAME.mar (default: the store's only archive)")
+    parser = ray_command_parser("ray-autoscale", __doc__)
     parser.add_argument("--clients", type=int, default=4, help="hey's connections during the step")
     parser.add_argument("--step", type=float, default=STEP_S, help="seconds of the load step")
     parser.add_argument("--workers", type=int, default=None, help="the most replicas (default: the policy's)")
     args = parser.parse_args(argv)
     from contract.cli import run_command
-    from serving.settings import choose_models
-    return run_command(lambda: run(args, choose_models))
+    return run_command(lambda: run(args))
 
 
-def run(args, choose_models) -> int:
-    models = choose_models(args.model_store, [args.model] if args.model else None)
-    if len(models) != 1:
-        raise ServingError(f"{args.model_store} holds {', '.join(models)}: name one with --model")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    results = measure(args.model_store, models[0], args.clients, args.step, args.workers)
+def run(args) -> int:
+    results = measure(args.model_store, measured_model(args), args.clients, args.step, args.workers)
     command = f"python -m measure ray-autoscale {args.out} --model-store {args.model_store} --clients {args.clients}"
     command += f" --step {args.step:g}" + (f" --workers {args.workers}" if args.workers else "")
     report.write_files(args.out, {**results, "command": command},

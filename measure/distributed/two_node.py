@@ -12,8 +12,6 @@ results.md to OUT.
 
 from __future__ import annotations
 
-import argparse
-import os
 import signal
 import subprocess
 import tempfile
@@ -27,6 +25,7 @@ import requests
 
 from measure.distributed import report
 from measure.distributed.cluster import TWO_REPLICAS, two_node_serving
+from measure.distributed.command import measured_model, ray_command_parser
 from serving.ray import cluster
 from serving.settings import EXAMPLE_IMAGE, REQUEST_TIMEOUT_S, ServingError
 
@@ -170,26 +169,17 @@ def measure(model_store: Path, model: str, clients: int, even_routing: bool, ima
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m measure ray-two-node", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--model-store", type=Path, default=Path("model-store"))
-    parser.add_argument("--model", default=None, help="NAME of NAME.mar (default: the store's only archive)")
+    parser = ray_command_parser("ray-two-node", __doc__)
     parser.add_argument("--clients", type=int, default=4, help="hey's concurrent connections")
     parser.add_argument("--even-routing", action="store_true", help="the proxy spreads requests over both nodes' "
                         "replicas (by default it prefers the head's own and the second node gets the overflow)")
     args = parser.parse_args(argv)
     from contract.cli import run_command
-    from serving.settings import choose_models
-    return run_command(lambda: run(args, choose_models))
+    return run_command(lambda: run(args))
 
 
-def run(args, choose_models) -> int:
-    models = choose_models(args.model_store, [args.model] if args.model else None)
-    if len(models) != 1:
-        raise ServingError(f"{args.model_store} holds {', '.join(models)}: name one with --model")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    results = measure(args.model_store, models[0], args.clients, args.even_routing)
+def run(args) -> int:
+    results = measure(args.model_store, measured_model(args), args.clients, args.even_routing)
     command = "python -m measure ray-two-node " + " ".join(str(a) for a in [args.out, "--model-store",
                                                                              args.model_store, "--clients", args.clients])
     command += " --even-routing" if args.even_routing else ""

@@ -67,6 +67,19 @@ def autoscaling(device: str, numbers: ReplicaNumbers) -> dict:
     return {"minReplicas": 1, "maxReplicas": MAX_REPLICAS, "scaleMetric": "concurrency", "scaleTarget": target}
 
 
+def exported_archive(export_dir: Path, model_store: Path, model_name: str | None):
+    """(the export's manifest, the model's name, its NAME.mar in model_store); DeployError saying what to pass
+    when the archive is not there (model_name: default the model's own)."""
+    from contract.records import Manifest
+    manifest = Manifest.read(export_dir)
+    model_name = model_name or manifest.model.name
+    archive = Path(model_store) / f"{model_name}.mar"
+    if not archive.is_file():
+        raise DeployError(f"{archive} not found: export {export_dir}'s model with `--model-store {model_store}` "
+                          f"(it writes {archive.name}), or pass --model-store / --model-name")
+    return manifest, model_name, archive
+
+
 def fresh_output(out: Path, force: bool) -> Path:
     """A temporary sibling folder to write into; `publish` renames it to `out` when complete."""
     out = Path(out)

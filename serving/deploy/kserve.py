@@ -15,16 +15,15 @@ import math
 import shutil
 from pathlib import Path
 
-from contract.records import Manifest
 from handlers.policy import GPU_BATCH_DELAY_MS
 from serving.deploy.common import (
     API_VERSION,
     READINESS_SCRIPT,
     RESOURCES,
-    DeployError,
     ReplicaNumbers,
     autoscaling,
     dump_yaml,
+    exported_archive,
     fresh_output,
     publish,
     replica_numbers,
@@ -102,12 +101,7 @@ def storage_upload_objects(mar_bytes: int) -> list[dict]:
 def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str | None = None,
                  storage_uri: str = STORAGE_URI_PLACEHOLDER, force: bool = False) -> Path:
     """gpu/ and cpu/ storage folders with the export's archive (model_name: default the model's name)."""
-    manifest = Manifest.read(export_dir)
-    model_name = model_name or manifest.model.name
-    archive = Path(model_store) / f"{model_name}.mar"
-    if not archive.is_file():
-        raise DeployError(f"{archive} not found: export {export_dir}'s model with `--model-store {model_store}` "
-                          f"(it writes {archive.name}), or pass --model-store / --model-name")
+    manifest, model_name, archive = exported_archive(export_dir, model_store, model_name)
     numbers = replica_numbers(manifest.model.name)
     staging = fresh_output(Path(out), force)
     header = (f"# KServe InferenceService for {manifest.model.name} ({manifest.served_record().kind}) served by "

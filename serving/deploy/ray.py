@@ -22,9 +22,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path, PurePosixPath
 
-from contract.records import Manifest
 from handlers.policy import ServingPolicy
-from serving.deploy.common import MAX_REPLICAS, RESOURCES, DeployError, dump_yaml, fresh_output, publish
+from serving.deploy.common import (
+    MAX_REPLICAS,
+    RESOURCES,
+    DeployError,
+    dump_yaml,
+    exported_archive,
+    fresh_output,
+    publish,
+)
 from serving.deploy.kserve import PVC_NAME, storage_upload_objects
 from serving.deploy.kserve_predictor import IMAGE_PLACEHOLDER, MOUNT
 from serving.ray.config import HTTP_PORT, OBJECT_STORE_BYTES
@@ -185,12 +192,7 @@ def write_ray(out: Path, export_dir: Path, model_store: Path, model_name: str | 
               cluster_model_store: PurePosixPath = CLUSTER_MODEL_STORE, force: bool = False) -> Path:
     """storage/model-store/NAME.mar, storage-pvc.yaml and rayservice.yaml (model_name: default the model's)."""
     version = installed_ray_version()
-    manifest = Manifest.read(export_dir)
-    model_name = model_name or manifest.model.name
-    archive = Path(model_store) / f"{model_name}.mar"
-    if not archive.is_file():
-        raise DeployError(f"{archive} not found: export {export_dir}'s model with `--model-store {model_store}` "
-                          f"(it writes {archive.name}), or pass --model-store / --model-name")
+    manifest, model_name, archive = exported_archive(export_dir, model_store, model_name)
     cluster_model_store = PurePosixPath(cluster_model_store)
     if not cluster_model_store.is_absolute():
         raise DeployError(f"--cluster-model-store {cluster_model_store}: give an absolute path inside the pods")
