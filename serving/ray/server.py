@@ -12,7 +12,9 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 from contract.errors import VisionExportError
@@ -58,11 +60,32 @@ def deploy(settings: RaySettings) -> None:
                 policy.threads_per_worker, policy.batch_size, policy.max_batch_delay_ms)
     for name in settings.models:
         archive = Path(settings.model_store).absolute() / f"{name}.mar"
+        verify_archive(archive)
         app = application({**application_args(archive, policy), "options": options})
         try:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
+
+
+def verify_archive(archive: Path) -> None:
+    """The archive's served artifact is the file its manifest recorded (sha256), checked before Serve starts a
+    replica: a tampered archive is refused at once with the reason. Each replica checks it again (the request
+    core), but Serve retries a failing replica constructor several times before it gives up (tens of seconds)."""
+    from contract.records import MANIFEST_NAME, Manifest
+    from handlers.core import REBUILD
+    from runtime.integrity import IntegrityError, mismatch
+    with tempfile.TemporaryDirectory(prefix="verify-") as folder, zipfile.ZipFile(archive) as members:
+        try:
+            members.extract(MANIFEST_NAME, folder)
+            record = Manifest.read(Path(folder)).served_record()
+            members.extract(record.path, folder)
+        except KeyError as missing:
+            raise ServingError(f"{archive}: not an archive of `python -m export` ({missing.args[0]}); "
+                               "rebuild it with `python -m export`") from None
+        problem = mismatch(Path(folder) / record.path, record.sha256)
+    if problem:
+        raise IntegrityError({f"{archive}: {record.path}": problem}, REBUILD)
 
 
 def deployment_failure(name: str) -> str | None:
