@@ -99,11 +99,17 @@ def free_port() -> int:
 def decide_policy(flags) -> ServingPolicy:
     """This machine's policy (handlers/policy.py) with what --workers, --batch-size, --max-batch-delay and
     --threads (flags.workers ... flags.threads, None when not given) override."""
-    for flag in ("workers", "batch_size", "threads"):
-        if getattr(flags, flag) is not None and getattr(flags, flag) < 1:
-            raise ServingError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(flags, flag)}")
-    if flags.max_batch_delay is not None and flags.max_batch_delay < 0:
-        raise ServingError(f"--max-batch-delay must be 0 or more, got {flags.max_batch_delay}")
+    return policy_with(flags.workers, flags.batch_size, flags.max_batch_delay, flags.threads)
+
+
+def policy_with(workers: int | None = None, batch_size: int | None = None, max_batch_delay: int | None = None,
+                threads: int | None = None) -> ServingPolicy:
+    """This machine's policy with the choices given (None: the policy's own), each checked as its flag is."""
+    chosen = {"workers": workers, "batch_size": batch_size, "threads": threads}
+    for flag, value in chosen.items():
+        if value is not None and value < 1:
+            raise ServingError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    if max_batch_delay is not None and max_batch_delay < 0:
+        raise ServingError(f"--max-batch-delay must be 0 or more, got {max_batch_delay}")
     gpus, cores = this_machine()
-    return with_overrides(machine_policy(gpus, cores), flags.workers, flags.batch_size, flags.max_batch_delay,
-                          flags.threads, cores)
+    return with_overrides(machine_policy(gpus, cores), workers, batch_size, max_batch_delay, threads, cores)

@@ -15,7 +15,6 @@ Writes results.json, results.md and autoscale.png (replicas and the checker's la
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import threading
 import time
@@ -23,9 +22,9 @@ from pathlib import Path
 
 from measure.distributed import report
 from measure.distributed.command import measured_model, ray_command_parser
-from measure.distributed.two_node import Checker, expected_answer, hey
-from serving.ray.config import AUTOSCALING_PACE, RaySettings
-from serving.settings import EXAMPLE_IMAGE, ServingError, decide_policy, free_port
+from measure.distributed.two_node import Checker, deployment_status, expected_answer, hey
+from serving.ray.config import AUTOSCALING_PACE, RaySettings, deployment_options
+from serving.settings import EXAMPLE_IMAGE, ServingError, free_port, policy_with
 
 POLL_S = 0.5  # how often Serve's status is read
 # A scale-down is due downscale_delay_s after the load fell, judged over look_back_period_s: later is a failure.
@@ -46,10 +45,8 @@ class ReplicaWatch(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        from ray import serve
         while not self.stopping.is_set():
-            application = serve.status().applications.get(self.model)
-            deployment = application.deployments.get(self.model) if application else None
+            deployment = deployment_status(self.model)
             if deployment is not None:
                 state = (deployment.replica_states.get("RUNNING", 0), str(deployment.status),
                          str(deployment.status_trigger))
@@ -71,7 +68,6 @@ class ReplicaWatch(threading.Thread):
 
 
 def scaling(settings: RaySettings) -> dict:
-    from serving.ray.config import deployment_options
     return deployment_options(settings.effective_policy())["autoscaling_config"]
 
 
@@ -83,8 +79,7 @@ def measure(model_store: Path, model: str, clients: int, step_s: float, workers:
     expected = expected_answer(Path(model_store) / f"{model}.mar", image.read_bytes())
     with tempfile.TemporaryDirectory(prefix="ray-autoscale-", dir="/tmp") as folder:
         settings = RaySettings(model_store, (model,), http_port=free_port(), run_dir=Path(folder) / "engine",
-                               policy=decide_policy(argparse.Namespace(workers=workers, batch_size=None,
-                                                                       max_batch_delay=None, threads=None)))
+                               policy=policy_with(workers=workers))
         limits = scaling(settings)
         if limits["max_replicas"] <= limits["min_replicas"]:
             raise ServingError(f"the policy allows {limits['max_replicas']} replica(s): nothing to scale; "

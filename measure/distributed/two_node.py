@@ -65,10 +65,16 @@ def wait_for_replicas(model: str, replicas: int, timeout: float = GIVE_UP_S) -> 
 
 
 def running_replicas(model: str) -> int:
+    deployment = deployment_status(model)
+    return deployment.replica_states.get("RUNNING", 0) if deployment else 0
+
+
+def deployment_status(model: str):
+    """Serve's status of the model's deployment (its application and deployment are both named after it), or
+    None while there is none."""
     from ray import serve
     application = serve.status().applications.get(model)
-    deployment = application.deployments.get(model) if application else None
-    return deployment.replica_states.get("RUNNING", 0) if deployment else 0
+    return application.deployments.get(model) if application else None
 
 
 class Checker(threading.Thread):

@@ -23,7 +23,7 @@ from serving.deploy.kserve import write_kserve
 from serving.deploy.ray import CLAIM_NAME, CLUSTER_MODEL_STORE, storage_folder, write_ray
 from serving.deploy.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI
 from serving.deploy.triton import write_triton
-from serving.settings import decide_policy
+from serving.settings import policy_with
 
 TARGETS = {"kserve": "KServe: storage layouts + InferenceServices for its TorchServe runtime and for our image "
                      "with the kserve engine",
@@ -63,8 +63,7 @@ def deploy(argv: list[str]) -> int:
     manifest = Manifest.read(args.export_dir)
     name = args.model_name or manifest.model.name
     if args.target == "ray":
-        policy = decide_policy(argparse.Namespace(workers=args.workers, threads=args.threads, batch_size=None,
-                                                  max_batch_delay=None))
+        policy = policy_with(workers=args.workers, threads=args.threads)
         out = write_ray(args.out, args.export_dir, args.model_store, name, policy, args.cluster_model_store,
                         args.force)
         print(f"wrote {out}/: rayservice.yaml (KubeRay RayService, serveConfigV2 validated with Ray's schema), "
