@@ -1,0 +1,107 @@
+"""One form explained: eager and the form run on the same rows with every intermediate kept (in passes within
+MEMORY_BUDGET_BYTES), matched by module call, the first one out of the form's tolerance reported.
+
+Runners by format (each a TapRunner): ONNX (export.divergence.onnx_taps), ExportedProgram and AOTInductor
+(export.divergence.program_taps), TorchScript (export.divergence.torchscript_taps). The int8 variant is held
+to its fp32 source, not eager, tensor by tensor (export.divergence.int8)."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from export.checks.parity import Tolerance
+from export.divergence.compare import Matching, match, plan_passes
+from export.divergence.eager import EagerTaps
+from export.divergence.report import Divergence
+from export.divergence.taps import MAX_ROWS, MEMORY_BUDGET_BYTES, TapRunner
+from export.errors import ExportError
+
+EXPORTED_PROGRAM_FILE = "model.exported.pt2"  # the kind "exported": what an AOTInductor package was compiled from
+
+
+def runner_for(format: str, path: Path, module: nn.Module, example: torch.Tensor) -> TapRunner:
+    """The tap runner that reads this form's intermediates."""
+    if format == "onnx":
+        from export.divergence.onnx_taps import OnnxTaps
+        return OnnxTaps(path, {p for p, _ in module.named_modules()})
+    if format == "torch-export":
+        from export.divergence.program_taps import ProgramTaps
+        return ProgramTaps.from_file(path)
+    if format == "aoti":
+        return _aoti_source(path, module, example)
+    if format == "torchscript":
+        from export.divergence.torchscript_taps import TorchScriptTaps
+        return TorchScriptTaps.from_file(path)
+    raise ExportError(f"no intermediates runner for format {format!r}")
+
+
+def _aoti_source(path: Path, module: nn.Module, example: torch.Tensor) -> TapRunner:
+    """The ExportedProgram an AOTInductor package was made from: the export's own file when it is there, else
+    the module exported again (torch.export is deterministic for the same module and example)."""
+    from export.divergence.program_taps import NOTE_AOTI, ProgramTaps
+    from export.forms.exporters import export_program, torch_export_form
+    sibling = path.parent / EXPORTED_PROGRAM_FILE
+    if sibling.is_file():
+        return ProgramTaps.from_file(sibling, NOTE_AOTI)
+    return ProgramTaps(export_program(torch_export_form(module), example, spatial_dynamic=False), NOTE_AOTI)
+
+
+def explain(kind: str, runner: TapRunner, module: nn.Module, form_output: torch.Tensor, batch: torch.Tensor,
+            inputs: str, tolerance: Tolerance, budget: int = MEMORY_BUDGET_BYTES) -> Divergence:
+    """The divergence report of a form whose output on `batch` was `form_output` (as served)."""
+    started, batch = time.perf_counter(), batch[:MAX_ROWS]
+    eager = EagerTaps(module.eval())
+    matching, passes, kept = _matched(eager, runner, batch, tolerance, budget)
+    expected = eager.output(batch)
+    output_max_abs = (form_output[:MAX_ROWS].double() - expected.double()).abs().max().item() \
+        if form_output.shape[:1] == expected.shape[:1] or form_output.shape == expected.shape else float("inf")
+    first = matching.first
+    divergence = Divergence(kind, f"'{inputs}', {len(batch)} row(s)", tolerance, matching, output_max_abs,
+                            runner.note, definition=eager.definition(first.key.split("@")[0]) if first else "")
+    divergence.notes += _notes(matching, output_max_abs, tolerance)
+    divergence.cost = {"seconds": round(time.perf_counter() - started, 2), "passes": passes,
+                       "intermediates_mb": round(kept / 2**20, 1), "peak_rss_mb": _peak_rss_mb()}
+    return divergence
+
+
+def _matched(eager: EagerTaps, runner: TapRunner, batch, tolerance, budget) -> tuple[Matching, int, int]:
+    """Match in passes: every key at once when eager's intermediates fit the budget, else slices of them."""
+    layout = eager.taps(batch, lambda key: False)
+    passes = plan_passes(layout, budget)
+    if len(passes) == 1:
+        eager_taps, form_taps = eager.taps(batch, lambda key: True), runner.taps(batch, lambda key: True)
+        return match(eager_taps, form_taps, tolerance), 1, _bytes(eager_taps) + _bytes(form_taps)
+    combined, kept = Matching(), 0
+    form_layout = runner.taps(batch, lambda key: False)
+    from export.divergence.compare import owners
+    owner = owners(form_layout)
+    for keys in passes:
+        wanted = {form_layout[owner[k]].key for k in keys if k in owner}
+        eager_taps = eager.taps(batch, keys.__contains__)
+        form_taps = runner.taps(batch, wanted.__contains__)
+        part = match(eager_taps, form_taps, tolerance)
+        combined.rows += part.rows
+        combined.missing += [k for k in part.missing if k in keys]
+        kept = max(kept, _bytes(eager_taps) + _bytes(form_taps))
+    return combined, len(passes), kept
+
+
+def _bytes(taps) -> int:
+    return sum(t.value.numel() * 4 for t in taps if t.value is not None)
+
+
+def _notes(matching: Matching, output_max_abs: float, tolerance: Tolerance) -> list[str]:
+    if matching.first is not None or output_max_abs <= tolerance.atol:
+        return []
+    return ["every module output matches with the runner above, yet the form's own output (as served) differs: "
+            "the cause is outside the modules' own values (for ONNX, a graph optimization ONNX Runtime applies "
+            "when serving; try the session with optimizations off)"]
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
