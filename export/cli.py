@@ -56,6 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("folder", type=Path)
     _device_option(parity)
 
+    explain = commands.add_parser(
+        "explain", help="where a form diverges from eager: the first layer out of tolerance, with its source line",
+        description="Run eager and one form of an export on the same batch with every intermediate kept, match "
+                    "them by module and name the first one out of the form's tolerance (op, module path, the "
+                    "model's line) and how the error grows; the int8 form is held to its fp32 source tensor by "
+                    "tensor (SQNR). Writes divergence.KIND.md / .json into the folder.")
+    explain.add_argument("folder", type=Path)
+    explain.add_argument("--kind", required=True, help="the artifact kind to explain (see manifest.json)")
+
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from contract.records import Manifest
@@ -85,14 +86,7 @@ def controlflow_command(args) -> int:
 def parity_command(args) -> int:
     """Re-check an export folder: hashes first (a modified file is named), then parity against eager."""
     folder, device = args.folder, _device(args.device)
-    manifest = Manifest.read(folder)
-    verify_hashes(folder, manifest)
-    progress = Progress()
-    progress.step(f"sha256 of {len(manifest.recorded_files())} files match manifest.json")
-    entry = entry_from_manifest(manifest)
-    built = entry.build(weights_from_manifest(manifest))
-    _same_weights(manifest, built.module, progress)
-    module = built.module.eval().requires_grad_(False)
+    manifest, _, module, progress = _rebuilt(folder)
     candidates = {k: Candidate(open_artifact(r.format, folder / r.path, RunOptions(device=device), k),
                                kinds.get(k).tolerance, r.spatial_dynamic)
                   for k, r in manifest.fp32_artifacts().items()}  # reduced-precision variants are gated instead
@@ -104,6 +98,30 @@ def parity_command(args) -> int:
     atomic_write_text(folder / "parity.recheck.json", report_json(report))
     report.raise_on_failure()
     progress.step(f"parity passed for {', '.join(report.summary())}; wrote parity.recheck.md")
+    return 0
+
+
+def _rebuilt(folder: Path):
+    """(manifest, entry, eval module, progress) of an export folder whose files match their sha256."""
+    manifest = Manifest.read(folder)
+    verify_hashes(folder, manifest)
+    progress = Progress()
+    progress.step(f"sha256 of {len(manifest.recorded_files())} files match manifest.json")
+    entry = entry_from_manifest(manifest)
+    built = entry.build(weights_from_manifest(manifest))
+    _same_weights(manifest, built.module, progress)
+    return manifest, entry, built.module.eval().requires_grad_(False), progress
+
+
+def explain_command(args) -> int:
+    """Where one form of an export diverges (export.divergence), on the first input it fails, else the worst."""
+    from export.divergence.command import explain_folder
+    manifest, entry, module, progress = _rebuilt(args.folder)
+    report = explain_folder(args.folder, manifest, entry, module, args.kind, progress)
+    print(report.markdown())
+    for suffix, text in (("md", report.markdown()), ("json", json.dumps(report.as_dict(), indent=2, default=str))):
+        atomic_write_text(args.folder / f"divergence.{args.kind}.{suffix}", text)
+    progress.step(f"{report.line()}\nwrote {args.folder / f'divergence.{args.kind}.md'} and .json")
     return 0
 
 

@@ -27,12 +27,14 @@ class ParityError(ExportError):
 
     exit_code = EXIT_PARITY
 
-    def __init__(self, failures: list, table: str):
+    def __init__(self, failures: list, table: str, divergence: list[str] = ()):
         self.failures = failures  # list[export.checks.parity.Comparison]
         self.table = table
+        self.divergence = list(divergence)  # one line per failing form: where it first diverges
         worst = max(failures, key=lambda c: c.metrics["max_abs"])
         names = sorted({c.artifact for c in failures})
         super().__init__(
             f"parity failed for {', '.join(names)}: worst max_abs={worst.metrics['max_abs']:.3g} "
             f"(atol={worst.tolerance.atol:g}, rtol={worst.tolerance.rtol:g}) on {worst.artifact} / {worst.inputs}; "
-            "do not ship these artifacts; see parity.md for every number")
+            "do not ship these artifacts; see parity.md for every number"
+            + "".join(f"\n  {line}" for line in self.divergence))

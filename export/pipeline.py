@@ -18,7 +18,7 @@ from contract.records import Manifest, ServingDecision
 from export.atomic import ensure_free_space, staged_directory
 from export.checks.decode import record_decode_check
 from export.checks.eval_mode import prepare_for_export
-from export.checks.parity import ParityReport
+from export.checks.parity import ParityReport, parity_inputs
 from export.checks.second_opinion import reference_agreement
 from export.checks.trace_vs_script import ArtifactUnderTest, TraceVsScript, compare_paths
 from export.forms import exporters, kinds
@@ -113,6 +113,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     built = build_model(run)
     forms = make_forms(run, built.module)
     checked = check_forms(run, built.module, forms)
+    explain_divergence(run, built.module, checked)
     paths = compare_trace_and_script(run, checked)
     latency = measure_latency(run, checked)
     variants = make_variants(run, built, checked, paths)
@@ -226,6 +227,20 @@ def check_forms(run: ExportRun, module: torch.nn.Module, artifacts: dict[str, ex
             checked.second_opinion = reference_agreement(artifacts, backends, run.entry.probe_inputs())
         _print_second_opinion(checked.second_opinion, run.progress)
     return checked
+
+
+def explain_divergence(run: ExportRun, module: torch.nn.Module, checked: Checked) -> None:
+    """Where each form that failed parity first diverges (only on failure: it costs a run with every
+    intermediate kept); parity.md / parity.json and the failure's message carry it."""
+    if not checked.parity.failures:
+        return
+    from export.divergence.explain import explain_failures
+    spec = run.entry.input_spec
+    with run.timed("divergence"):
+        checked.parity.divergence = explain_failures(
+            checked.parity, module, checked.artifacts, checked.backends,
+            parity_inputs(spec.shape, spec.value_range, spatial_dynamic=spec.resizes_in_graph), run.example)
+    run.progress.step("where the failing forms diverge:\n    " + "\n    ".join(checked.parity.divergence_lines()))
 
 
 def compare_trace_and_script(run: ExportRun, checked: Checked) -> TraceVsScript:

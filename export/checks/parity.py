@@ -64,6 +64,12 @@ class Comparison:
 class ParityReport:
     comparisons: list[Comparison] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    # kind -> where a failing form first diverges (export.divergence: markdown(), as_dict(), line()), or why no
+    # report could be made
+    divergence: dict = field(default_factory=dict)
+
+    def divergence_lines(self) -> list[str]:
+        return [d if isinstance(d, str) else d.line() for d in self.divergence.values()]
 
     @property
     def failures(self) -> list[Comparison]:
@@ -91,7 +97,8 @@ class ParityReport:
 
     def as_dict(self) -> dict:
         return {"summary": self.summary(), "comparisons": [c.as_dict() for c in self.comparisons],
-                "skipped": self.skipped}
+                "skipped": self.skipped,
+                "divergence": {k: d if isinstance(d, str) else d.as_dict() for k, d in self.divergence.items()}}
 
     def table(self) -> str:
         return render_table(self.comparisons)
@@ -111,7 +118,7 @@ class ParityReport:
 
     def raise_on_failure(self) -> None:
         if self.failures:
-            raise ParityError(self.failures, render_table(self.failures))
+            raise ParityError(self.failures, render_table(self.failures), self.divergence_lines())
 
 
 def _min_or_none(values):
@@ -281,6 +288,11 @@ def report_markdown(report: ParityReport, title: str) -> str:
     lines += ["", "## Every comparison", "", report.table(), ""]
     for name, why in report.skipped.items():
         lines.append(f"- {name}: other input sizes skipped ({why})")
+    if report.divergence:
+        lines += ["", "## Where each failing form diverges", "",
+                  "Eager and the form on the first input it failed, every module's output kept and matched "
+                  "(python -m export explain; docs/divergence.md).", ""]
+        lines += [d if isinstance(d, str) else d.markdown() for d in report.divergence.values()]
     return "\n".join(lines) + "\n"
 
 

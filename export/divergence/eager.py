@@ -20,9 +20,11 @@ class _LastLine(TorchFunctionMode):
     """Remembers the model's line behind the latest torch call."""
 
     line = ""
+    paused = False  # while our own hook runs: its torch calls are not the model's
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.line = current_model_frame()
+        if not self.paused:
+            self.line = current_model_frame()
         return func(*args, **(kwargs or {}))
 
 
@@ -39,12 +41,19 @@ class EagerTaps:
         counter, last = CallCounter(), _LastLine()
 
         def record(module, args, output):
+            last.paused = True
+            try:
+                _record(module, output, last.line)
+            finally:
+                last.paused = False
+
+        def _record(module, output, line):
             path = self.paths.get(id(module))
             tensor = output[0] if isinstance(output, (tuple, list)) and output else output
             if path is None or not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
                 return
             key = counter.key(path)
-            found.append(Tap(key, type(module).__name__, last.line, as_value(tensor) if keep(key) else None,
+            found.append(Tap(key, type(module).__name__, line, as_value(tensor) if keep(key) else None,
                              tuple(tensor.shape), name=key))
 
         handles = [m.register_forward_hook(record) for m in self.module.modules()]

@@ -105,3 +105,23 @@ def _notes(matching: Matching, output_max_abs: float, tolerance: Tolerance) -> l
 
 def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def explain_failures(parity, module: nn.Module, artifacts: dict, backends: dict, inputs: list,
+                     example: torch.Tensor) -> dict[str, Divergence | str]:
+    """A report for every form that failed parity, on the first parity input it failed (kind -> report, or the
+    reason none could be made: the export's failure stands either way)."""
+    by_name = {batch.name: batch.tensor for batch in inputs}
+    found: dict[str, Divergence | str] = {}
+    for comparison in parity.failures:
+        kind = comparison.artifact
+        if kind in found or kind not in artifacts or comparison.inputs not in by_name:
+            continue
+        artifact, batch = artifacts[kind], by_name[comparison.inputs]
+        try:
+            runner = runner_for(artifact.format, artifact.path, module, example)
+            found[kind] = explain(kind, runner, module, backends[kind](batch[:MAX_ROWS]), batch, comparison.inputs,
+                                  comparison.tolerance)
+        except Exception as error:  # noqa: BLE001 - the report is help on top of a failure; say why it is missing
+            found[kind] = f"{kind}: no divergence report ({type(error).__name__}: {str(error)[:300]})"
+    return found
