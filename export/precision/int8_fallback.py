@@ -15,6 +15,9 @@ Ranking: each node's damage is the logit error of a model where only that node i
 measured on every RANKING_STRIDE-th calibration image (never the held-out ones). The opposite test ("all int8
 but this node") misses interactions: on lite0 the stem convolution looked harmless that way (the error left
 behind by the others hid it) while alone it is among the most damaging (docs/int8-efficientnet.md).
+Why not the cheaper SQNR ranking (export/divergence/int8.py): on lite0 its top 8 overlap this one's in 6 of 8, but
+SQNR is energy-weighted and cumulative, so it misses the small-channel damage of the depthwise convolutions; with
+its top 4/8/12 in fp32 the held-out gate failed each time, with this ranking's top 8 it passed (same document).
 """
 
 from __future__ import annotations
