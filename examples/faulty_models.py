@@ -13,21 +13,32 @@ import torch.nn.functional as F
 from torch import nn
 
 
-@torch.library.custom_op("faulty::swish", mutates_args=())
-def swish(x: torch.Tensor) -> torch.Tensor:
+def _swish(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(x)
-
-
-@swish.register_fake
-def _(x):
-    return torch.empty_like(x)
 
 
 def _sigmoid_symbolic(g, x):
     return g.op("Sigmoid", x)  # the fault: Swish is x * sigmoid(x), this exports sigmoid(x) alone
 
 
-torch.onnx.register_custom_op_symbolic("faulty::swish", _sigmoid_symbolic, 9)
+def _register_swish() -> None:
+    """faulty::swish, a custom op, with its (wrong) ONNX symbolic; once per process, however often the file loads."""
+    if _registered("faulty::swish"):
+        return
+    op = torch.library.custom_op("faulty::swish", mutates_args=())(_swish)
+    op.register_fake(lambda x: torch.empty_like(x))
+    torch.onnx.register_custom_op_symbolic("faulty::swish", _sigmoid_symbolic, 9)
+
+
+def _registered(name: str) -> bool:
+    try:
+        torch._C._dispatch_find_schema_or_throw(name, "")
+        return True
+    except RuntimeError:
+        return False
+
+
+_register_swish()
 
 
 class Swish(nn.Module):
