@@ -23,7 +23,7 @@ import torch
 
 from export.divergence.taps import call_key, keep_all, last_model_frame, short_source
 from export.errors import ExportError
-from export.precision.int8_fallback import RANKED_OPS, node_kind
+from export.precision.int8_fallback import ACTIVATIONS, RANKED_OPS, node_kind
 
 # About what 8-bit rounding of a ReLU6 range leaves a typical activation using ~6 of its 8 bits (6 * 6.02 - 11
 # dB); on lite0's plain int8 (docs/int8-efficientnet.md) the stem stays above it (29 dB) and the first depthwise
@@ -119,8 +119,9 @@ def explain_int8(fp32_path: Path, int8_path: Path, images: torch.Tensor, fallbac
                  module: torch.nn.Module | None = None, floor_db: float = SQNR_FLOOR_DB) -> Int8Divergence:
     """SQNR of every quantized tensor of `int8_path` (QDQ) against `fp32_path` (the ONNX it was quantized from) on
     `images` (N x C x H x W float32, preprocessed; the first MAX_IMAGES are used). `module`, the eager model,
-    supplies source lines the exporter did not keep; `fallback_record` (int8_fallback.Fallback.record()) adds a
-    comparison of the two rankings."""
+    supplies source lines the exporter did not keep; `fallback_record`, what the manifest stores at the int8
+    artifact's `details["made_by"]["fp32_fallback"]` (int8_fallback.Fallback.record(), JSON round-tripped or
+    not; see damage_ranking for the other shapes read), adds a comparison of the two rankings."""
     import onnx
     images = _checked(images)
     fp32, int8 = onnx.load(str(fp32_path)), onnx.load(str(int8_path))
@@ -131,8 +132,12 @@ def explain_int8(fp32_path: Path, int8_path: Path, images: torch.Tensor, fallbac
     eager = _eager_sources(module, images) if module is not None else {}
     rows = _rows(fp32, int8, sqnr, eager)
     result = Int8Divergence(rows, len(images), floor_db)
-    if fallback_record and fallback_record.get("ranking_top"):
-        result.ranking = compare_rankings(rows, fallback_record["ranking_top"])
+    damage = damage_ranking(fallback_record) if fallback_record else []
+    if damage:
+        result.ranking = compare_rankings(rows, damage)
+    elif fallback_record:
+        result.notes.append("The fallback record given holds no damage ranking (no ranking_top, fp32_nodes or "
+                            "nodes); the rankings are not compared.")
     if not any(r.source for r in rows):
         result.notes.append("The fp32 source kept no source lines (TorchScript-based ONNX); pass the eager module.")
     return result
@@ -177,23 +182,62 @@ def sqnr_by_tensor(fp32_path: Path, int8_path: Path, images: torch.Tensor, input
 
 def _rows(fp32, int8, sqnr: dict[str, dict], eager: dict[str, str]) -> list[SqnrRow]:
     """One row per compared tensor, in the int8 graph's order, named by the int8 node that makes it (after
-    quantization a Conv writes its fused ReLU6's tensor) as the fp32 source spells that node."""
+    quantization a Conv writes its fused ReLU6's tensor) as the fp32 source spells that node. Where the
+    activation was kept explicit (QDQKeepRemovableActivations, the fallback's graph), the Q/DQ after a Conv or
+    Gemm takes its only consumer's Relu/Clip range, so the conv's own tensor (negatives included in fp32) is not
+    compared; the activation's output is, under the conv's name."""
     fp32_nodes = {n.name: n for n in fp32.graph.node}
     fp32_producer = {o: n for n in fp32.graph.node for o in n.output}
     initializers = {i.name: i for i in fp32.graph.initializer}
     behind_qdq = _quantized_inputs(int8)
     int8_nodes = {n.name: n for n in int8.graph.node}
+    conv_of = _activated_convs(int8)  # activation node name -> the Conv/Gemm node it alone follows
+    skipped = {c.name for c in conv_of.values()}
     rows = []
     for node in int8.graph.node:
+        if node.name in skipped:
+            continue
         for tensor in (t for t in node.output if t in sqnr):
-            source_node = fp32_nodes.get(node.name) or fp32_producer[tensor]  # a graph output's maker is a DQ
+            conv = conv_of.get(node.name)
+            if conv is not None:
+                source_node = fp32_nodes.get(conv.name) or fp32_producer.get(conv.output[0], conv)
+            else:
+                source_node = fp32_nodes.get(node.name) or fp32_producer[tensor]  # a graph output's maker is a DQ
             key, source = node_origin(source_node)
-            maker = int8_nodes.get(source_node.name, node)
+            maker = conv if conv is not None else int8_nodes.get(source_node.name, node)
             inputs = [sqnr[t]["sqnr_db"] for t in behind_qdq(maker) if t in sqnr]
             db = sqnr[tensor]["sqnr_db"]
             rows.append(SqnrRow(tensor, source_node.name, source_node.op_type, node_kind(source_node, initializers),
                                 key, source or eager.get(key, ""), db, round(min(inputs) - db, 2) if inputs else 0.0))
     return rows
+
+
+_ACTIVATED = ("Conv", "Gemm")
+
+
+def _activated_convs(int8) -> dict:
+    """activation node name -> Conv/Gemm node, where the conv's output goes (through one Q/DQ pair, or directly)
+    to that Relu/Clip alone: the explicit-activation QDQ graph."""
+    consumers: dict[str, list] = {}
+    for node in int8.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in int8.graph.output}
+
+    def only(tensor: str):
+        readers = consumers.get(tensor, [])
+        return readers[0] if len(readers) == 1 and tensor not in outputs else None
+
+    found = {}
+    for node in (n for n in int8.graph.node if n.op_type in _ACTIVATED):
+        reader = only(node.output[0])
+        if reader is not None and reader.op_type == "QuantizeLinear":
+            dequantize = only(reader.output[0])
+            reader = only(dequantize.output[0]) if dequantize is not None and \
+                dequantize.op_type == "DequantizeLinear" else None
+        if reader is not None and reader.op_type in ACTIVATIONS:
+            found[reader.name] = node
+    return found
 
 
 def _quantized_inputs(int8):
@@ -258,6 +302,21 @@ def _eager_sources(module: torch.nn.Module, images: torch.Tensor) -> dict[str, s
 
 
 # ---------------------------------------------------------------- the two rankings
+
+def damage_ranking(record: dict) -> list[dict]:
+    """The fallback's damage ranking, most damaging first, as [{"node": ...}, ...], from what the manifest keeps:
+    Fallback.record() (`ranking_top`: the first 2 x limit nodes ranked; else `fp32_nodes`: those put back), or
+    the artifact record, its `details` or `made_by` holding it at `made_by.fp32_fallback`, or the int8_choice
+    summary (`nodes`: "name (kind)" strings of the fp32 nodes)."""
+    for outer in ("details", "made_by", "fp32_fallback"):
+        if isinstance(record.get(outer), dict):
+            return damage_ranking(record[outer])
+    for key in ("ranking_top", "fp32_nodes"):
+        rows = record.get(key)
+        if rows:
+            return [{"node": r["node"], **r} if isinstance(r, dict) else {"node": str(r)} for r in rows]
+    return [{"node": re.sub(r" \([^()]*\)$", "", str(n))} for n in record.get("nodes") or []]
+
 
 def compare_rankings(rows: list[SqnrRow], damage_ranking: list[dict], top: int = RANKING_TOP) -> dict:
     """The SQNR drop ranking (nodes of int8_fallback.RANKED_OPS, most SQNR lost first) against the fallback's

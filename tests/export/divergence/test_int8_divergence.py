@@ -109,21 +109,75 @@ def test_images_that_are_not_a_batch_are_refused_with_what_to_pass(damaged):
         divergence.explain_int8(fp32, int8, torch.rand(3, 16, 16))
 
 
-def test_lite0_plain_int8_is_named_at_its_first_depthwise_convolution(tmp_path):
-    """The held-out fault (docs/int8-efficientnet.md): the pipeline's source kind for lite0 (onnx-traced, first of
-    ONNX_SOURCES), quantize_static as build_int8 calls it, no fallback."""
+@pytest.fixture(scope="module")
+def lite0(tmp_path_factory):
+    """lite0 (trained weights) exported and quantized once, plain (build_int8's options); `explicit` quantizes
+    the same prepared graph with the fallback's options from the cached ranges, as variants._fall_back does."""
     import models
     from export.precision.calibration import default_images
     from models.efficientnet import weights_preprocessing
+    folder = tmp_path_factory.mktemp("lite0")
     module = models.entry_of("efficientnet", "lite0").build("imagenet").module.eval()
     contract = weights_preprocessing("lite0")
     calibration = default_images(contract, "calibration", CALIBRATION_IMAGES).images
-    fp32, int8 = quantize(module, calibration, tmp_path)
-    report = divergence.explain_int8(fp32, int8, default_images(contract, "holdout", 8).images, module=module)
+    fp32, int8 = quantize(module, calibration, folder)
+    work = _Int8Work(folder, folder / "prepared.onnx", folder / "ranges.json",
+                     ImageSet(calibration, [f"#{i}" for i in range(len(calibration))], "test images"))
+    return module, default_images(contract, "holdout", 8).images, fp32, int8, work
+
+
+def depthwise_call_line() -> int:
+    import models
+    lines = Path(models.efficientnet.__file__).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if "self.depthwise(" in line)
+
+
+def test_lite0_plain_int8_is_named_at_its_first_depthwise_convolution(lite0):
+    """The held-out fault (docs/int8-efficientnet.md): the pipeline's source kind for lite0 (onnx-traced, first of
+    ONNX_SOURCES), quantize_static as build_int8 calls it, no fallback."""
+    module, holdout, fp32, int8, _ = lite0
+    report = divergence.explain_int8(fp32, int8, holdout, module=module)
     named = report.first
     assert named is not None and named.key.startswith("network.blocks.0.depthwise."), report.markdown()
     assert named.kind == "depthwise conv"
-    lines = Path(models.efficientnet.__file__).read_text().splitlines()
-    call = next(n for n, line in enumerate(lines, 1) if "self.depthwise(" in line)
-    assert named.source.endswith(f"models/efficientnet.py:{call}")
+    assert named.source.endswith(f"models/efficientnet.py:{depthwise_call_line()}")
     assert all(r.sqnr_db >= divergence.SQNR_FLOOR_DB for r in report.rows[:report.rows.index(named)])
+
+
+def test_lite0_with_explicit_activations_compares_each_conv_after_its_relu6(lite0):
+    """The fallback's graph (int8_fallback.QUANTIZE_OPTIONS): the Q/DQ after a Conv takes its ReLU6's range, so
+    the Conv's own tensor would read ~0 dB; the ReLU6's output is compared under the conv's name instead."""
+    from export.precision.int8_fallback import QUANTIZE_OPTIONS
+    module, holdout, fp32, _, work = lite0
+    explicit = work.folder / "explicit.onnx"
+    work.quantize(explicit, "QUInt8", QUANTIZE_OPTIONS)
+    import onnx
+    convs = [n.name for n in onnx.load(str(fp32)).graph.node if n.op_type == "Conv"][:4]
+    record = fallback_record(convs)
+    report = divergence.explain_int8(fp32, explicit, holdout, fallback_record=record, module=module)
+    assert report.ranking is not None and report.ranking["damage_first"] == convs[0], report.ranking
+    assert report.ranking["spearman"] is not None and "damage ranking" in report.markdown()
+    named = report.first
+    assert named is not None and named.key.startswith("network.blocks.0.depthwise."), report.markdown()
+    assert named.kind == "depthwise conv" and named.op == "Conv"
+    assert named.source.endswith(f"models/efficientnet.py:{depthwise_call_line()}")
+    assert all(r.sqnr_db >= divergence.SQNR_FLOOR_DB for r in report.rows[:report.rows.index(named)])
+    assert not any(r.op in ("Relu", "Clip") for r in report.rows)  # each activation reads as its conv
+
+
+def fallback_record(nodes: list[str]) -> dict:
+    """made_by.fp32_fallback as the manifest stores it: int8_fallback.Fallback.record(), through JSON."""
+    from export.precision.int8_fallback import Fallback
+    ranking = [{"node": n, "kind": "conv", "damage": round(0.1 / (i + 1), 5)} for i, n in enumerate(nodes)]
+    return json.loads(json.dumps(Fallback(ranking, fp32_nodes=ranking[:1], limit=1).record()))
+
+
+def test_the_fallback_record_is_read_in_each_shape_the_manifest_keeps():
+    """Fallback.record() itself, the artifact record holding it at details.made_by.fp32_fallback, and
+    int8_choice's summary ("name (kind)" strings)."""
+    nodes = ["/network/stem/stem.0/Conv", "/network/blocks/blocks.0/depthwise/depthwise.0/Conv"]
+    record = fallback_record(nodes)
+    summary = {"nodes": [f"{n} (conv)" for n in nodes], "images_per_s_batch1": 1.0, "gate": "passed"}
+    for given in (record, {"details": {"made_by": {"tool": "quantize_static", "fp32_fallback": record}}}, summary):
+        assert [r["node"] for r in divergence.damage_ranking(given)] == nodes
+    assert divergence.damage_ranking({"made_by": {"fp32_fallback": None}}) == []
