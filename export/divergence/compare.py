@@ -17,6 +17,10 @@ from export.checks.parity import Tolerance
 from export.divergence.taps import Tap
 
 DOWNSTREAM_ROWS = 10  # rows shown from the first divergence on: how the error grows
+# An intermediate is also within tolerance when its error is this many times the tolerance, relative to the whole
+# tensor (L2): ONNX Runtime's rounding on ResNet-50's last stage reads 5.9e-4 on single near-zero values while the
+# output agrees to 4e-5; the faults this report names are off by 10-100 % of their tensor.
+L2_FACTOR = 10
 
 
 @dataclass
@@ -118,11 +122,19 @@ def _row(reference: Tap, candidate: Tap, tolerance: Tolerance) -> Row:
                    note=f"shape {tuple(actual.shape)}, eager {tuple(expected.shape)}")
     diff = (actual - expected).abs()
     finite = bool(torch.isfinite(actual).all())
-    within = finite and bool((diff <= tolerance.atol + tolerance.rtol * expected.abs()).all())
     norm = expected.norm().item()
-    return Row(**base, max_abs=diff.max().item() if diff.numel() else 0.0,
-               relative_l2=diff.norm().item() / norm if norm else diff.norm().item(), within=within,
+    relative_l2 = diff.norm().item() / norm if norm else diff.norm().item()
+    elementwise = bool((diff <= tolerance.atol * _scale(expected) + tolerance.rtol * expected.abs()).all())
+    within = finite and (elementwise or relative_l2 <= L2_FACTOR * max(tolerance.atol, tolerance.rtol))
+    return Row(**base, max_abs=diff.max().item() if diff.numel() else 0.0, relative_l2=relative_l2, within=within,
                note="" if finite else "non-finite values")
+
+
+def _scale(expected: torch.Tensor) -> float:
+    """The atol multiplier of an intermediate: its largest magnitude (at least 1). Activations grow to tens where
+    logits stay near 1, and rounding noise grows with them: held to the output's absolute tolerance, a correct
+    Conv with BatchNorm folded in (ONNX) reads out of tolerance on ResNet-50's later blocks (2.4e-4 on values ~15)."""
+    return max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
 
 
 def plan_passes(eager_layout: list[Tap], budget: int) -> list[set[str]]:

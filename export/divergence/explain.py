@@ -26,29 +26,30 @@ EXPORTED_PROGRAM_FILE = "model.exported.pt2"  # the kind "exported": what an AOT
 
 def runner_for(format: str, path: Path, module: nn.Module, example: torch.Tensor) -> TapRunner:
     """The tap runner that reads this form's intermediates."""
+    known = {p for p, _ in module.named_modules()}
     if format == "onnx":
         from export.divergence.onnx_taps import OnnxTaps
-        return OnnxTaps(path, {p for p, _ in module.named_modules()})
+        return OnnxTaps(path, known)
     if format == "torch-export":
         from export.divergence.program_taps import ProgramTaps
-        return ProgramTaps.from_file(path)
+        return ProgramTaps.from_file(path, known=known)
     if format == "aoti":
-        return _aoti_source(path, module, example)
+        return _aoti_source(path, module, example, known)
     if format == "torchscript":
         from export.divergence.torchscript_taps import TorchScriptTaps
         return TorchScriptTaps.from_file(path)
     raise ExportError(f"no intermediates runner for format {format!r}")
 
 
-def _aoti_source(path: Path, module: nn.Module, example: torch.Tensor) -> TapRunner:
+def _aoti_source(path: Path, module: nn.Module, example: torch.Tensor, known: set[str]) -> TapRunner:
     """The ExportedProgram an AOTInductor package was made from: the export's own file when it is there, else
     the module exported again (torch.export is deterministic for the same module and example)."""
     from export.divergence.program_taps import NOTE_AOTI, ProgramTaps
     from export.forms.exporters import export_program, torch_export_form
     sibling = path.parent / EXPORTED_PROGRAM_FILE
     if sibling.is_file():
-        return ProgramTaps.from_file(sibling, NOTE_AOTI)
-    return ProgramTaps(export_program(torch_export_form(module), example, spatial_dynamic=False), NOTE_AOTI)
+        return ProgramTaps.from_file(sibling, NOTE_AOTI, known)
+    return ProgramTaps(export_program(torch_export_form(module), example, spatial_dynamic=False), NOTE_AOTI, known)
 
 
 def explain(kind: str, runner: TapRunner, module: nn.Module, form_output: torch.Tensor, batch: torch.Tensor,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export.divergence.taps import Keep, OpenCalls, Tap, last_model_frame
+from export.divergence.taps import Keep, OpenCalls, Tap, known_path, last_model_frame
 
 NOTE_DYNAMO = ("ONNX Runtime, graph optimizations off, every node output kept; modules and source lines from the "
                "exporter's node metadata")
@@ -59,7 +59,7 @@ class OnnxTaps:
             if not scopes:
                 return None
             names = ast.literal_eval(scopes)
-            return names[-2] if len(names) >= 2 else ""
+            return known_path(names[-2], self.module_paths) if len(names) >= 2 else ""
         if not node.name.startswith("/"):
             return None
         return self._known_path(node.name.split("/")[1:-1])

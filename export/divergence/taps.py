@@ -85,6 +85,18 @@ class CallCounter:
         return call_key(path, call)
 
 
+def known_path(path: str, known: set[str] | None) -> str:
+    """`path` as eager names it: a form made from a wrapper (the torch.export form of a model that resizes in its
+    graph holds the model as `wrapped`) names `wrapped.network.fc` what eager names `network.fc`."""
+    if not known or path in known:
+        return path
+    parts = path.split(".")
+    for start in range(1, len(parts)):
+        if ".".join(parts[start:]) in known:
+            return ".".join(parts[start:])
+    return path
+
+
 class OpenCalls:
     """Call keys for a stream of ops that each name only their innermost module (ONNX nodes, graph nodes): an op
     continues a call still open (its module or an ancestor of the previous op's), else opens the next call."""
