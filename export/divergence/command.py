@@ -29,13 +29,14 @@ def explain_folder(folder: Path, manifest, entry, module: torch.nn.Module, kind:
                           f"{record.source})")
     tolerance = kinds.get(kind).tolerance
     backend = open_artifact(record.format, folder / record.path, RunOptions(), kind)
-    name, batch, output = _failing_input(manifest, entry, module, backend, tolerance, record.spatial_dynamic)
+    name, batch, output = _failing_input(manifest, entry, module, backend, tolerance, record.spatial_dynamic,
+                                         progress)
     progress.step(f"explaining {kind} on '{name}' (every intermediate of eager and the form kept)")
     runner = runner_for(record.format, folder / record.path, module, entry.example_input())
     return explain(kind, runner, module, output, batch, name, tolerance)
 
 
-def _failing_input(manifest, entry, module, backend, tolerance, spatial_dynamic: bool):
+def _failing_input(manifest, entry, module, backend, tolerance, spatial_dynamic: bool, progress):
     """(name, batch, the form's output) of the first input out of tolerance, else of the closest call."""
     candidates = [(b.name, b.tensor) for b in parity_inputs(manifest.input.example_shape, manifest.input.value_range,
                                                             spatial_dynamic=spatial_dynamic)]
@@ -45,7 +46,8 @@ def _failing_input(manifest, entry, module, backend, tolerance, spatial_dynamic:
         batch = tensor[:MAX_ROWS]
         try:
             output = backend(batch)
-        except Exception:  # noqa: BLE001 - an input this form does not take (a size it does not claim): not this one
+        except Exception as error:  # noqa: BLE001 - an input this form does not take (a size it does not claim)
+            progress.step(f"not explained on '{name}': the form does not run it ({type(error).__name__})")
             continue
         with torch.inference_mode():
             metrics, passed = compare_outputs(module(batch), output, tolerance)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from export.checks.parity import Tolerance
-from export.divergence.compare import Matching, match, plan_passes
+from export.divergence.compare import Matching, match, owners, plan_passes
 from export.divergence.eager import EagerTaps
 from export.divergence.report import Divergence
 from export.divergence.taps import MAX_ROWS, MEMORY_BUDGET_BYTES, TapRunner
@@ -59,8 +59,9 @@ def explain(kind: str, runner: TapRunner, module: nn.Module, form_output: torch.
     eager = EagerTaps(module.eval())
     matching, passes, kept = _matched(eager, runner, batch, tolerance, budget)
     expected = eager.output(batch)
-    output_max_abs = (form_output[:MAX_ROWS].double() - expected.double()).abs().max().item() \
-        if form_output.shape[:1] == expected.shape[:1] or form_output.shape == expected.shape else float("inf")
+    output = form_output[:MAX_ROWS]
+    output_max_abs = ((output.double() - expected.double()).abs().max().item() if output.shape == expected.shape
+                      else float("inf"))
     first = matching.first
     divergence = Divergence(kind, f"'{inputs}', {len(batch)} row(s)", tolerance, matching, output_max_abs,
                             runner.note, definition=eager.definition(first.key.split("@")[0]) if first else "")
@@ -79,7 +80,6 @@ def _matched(eager: EagerTaps, runner: TapRunner, batch, tolerance, budget) -> t
         return match(eager_taps, form_taps, tolerance), 1, _bytes(eager_taps) + _bytes(form_taps)
     combined, kept = Matching(), 0
     form_layout = runner.taps(batch, lambda key: False)
-    from export.divergence.compare import owners
     owner = owners(form_layout)
     for keys in passes:
         wanted = {form_layout[owner[k]].key for k in keys if k in owner}
