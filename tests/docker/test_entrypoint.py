@@ -133,13 +133,7 @@ class Entrypoint:
         except subprocess.TimeoutExpired:
             pytest.fail(f"the entrypoint did not exit within {STOP_TIMEOUT_S}s of SIGTERM:\n{self.output()}")
 
-    def assert_nothing_left(self, grace_s: float = 10.0) -> None:
-        # The kserve entrypoint's stop returns once its server answered SIGTERM; the server's spawned workers may
-        # still be exiting for a moment (a known race in that stop, seen in CI): give them grace_s to be gone.
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (processes_mentioning(str(self.model_store))
-                                               or session_pids(self.process.pid)):
-            time.sleep(0.5)
+    def assert_nothing_left(self) -> None:
         left = processes_mentioning(str(self.model_store))
         assert not left, f"TorchServe still running for {self.model_store}:\n" + "\n".join(left)
         assert not session_pids(self.process.pid), \
