@@ -1,8 +1,10 @@
-"""Facts of the machine a runtime decision depends on."""
+"""Facts of the machine a runtime decision depends on: its CPU flags, the profile it fits (avx2, avx512-vnni,
+avx512-bf16, amx, cuda) and whether it meets what a form needs to run or to be fast."""
 
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 # Instructions with which ONNX Runtime's x86 int8 GEMM multiplies u8 x s8 into int32 without an int16 step.
@@ -29,3 +31,90 @@ def int8_saturates(flags: set[str], architecture: str | None = None) -> bool:
     weights to 7 bits (reduce_range) on such CPUs."""
     architecture = (architecture or platform.machine()).lower()
     return architecture in ("x86_64", "amd64", "i686", "x86") and not has_vnni(flags)
+
+
+# ---------------------------------------------------------------- machine profiles and what a form needs of one
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bf16 arithmetic; without them bf16 is emulated or ignored
+CPU = "cpu"
+CUDA = "cuda"
+ANY_DEVICE = "any"
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """A serving machine as the choice of form sees it: its CPU flags and whether it serves on a CUDA GPU."""
+
+    name: str
+    flags: frozenset
+    device: str = CPU  # where the engine runs the model: cpu, or cuda when a GPU is there
+
+    def describe(self) -> str:
+        shown = sorted(f for f in self.flags if f in _SHOWN_FLAGS)
+        return f"{self.name} ({self.device}; {' '.join(shown) or 'no AVX2'})"
+
+
+_AVX2 = frozenset({"avx2", "fma"})
+_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512vl"}
+# The profiles `python -m export --target` names; each is the least a machine of that kind has.
+PROFILES = {
+    "avx2": MachineProfile("avx2", _AVX2),
+    "avx512-vnni": MachineProfile("avx512-vnni", _AVX512 | {"avx512_vnni"}),
+    "avx512-bf16": MachineProfile("avx512-bf16", _AVX512 | {"avx512_vnni", "avx512_bf16"}),
+    "amx": MachineProfile("amx", _AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}),
+    "cuda": MachineProfile("cuda", _AVX2, device=CUDA),
+}
+_SHOWN_FLAGS = {flag for profile in PROFILES.values() for flag in profile.flags} | {"avx_vnni"}
+
+
+def profile_name(flags: set[str], cuda: bool) -> str:
+    """The richest profile these flags meet (what `--target` defaults to on this machine)."""
+    if cuda:
+        return "cuda"
+    met = [name for name, p in PROFILES.items() if p.device == CPU and p.flags <= flags]
+    return met[-1] if met else "generic"
+
+
+def this_machine(device: str | None = None) -> MachineProfile:
+    """This machine as a profile: its real flags, and the device the engine serves on here (cuda when a GPU is
+    there, unless `device` says otherwise)."""
+    flags = cpu_flags()
+    if device is None:
+        import torch
+        device = CUDA if torch.cuda.is_available() else CPU
+    device = CUDA if device.startswith(CUDA) else CPU
+    return MachineProfile(profile_name(flags, device == CUDA), frozenset(flags), device)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a form needs of a machine: the device it runs on (cpu, cuda or any) and CPU instruction sets, each
+    group met by any one of its flags (checked only where it runs on the CPU)."""
+
+    device: str = ANY_DEVICE
+    cpu_any: tuple = ()  # groups of flags: every group must be met by one of its flags
+
+    def unmet(self, machine: MachineProfile) -> str | None:
+        """Why `machine` does not meet these needs, or None when it does."""
+        if self.device == CUDA and machine.device != CUDA:
+            return "needs a CUDA GPU, and this machine serves on its CPU"
+        if self.device == CPU and machine.device == CUDA:
+            return "runs on the CPU only, and this machine serves on a CUDA GPU"
+        if machine.device == CPU:
+            for group in self.cpu_any:
+                if not set(group) & set(machine.flags):
+                    return f"needs {' or '.join(group)}, which this CPU lacks"
+        return None
+
+    def words(self) -> str:
+        parts = [] if self.device == ANY_DEVICE else [f"a {self.device.upper() if self.device == CUDA else 'CPU'}"]
+        parts += [" or ".join(group) for group in self.cpu_any]
+        return ", ".join(parts) or "nothing"
+
+    def as_dict(self) -> dict:
+        return {"device": self.device, "cpu_any": [list(group) for group in self.cpu_any]}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "Needs":
+        data = data or {}
+        return cls(data.get("device", ANY_DEVICE), tuple(tuple(group) for group in data.get("cpu_any", ())))

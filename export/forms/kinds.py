@@ -26,6 +26,7 @@ from export.checks.parity import (
 )
 from export.errors import ExportError
 from export.forms import exporters, torch_export
+from runtime.machine import BF16_FLAGS, CPU, CUDA, Needs
 
 # Formats: the runtime backend that opens a kind's file (keys of runtime.base.BACKENDS).
 TORCHSCRIPT, TORCH_EXPORT, AOTI, ONNX = "torchscript", "torch-export", "aoti", "onnx"
@@ -57,6 +58,9 @@ class ArtifactKind:
     sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
     off_by_default: str = ""  # why --formats leaves it out unless asked for (empty: built by default)
     announce: str = ""  # a slow exporter's progress line before it starts
+    runs_on: Needs = Needs()  # what a machine needs to run it at all (fp16: a CUDA GPU)
+    fast_on: Needs = Needs()  # what it needs to be fast, besides running (bf16: native bf16 instructions)
+    fast_why: str = ""  # the measurement behind fast_on (docs/hardware-choice.md)
 
     def __post_init__(self):
         if self.input_sizes not in INPUT_SIZES:
@@ -154,22 +158,24 @@ for _kind in (
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=0,
         rank_reason="faster than fp32 ONNX Runtime on CPU (docs/precision.md), served only within the accuracy gate",
-        precision="int8", sources=ONNX_SOURCES),
+        precision="int8", sources=ONNX_SOURCES, fast_on=Needs(CPU),
+        fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones; on a GPU the fp32 forms run on CUDA instead"),
     ArtifactKind(
         name="onnx-fp16", file_name="model.fp16.onnx", format=ONNX, exporter="onnxruntime.transformers.float16",
         input_sizes=SOURCE_SIZES, serving_rank=None,
         rank_reason="fast only on a GPU, which the exporting machine may not be: served when asked (--serve)",
-        precision="fp16", sources=ONNX_SOURCES),
+        precision="fp16", sources=ONNX_SOURCES, runs_on=Needs(CUDA)),
     ArtifactKind(
         name="scripted-bf16", file_name="model.scripted.pt", format=TORCHSCRIPT,
         exporter="torch.autocast(bfloat16) around the scripted module", input_sizes=SOURCE_SIZES, serving_rank=None,
         rank_reason="fast only on CPUs with native bf16: served when asked (--serve)",
-        precision="bf16", sources=("scripted",)),
+        precision="bf16", sources=("scripted",), fast_on=Needs(cpu_any=(BF16_FLAGS,)),
+        fast_why="PyTorch's CPU autocast emulates bf16 without avx512_bf16/amx_bf16, many times slower than fp32"),
     ArtifactKind(
         name="scripted-fp16", file_name="model.scripted.pt", format=TORCHSCRIPT,
         exporter="torch.autocast(float16) around the scripted module", input_sizes=SOURCE_SIZES, serving_rank=None,
         rank_reason="fast only on a GPU: served when asked (--serve)",
-        precision="fp16", sources=("scripted",)),
+        precision="fp16", sources=("scripted",), runs_on=Needs(CUDA)),
 ):
     register(_kind)
 
