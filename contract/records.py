@@ -170,6 +170,9 @@ class ArtifactRecord:
     control_flow: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)  # kind-specific facts (quantizer settings, gate, ...)
+    # files the artifact opens beside its own (an OpenVINO IR's .bin weights): path relative to the export
+    # folder -> sha256; shipped and checked with it
+    companions: dict = field(default_factory=dict)
 
     def accepts_input(self, chw: tuple[int, ...], example_shape: tuple[int, ...]) -> bool:
         return self.spatial_dynamic or tuple(chw) == tuple(example_shape[1:])
