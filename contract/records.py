@@ -190,6 +190,16 @@ class ServingDecision:
     requested: str | None = None  # --serve, when the user chose
     speed_only: bool = False  # the benchmark served a gate-failed variant for its speed; never deployed
     latency_ms_batch1: dict = field(default_factory=dict)  # for information; never chooses
+    # The hardware-aware part: the machine profile the order was decided for (python -m export --target) and
+    # the gated candidates the archive ships, in order, each with what it needs to run and to be fast
+    # ({"kind", "runs_on", "fast_on", "fast_why"}); the engine serves the first the serving machine meets
+    # (runtime.machine.choose_form). `served` is the target's choice. Empty: serve `served` (older exports).
+    target: str = ""
+    gated: list = field(default_factory=list)
+
+    def candidate_kinds(self) -> list:
+        """The kinds the archive ships: the gated candidates, or the served one alone."""
+        return [c["kind"] for c in self.gated] if self.gated else [self.served_kind()]
 
     def served_kind(self) -> str:
         if self.served is None:

@@ -82,8 +82,9 @@ def _precision_options(sub) -> None:
     from export.precision.gate import GATE_ENFORCE, GATE_MODES
     sub.add_argument("--precision", default="fp32", metavar="LIST",
                      help=f"comma-separated: fp32 plus any of {', '.join(kinds.precisions()[1:])} (int8: ONNX Runtime "
-                          "static QDQ; bf16: CPU autocast; fp16: GPU, needs --device cuda); each variant is gated "
-                          "on accuracy (default: fp32)")
+                          "static QDQ and OpenVINO NNCF; bf16: CPU autocast and OpenVINO; fp16: GPU, needs --device "
+                          "cuda); or 'target': those fast on the --target machine that this one can build and gate. "
+                          "Each variant is gated on accuracy (default: fp32)")
     sub.add_argument("--calibration", type=Path, default=None, metavar="DIR",
                      help="int8 calibration images in ImageFolder layout DIR/<class>/<image> (default: scikit-image "
                           "sample photographs and generated photo-like images; see docs/precision.md)")
@@ -147,6 +148,12 @@ def _serve_option(sub) -> None:
                           "export's decode check "
                           "on phone-sized photos passes with the served artifact (else exact); exact: every pixel, "
                           "always (default: %(default)s; manifest.json 'decode_check' has the numbers)")
+    from runtime.machine import PROFILES
+    sub.add_argument("--target", default=None, choices=sorted(PROFILES), metavar="PROFILE",
+                     help=f"the machine the serving order is decided for: {', '.join(PROFILES)} (default: this "
+                          "machine). The archive ships the gated candidates in order; the engine serves the first "
+                          "the machine it runs on meets (docs/hardware-choice.md). With --precision target, the "
+                          "precisions that are fast on it are built")
     ranked = ", ".join(kinds.serving_preference())
     sub.add_argument("--serve", default=None, metavar="KIND", choices=kinds.names(),
                      help=f"kind to serve instead of the rule's choice, among those that pass parity, the accuracy "

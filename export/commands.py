@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from contract.records import Manifest
@@ -57,7 +58,13 @@ def _options(args, out: Path, device: str, archive: ArchiveRequest | None) -> Ex
     """The export options of the family and module commands."""
     return ExportOptions(out=out, weights=args.weights, opset=args.opset, device=device, archive=archive,
                          precision=precision_request(args), serve=args.serve, decode=args.decode,
-                         formats=args.formats)
+                         formats=args.formats, target=target_profile(args))
+
+
+def target_profile(args):
+    """--target PROFILE -> the profile (None: this machine, decided at the serving step)."""
+    from runtime.machine import PROFILES
+    return PROFILES[args.target] if getattr(args, "target", None) else None
 
 
 def controlflow_command(args) -> int:
@@ -146,12 +153,33 @@ def precision_request(args):
             raise ExportError(f"--{name} {folder}: not a folder; give an ImageFolder layout DIR/<class>/<image>")
     if args.calibration_samples < 1:
         raise ExportError("--calibration-samples must be at least 1")
-    precisions = parse_precisions(args.precision)
+    precisions = (target_precisions(target_profile(args), _device(args.device)) if args.precision == "target"
+                  else parse_precisions(args.precision))
     if "int8" not in precisions and args.calibration is not None:
         raise ExportError("--calibration is for int8: add int8 to --precision (e.g. --precision fp32,int8)")
     check_hardware(precisions, _device(args.device))  # now, not after a minute of exporting
     return PrecisionRequest(precisions=precisions, calibration=args.calibration, validation=args.validation,
                             calibration_samples=args.calibration_samples, gate=args.gate)
+
+
+def target_precisions(target, device: str) -> tuple[str, ...]:
+    """--precision target: fp32 and every precision with a kind fast on the target, that this machine can build
+    and gate (a bf16 form is gated only where the CPU computes in bf16); what is left out is said."""
+    from export.precision.request import PrecisionError, check_hardware
+    from runtime.machine import this_machine
+    target = target or this_machine()
+    wanted = [p for p in kinds.precisions() if p == kinds.FP32 or any(
+        k.runs_on.unmet(target) is None and k.fast_on.unmet(target) is None for k in kinds.variants(p))]
+    chosen = []
+    for precision in wanted:
+        try:
+            check_hardware((precision,), device)
+            chosen.append(precision)
+        except PrecisionError as error:
+            print(f"--precision target: {precision} is fast on {target.name} but left out here: {error}",
+                  file=sys.stderr)
+    print(f"--precision target ({target.name}): {','.join(chosen)}", file=sys.stderr)
+    return tuple(chosen)
 
 
 def _config_overrides(args) -> dict:

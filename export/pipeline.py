@@ -8,7 +8,7 @@ import contextlib
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +36,9 @@ from export.steps import build_artifacts, inspect_artifacts, open_artifacts, par
 from export.warnings_log import WarningLog
 from models.registry import BuiltModel, ModelEntry
 from models.weights import state_dict_fingerprint
+from runtime import machine
 from runtime.eager import EagerBackend
+from runtime.machine import CPU, CUDA, MachineProfile, Needs, this_machine
 from runtime.timing import time_runs
 
 LATENCY_WARMUP = 1
@@ -75,6 +77,7 @@ class ExportOptions:
     precision: PrecisionRequest = field(default_factory=PrecisionRequest)  # int8/bf16/fp16 variants, gated
     decode: str = "draft"  # --decode: draft where the decode check passes (export/checks/decode.py), or exact
     formats: list[str] | None = None  # --formats: the fp32 kinds to build (None: export.forms.kinds.default_formats)
+    target: MachineProfile | None = None  # --target: the machine the serving order is decided for (None: this one)
 
 
 @dataclass
@@ -292,21 +295,37 @@ def eligible_sources(artifacts: dict, parity: ParityReport, paths: TraceVsScript
 
 def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript, variants: PrecisionReport | None,
                    latency: dict[str, float]) -> ServingDecision:
-    """Apply export.package.selection's declared rule to this export's results. A reduced-precision variant inherits
-    its fp32 source's parity and divergence, and carries its own accuracy-gate verdict. The latency is recorded
-    beside the decision, for information."""
+    """Apply export.package.selection's declared rule to this export's results, for the target machine. A
+    reduced-precision variant inherits its fp32 source's parity and divergence, and carries its own accuracy-gate
+    verdict. The latency is recorded beside the decision, for information."""
     diverging, spec = paths.diverging_probes(), run.entry.input_spec
     example_size = tuple(spec.shape[1:])
     candidates = [Candidate(kind, checked.parity.passed(kind), tuple(diverging.get(kind, ())), a.spatial_dynamic,
-                            example_size) for kind, a in checked.artifacts.items()]
+                            example_size, runs_on=artifact_needs(kind, {}, run.options.device))
+                  for kind, a in checked.artifacts.items()]
     for kind, variant in (variants.variants.items() if variants else ()):
         source = variant.source
         candidates.append(Candidate(kind, checked.parity.passed(source), tuple(diverging.get(source, ())),
                                     checked.artifacts[source].spatial_dynamic, example_size,
-                                    gate=variant.gate.verdict))
-    decision = decide(candidates, spec.record().handler_input(), run.options.serve)
+                                    gate=variant.gate.verdict,
+                                    runs_on=artifact_needs(kind, variant.made_by, run.options.device)))
+    target = run.options.target or this_machine()
+    decision = decide(candidates, spec.record().handler_input(), run.options.serve, target=target)
     decision.latency_ms_batch1 = latency
     return decision
+
+
+def artifact_needs(kind: str, made_by: dict, device: str) -> Needs | None:
+    """An artifact's own needs to run correctly, where they are stricter than its kind's: an AOTInductor package
+    runs only on the device and CPU instruction set it was compiled for; int8 made with 8-bit weights is exact
+    only where ONNX Runtime's kernels do not saturate (VNNI)."""
+    row = kinds.get(kind)
+    if row.format == kinds.AOTI:
+        isa = "avx512f" if "avx512f" in machine.cpu_flags() else "avx2"
+        return Needs(CUDA if device.startswith(CUDA) else CPU, ((isa,),))
+    if made_by.get("reduce_range") is False and machine.is_x86():
+        return replace(row.runs_on, cpu_any=row.runs_on.cpu_any + (machine.VNNI_FLAGS,))
+    return None
 
 
 def enforce(run: ExportRun, parity: ParityReport, variants: PrecisionReport | None, serving: ServingDecision) -> None:

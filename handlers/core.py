@@ -31,6 +31,8 @@ from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
 from runtime.base import Backend
 from runtime.gpu_decode import NvjpegDecoder
 from runtime.images import ImageError, decode_image, draft_floor, preprocess
+from runtime.machine import Choice, MachineProfile, choose_form
+from runtime.machine import this_machine as this_machine_profile
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,23 @@ def worker_threads(pinned: int | None, offered: int | None) -> int:
     return machine_policy(*this_machine()).threads_per_worker
 
 
+def choose_on(manifest: Manifest, machine: MachineProfile) -> Choice:
+    """The export's gated candidates, first met by this machine (runtime.machine.choose_form); an export without
+    them (older ones, or one form asked for) serves its decided kind."""
+    decision = manifest.decision()
+    if not decision.gated:
+        return Choice(decision.served_kind(), machine, {})
+    choice = choose_form(decision.gated, machine)
+    if choice.kind is None:
+        raise HandlerSetupError(f"none of this archive's forms can be served on {machine.describe()}: "
+                                + "; ".join(f"{k}: {why}" for k, why in choice.skipped.items())
+                                + "; re-export with --target naming this machine's profile")
+    if choice.kind not in manifest.artifacts:
+        raise HandlerSetupError(f"the serving decision names {choice.kind!r}, which the manifest does not record; "
+                                "rebuild the archive with `python -m export`")
+    return choice
+
+
 def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) -> str:
     """How the backend runs the artifact: as recorded (bf16/fp16 variants); fp32 TorchScript may run under
     fp16 autocast on a GPU when handler.fp16 asks for it."""
@@ -109,6 +128,7 @@ class ImageClassifierCore:
         self.config = config
         self.device = device
         self.threads = threads
+        self.choice = Choice(record.kind, this_machine_profile(device), {})  # from_folder sets the real one
         self.contract = manifest.input.image_contract()
         self.draft_floor = draft_floor(self.contract, config.decode)  # None: every pixel decoded
         # On a GPU, JPEGs are decoded there (nvJPEG) where the export's decode check allowed draft: its pixels,
@@ -119,13 +139,17 @@ class ImageClassifierCore:
     # ------------------------------------------------------------ setup
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
-                    threads: int | None = None) -> "ImageClassifierCore":
-        """Serve the artifact the folder's manifest decided, after checking its sha256. `settings` is
-        model-config.yaml's handler section; `threads` what the engine offers (the archive's pin wins)."""
+                    threads: int | None = None, machine: MachineProfile | None = None) -> "ImageClassifierCore":
+        """Serve the first of the export's gated candidates this machine meets (`machine`: a simulated profile,
+        for tests), after checking its sha256. `settings` is model-config.yaml's handler section; `threads` what
+        the engine offers (the archive's pin wins)."""
         folder = Path(folder)
         manifest = Manifest.read(folder)
-        record = manifest.served_record()
+        choice = choose_on(manifest, machine or this_machine_profile(str(device)))
+        record = manifest.artifacts[choice.kind]
         verify_file(folder / record.path, record.sha256, REBUILD)
+        for path, sha256 in record.companions.items():
+            verify_file(folder / path, sha256, REBUILD)
         manifest.input.image_contract()  # a model without an image contract is refused before opening anything
         config = HandlerConfig.from_dict(settings)
         labels = labels_of(folder, manifest)
@@ -138,10 +162,18 @@ class ImageClassifierCore:
         backend = open_artifact(record.format, folder / record.path,
                                 RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
         core = cls(manifest, record, backend, labels, config, str(device), threads)
+        core.choice = choice
+        logger.info(choice.line())
         logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s, "
                     "decode %s", manifest.model.name, record.kind, device, threads, precision, core.contract.resize,
                     "x".join(map(str, core.contract.crop)), core.decode_mode())
         return core
+
+    def describe(self) -> dict:
+        """The model description engines show: what is served here, on which machine profile, and why."""
+        return {"model": self.manifest.model.name, "artifact": self.record.kind, "format": self.record.format,
+                "precision": self.record.precision, "choice": self.choice.as_dict(), "why": self.choice.line(),
+                "backend": self.backend.describe()}
 
     # ------------------------------------------------------------ the request's life
     def decode(self, image: bytes) -> torch.Tensor:

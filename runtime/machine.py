@@ -29,8 +29,11 @@ def int8_saturates(flags: set[str], architecture: str | None = None) -> bool:
     """Whether ONNX Runtime's u8 x s8 kernels may saturate here: on x86 without VNNI they add pairs of products in
     int16 (vpmaddubsw), which overflows for large weights; ONNX Runtime's quantization guide says to quantize the
     weights to 7 bits (reduce_range) on such CPUs."""
-    architecture = (architecture or platform.machine()).lower()
-    return architecture in ("x86_64", "amd64", "i686", "x86") and not has_vnni(flags)
+    return is_x86(architecture) and not has_vnni(flags)
+
+
+def is_x86(architecture: str | None = None) -> bool:
+    return (architecture or platform.machine()).lower() in ("x86_64", "amd64", "i686", "x86")
 
 
 # ---------------------------------------------------------------- machine profiles and what a form needs of one
@@ -118,3 +121,42 @@ class Needs:
     def from_dict(cls, data: dict | None) -> "Needs":
         data = data or {}
         return cls(data.get("device", ANY_DEVICE), tuple(tuple(group) for group in data.get("cpu_any", ())))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The form a machine serves: the first candidate whose needs it meets, and why each earlier one was not."""
+
+    kind: str | None
+    machine: MachineProfile
+    skipped: dict  # kind -> why this machine does not serve it
+
+    def line(self) -> str:
+        head = (f"serving {self.kind} on {self.machine.describe()}: the first of the export's candidates this "
+                f"machine meets" if self.kind else f"no candidate can be served on {self.machine.describe()}")
+        return head + "".join(f"; not {kind}: {why}" for kind, why in self.skipped.items())
+
+    def as_dict(self) -> dict:
+        return {"served": self.kind, "machine": self.machine.name, "device": self.machine.device,
+                "skipped": dict(self.skipped)}
+
+
+def candidate_unmet(candidate: dict, machine: MachineProfile) -> str | None:
+    """Why `machine` may not serve a candidate ({"kind", "runs_on", "fast_on"}, as the manifest records it)."""
+    why = Needs.from_dict(candidate.get("runs_on")).unmet(machine)
+    if why:
+        return f"cannot run here: {why}"
+    why = Needs.from_dict(candidate.get("fast_on")).unmet(machine)
+    return f"not fast here: {why}" if why else None
+
+
+def choose_form(candidates: list, machine: MachineProfile) -> Choice:
+    """The declared rule at load: the first candidate, in the export's order, whose needs this machine meets.
+    Never by timing; the export ends its list with a form that needs nothing, so some form always serves."""
+    skipped = {}
+    for candidate in candidates:
+        why = candidate_unmet(candidate, machine)
+        if why is None:
+            return Choice(candidate["kind"], machine, skipped)
+        skipped[candidate["kind"]] = why
+    return Choice(None, machine, skipped)

@@ -150,10 +150,28 @@ def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: di
     (extra / MANIFEST_NAME).write_text(manifest.to_json())
     if manifest.output.labels:
         shutil.copy2(export_dir / manifest.output.labels, extra / manifest.output.labels)
+    for path in shipped_files(manifest):
+        (extra / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(export_dir / path, extra / path)
     config = scratch / "model-config.yaml"
     config.write_text(model_config_yaml(overrides))
     return archive_files(name, export_dir / manifest.served_record().path, HANDLER_ENTRY, scratch,
                    extra_files=extra, config_file=config)
+
+
+def shipped_files(manifest: Manifest) -> list[str]:
+    """The files of the gated candidates beside the served one (which torch-model-archiver takes as the
+    serialized file), and every candidate's companions (an OpenVINO IR's weights): the engine chooses among
+    them on the machine it runs on."""
+    served = manifest.served_record()
+    paths = []
+    for kind in manifest.decision().candidate_kinds():
+        record = manifest.artifacts.get(kind)
+        if record is None:
+            raise ExportError(f"the serving decision lists {kind!r}, which the manifest does not record; re-run "
+                              "the export")
+        paths += ([] if record is served else [record.path]) + list(record.companions)
+    return list(dict.fromkeys(paths))
 
 
 def archive_files(name: str, serialized_file: Path, handler: Path, out: Path, extra_files: Path | None = None,

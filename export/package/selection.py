@@ -1,4 +1,4 @@
-"""Which artifact is served: a declared, deterministic rule, applied once at export.
+"""Which artifact is served: a declared, deterministic, hardware-aware rule, applied at export and at load.
 
 The served artifact is the first kind of the serving preference (export.forms.kinds: each row's rank and its
 reason) that
@@ -9,7 +9,14 @@ reason) that
   (d) accepts the input the handler sends (N x C x crop height x crop width, from the image contract).
 `--serve KIND` picks another kind instead, only among those that meet (a)-(d). Export timings are recorded
 for information only and never choose: the same model always gets the same artifact. Kinds without a rank
-(bf16, fp16: fast only on hardware the exporting machine may not be) are served only when asked for.
+are served only when asked for.
+
+Hardware: every kind declares what it needs to run and to be fast (export.forms.kinds: runs_on, fast_on; an
+artifact may add needs of its own, e.g. int8 made with 8-bit weights needs VNNI to be exact). The servable kinds,
+in preference order and cut after the first that needs nothing (it serves anywhere, so none after it could ever
+be chosen), are the gated candidates the archive ships. The served kind is the first the target machine meets
+(`--target PROFILE`, runtime.machine.PROFILES; default: this machine); at load the engine applies the same rule
+(runtime.machine.choose_form) to the machine it runs on.
 
 The decision is recorded in the manifest (contract.records.ServingDecision) and only read afterwards: by the
 archive, the handler and the deployment writers. `redecide` applies the same rule to a recorded decision
@@ -24,6 +31,7 @@ from contract.records import ServingDecision
 from export.errors import ExportError
 from export.forms import kinds
 from export.precision.gate import GATE_PASSED
+from runtime.machine import MachineProfile, Needs, candidate_unmet, choose_form, this_machine
 
 RULE = ("first of the preference order that passed parity, does not silently diverge from eager on any "
         "probe input (trace vs script), passed the accuracy gate if reduced-precision, and accepts the "
@@ -40,6 +48,7 @@ class Candidate:
     spatial_dynamic: bool
     fixed_size: tuple[int, ...]  # (C, H, W) the artifact was exported at
     gate: str | None = None  # reduced-precision variants: the accuracy gate's verdict; None for fp32 artifacts
+    runs_on: Needs | None = None  # this artifact's own needs to run, where they are stricter than its kind's
 
 
 def exclusion(candidate: Candidate, handler_input: tuple[int, ...] | None) -> str | None:
@@ -59,16 +68,35 @@ def exclusion(candidate: Candidate, handler_input: tuple[int, ...] | None) -> st
 
 
 def decide(candidates: list[Candidate], handler_input: tuple[int, ...] | None, requested: str | None = None,
-           preference: tuple[str, ...] | None = None) -> ServingDecision:
-    """The manifest's serving decision: the chosen kind and why every other one was not."""
+           preference: tuple[str, ...] | None = None, target: MachineProfile | None = None) -> ServingDecision:
+    """The manifest's serving decision for the target machine (default: this one): the chosen kind, the gated
+    candidates in order, and why every other kind was not chosen."""
     preference = kinds.serving_preference() if preference is None else preference
+    target = target or this_machine()
     reasons = {c.kind: exclusion(c, handler_input) for c in candidates}
     ordered = [k for k in preference if k in reasons] + [k for k in reasons if k not in preference]
-    chosen = next((k for k in ordered if k in preference and reasons[k] is None), None)
-    verdicts = {k: (SERVED if k == chosen else reasons[k] or _servable_note(k, preference)) for k in ordered}
+    gated = gated_candidates([c for c in candidates if reasons[c.kind] is None], preference)
+    chosen = choose_form(gated, target).kind
+    verdicts = {k: (SERVED if k == chosen else reasons[k] or _servable_note(k, preference, gated, target))
+                for k in ordered}
     decision = ServingDecision(served=chosen, rule=RULE, preference=list(preference), candidates=verdicts,
-                               servable=[k for k in ordered if reasons[k] is None])
+                               servable=[k for k in ordered if reasons[k] is None], target=target.name,
+                               gated=gated)
     return redecide(decision, requested) if requested else decision
+
+
+def gated_candidates(servable: list[Candidate], preference: tuple[str, ...]) -> list[dict]:
+    """The servable kinds in preference order, each with its needs, cut after the first that needs nothing."""
+    by_kind = {c.kind: c for c in servable}
+    gated = []
+    for name in (k for k in preference if k in by_kind):
+        kind, runs_on = kinds.get(name), by_kind[name].runs_on
+        needs = runs_on if runs_on is not None else kind.runs_on
+        gated.append({"kind": name, "runs_on": needs.as_dict(), "fast_on": kind.fast_on.as_dict(),
+                      "fast_why": kind.fast_why})
+        if needs == Needs() and kind.fast_on == Needs():
+            break
+    return gated
 
 
 def redecide(decision: ServingDecision, requested: str, speed_only_ungated: bool = False) -> ServingDecision:
@@ -83,10 +111,24 @@ def redecide(decision: ServingDecision, requested: str, speed_only_ungated: bool
                           f"{', '.join(decision.servable) or 'none'}")
     candidates = {k: (SERVED if k == requested else
                       "servable (not requested)" if v == SERVED else v) for k, v in decision.candidates.items()}
-    return replace(decision, served=requested, requested=requested, speed_only=speed_only, candidates=candidates)
+    return replace(decision, served=requested, requested=requested, speed_only=speed_only, candidates=candidates,
+                   gated=[_requested_candidate(decision, requested)])
 
 
-def _servable_note(kind: str, preference: tuple[str, ...]) -> str:
+def _requested_candidate(decision: ServingDecision, requested: str) -> dict:
+    """A kind asked for is the archive's one candidate, with the needs the export recorded for it."""
+    recorded = next((c for c in decision.gated if c["kind"] == requested), None)
+    if recorded is not None:
+        return recorded
+    kind = kinds.get(requested)
+    return {"kind": requested, "runs_on": kind.runs_on.as_dict(), "fast_on": kind.fast_on.as_dict(),
+            "fast_why": kind.fast_why}
+
+
+def _servable_note(kind: str, preference: tuple[str, ...], gated: list[dict], target: MachineProfile) -> str:
+    candidate = next((c for c in gated if c["kind"] == kind), None)
+    if candidate is not None and candidate_unmet(candidate, target):
+        return f"servable on another machine ({target.name}: {candidate_unmet(candidate, target)})"
     if kind in preference:
         return "servable (later in the preference order)"
     return "servable when asked for (--serve): " + kinds.get(kind).rank_reason

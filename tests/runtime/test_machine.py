@@ -1,5 +1,7 @@
 """The machine facts a runtime or export decision depends on."""
 
+import pytest
+
 from runtime import machine
 
 
@@ -15,3 +17,59 @@ def test_int8_weights_are_reduced_to_7_bits_only_where_the_kernels_would_saturat
 def test_this_machines_flags_are_read():
     flags = machine.cpu_flags()
     assert isinstance(flags, set) and all(isinstance(flag, str) for flag in flags)
+
+
+# ---------------------------------------------------------------- profiles, needs and the choice at load
+
+BF16_FAST = machine.Needs(machine.CPU, (machine.BF16_FLAGS,))
+CANDIDATES = [  # as a manifest records them: an order decided at export
+    {"kind": "openvino-bf16", "runs_on": machine.Needs(machine.CPU).as_dict(), "fast_on": BF16_FAST.as_dict()},
+    {"kind": "onnx-int8", "runs_on": {}, "fast_on": machine.Needs(machine.CPU).as_dict()},
+    {"kind": "onnx-dynamo", "runs_on": {}, "fast_on": {}},
+]
+
+
+@pytest.mark.parametrize(("profile", "served"), [("amx", "openvino-bf16"), ("avx512-bf16", "openvino-bf16"),
+                                                  ("avx512-vnni", "onnx-int8"), ("avx2", "onnx-int8"),
+                                                  ("cuda", "onnx-dynamo")])
+def test_each_profile_serves_the_first_candidate_it_meets(profile, served):
+    choice = machine.choose_form(CANDIDATES, machine.PROFILES[profile])
+    assert choice.kind == served
+    assert list(choice.skipped) == [c["kind"] for c in CANDIDATES[:[c["kind"] for c in CANDIDATES].index(served)]]
+    assert served in choice.line() and profile in choice.line()
+
+
+def test_the_reasons_say_what_the_machine_lacks():
+    avx2 = machine.choose_form(CANDIDATES, machine.PROFILES["avx2"])
+    assert avx2.skipped == {"openvino-bf16": "not fast here: needs avx512_bf16 or amx_bf16, which this CPU lacks"}
+    cuda = machine.choose_form(CANDIDATES, machine.PROFILES["cuda"])
+    assert cuda.skipped["openvino-bf16"] == ("cannot run here: runs on the CPU only, and this machine serves on a "
+                                             "CUDA GPU")
+    assert cuda.skipped["onnx-int8"].startswith("not fast here: runs on the CPU only")
+
+
+def test_a_machine_no_export_foresaw_gets_the_form_that_needs_nothing_and_none_is_an_answer_not_a_crash():
+    unforeseen = machine.MachineProfile("arm", frozenset({"neon", "asimd"}))
+    assert machine.choose_form(CANDIDATES, unforeseen).kind == "onnx-int8"  # a CPU: int8 runs and is fast there
+    gpu_only = [{"kind": "onnx-fp16", "runs_on": machine.Needs(machine.CUDA).as_dict(), "fast_on": {}}]
+    nothing = machine.choose_form(gpu_only, machine.PROFILES["avx2"])
+    assert nothing.kind is None and "needs a CUDA GPU" in nothing.skipped["onnx-fp16"]
+
+
+def test_profiles_nest_and_this_machine_is_named_by_the_richest_it_meets():
+    names = [n for n, p in machine.PROFILES.items() if p.device == machine.CPU]
+    for poorer, richer in zip(names, names[1:]):
+        assert machine.PROFILES[poorer].flags <= machine.PROFILES[richer].flags
+    for name in names:
+        assert machine.profile_name(set(machine.PROFILES[name].flags) | {"sse4_2"}, cuda=False) == name
+    assert machine.profile_name({"avx2", "fma"}, cuda=True) == "cuda"
+    assert machine.profile_name({"sse4_2"}, cuda=False) == "generic"
+    here = machine.this_machine("cpu")
+    assert here.device == "cpu" and here.flags == frozenset(machine.cpu_flags())
+
+
+def test_needs_round_trip_through_the_manifest_form():
+    needs = machine.Needs(machine.CPU, (machine.BF16_FLAGS, machine.VNNI_FLAGS))
+    assert machine.Needs.from_dict(needs.as_dict()) == needs
+    assert machine.Needs.from_dict({}) == machine.Needs()
+    assert needs.words() == "a CPU, avx512_bf16 or amx_bf16, avx512_vnni or avx_vnni or amx_int8"

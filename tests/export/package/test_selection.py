@@ -71,3 +71,56 @@ def test_serve_picks_another_servable_kind_and_refuses_a_diverging_one_with_the_
         decide(candidates, SIZE, requested="traced")
     with pytest.raises(ExportError, match="cannot serve 'onnx-int8': this export has"):
         redecide(decide(candidates, SIZE), "onnx-int8")
+
+
+# ---------------------------------------------------------------- the hardware-aware part: targets and candidates
+
+from export.precision.gate import GATE_PASSED  # noqa: E402
+from runtime.machine import BF16_FLAGS, CPU, PROFILES, Needs, choose_form  # noqa: E402
+
+
+@pytest.fixture
+def bf16_kind():
+    """A ranked bf16 row, fast only with native bf16 (the design's test: a new row needs no other edit)."""
+    kinds.register(kinds.ArtifactKind(
+        name="test-bf16", file_name="model.test.bf16", format=kinds.ONNX, exporter="test", input_sizes="source",
+        serving_rank=-1, rank_reason="test row", precision="bf16", sources=("onnx-dynamo",),
+        runs_on=Needs(CPU), fast_on=Needs(CPU, (BF16_FLAGS,))))
+    yield "test-bf16"
+    kinds.unregister("test-bf16")
+
+
+def gated_export(*variants):
+    return all_good() + [Candidate(k, True, (), True, SIZE, gate=GATE_PASSED) for k in variants]
+
+
+@pytest.mark.parametrize(("target", "served"), [("amx", "test-bf16"), ("avx512-bf16", "test-bf16"),
+                                                ("avx512-vnni", "onnx-int8"), ("avx2", "onnx-int8"),
+                                                ("cuda", "onnx-dynamo")])
+def test_the_target_serves_the_first_gated_candidate_it_meets(bf16_kind, target, served):
+    decision = decide(gated_export("onnx-int8", bf16_kind), SIZE, target=PROFILES[target])
+    assert decision.served == served and decision.target == target
+    # the candidates the archive ships: preference order, cut after the first that needs nothing
+    assert [c["kind"] for c in decision.gated] == [bf16_kind, "onnx-int8", "onnx-dynamo"]
+    assert choose_form(decision.gated, PROFILES[target]).kind == served  # the same rule at load
+    if served != bf16_kind:
+        assert decision.candidates[bf16_kind].startswith(f"servable on another machine ({target}: ")
+
+
+def test_a_failed_gate_is_never_a_candidate_on_any_machine(bf16_kind):
+    failed = all_good() + [Candidate(bf16_kind, True, (), True, SIZE, gate="failed: top-1 agreement 50%")]
+    decision = decide(failed, SIZE, target=PROFILES["amx"])
+    assert decision.served == "onnx-dynamo" and [c["kind"] for c in decision.gated] == ["onnx-dynamo"]
+
+
+def test_an_artifacts_own_needs_are_kept_beside_its_kinds():
+    vnni = Needs(CPU, (("avx512_vnni", "avx_vnni", "amx_int8"),))
+    candidates = all_good() + [Candidate("onnx-int8", True, (), True, SIZE, gate=GATE_PASSED, runs_on=vnni)]
+    assert decide(candidates, SIZE, target=PROFILES["avx2"]).served == "onnx-dynamo"  # 8-bit weights saturate
+    assert decide(candidates, SIZE, target=PROFILES["avx512-vnni"]).served == "onnx-int8"
+
+
+def test_a_kind_asked_for_is_the_one_candidate_shipped():
+    decision = decide(gated_export("onnx-int8"), SIZE, requested="onnx-scripted", target=PROFILES["avx2"])
+    assert decision.served == "onnx-scripted" and [c["kind"] for c in decision.gated] == ["onnx-scripted"]
+    assert decision.candidate_kinds() == ["onnx-scripted"]

@@ -169,6 +169,45 @@ def test_int8_of_a_trained_model_is_within_tolerance_of_fp32_on_the_held_out_spl
     assert "accuracy.md" in manifest.files and (out / "model.int8.onnx").is_file()
 
 
+def test_the_archive_ships_the_gated_candidates_and_each_machine_serves_the_first_it_meets(digits_model, tmp_path):
+    """After the gated export above: the .mar carries every candidate, and the same archive serves int8 on CPU
+    profiles and the fp32 form that needs nothing on a GPU machine, each answering as that artifact does."""
+    import zipfile
+
+    from export.package.archive import build_archive
+    from handlers.core import ImageClassifierCore, StageTimes
+    from runtime import RunOptions, open_artifact
+    from runtime.machine import PROFILES
+    out = digits_model["base"] / "export"
+    manifest = Manifest.read(out)  # written by the test above (module order)
+    decision = manifest.decision()
+    gated = decision.candidate_kinds()
+    assert gated[0] == decision.served and len(gated) >= 2 and gated[-1] in manifest.fp32_artifacts()
+    assert all(manifest.artifacts[k].precision == "int8" for k in gated[:-1])  # only int8 forms before the fp32
+    archive = build_archive(out, manifest, tmp_path / "store", name="digits")
+    unpacked = tmp_path / "unpacked"
+    with zipfile.ZipFile(archive) as mar:
+        mar.extractall(unpacked)
+    for kind in gated:
+        record = manifest.artifacts[kind]
+        assert (unpacked / record.path).is_file() and all((unpacked / p).is_file() for p in record.companions)
+    image = digits_model["base"] / "validation"
+    photo = next(image.rglob("*.png")).read_bytes()
+    for profile, served in (("avx2", gated[0]), ("avx512-vnni", gated[0]), ("cuda", gated[-1])):
+        core = ImageClassifierCore.from_folder(unpacked, threads=1, machine=PROFILES[profile])
+        assert core.record.kind == served and core.describe()["choice"]["machine"] == profile
+        record = manifest.artifacts[served]
+        alone = open_artifact(record.format, unpacked / record.path, RunOptions(threads=1))
+        row = core.prepare([photo], StageTimes())[0]
+        expected = torch.softmax(alone(row.unsqueeze(0)), dim=1)[0]
+        got = core.answer(photo, topk=3)["predictions"]
+        assert [p["index"] for p in got] == expected.topk(3).indices.tolist()
+        assert abs(got[0]["probability"] - float(expected.max())) < 1e-5
+    (unpacked / manifest.artifacts[gated[0]].path).write_bytes(b"tampered")  # the chosen file is checked
+    with pytest.raises(Exception, match="modified or truncated"):
+        ImageClassifierCore.from_folder(unpacked, threads=1, machine=PROFILES["avx2"])
+
+
 def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_model, export_main):
     out = digits_model["base"] / "sabotaged"
     enforced = export_digits(export_main, digits_model, out, digits_model["black"])
