@@ -104,7 +104,9 @@ class Entrypoint:
         ts_log = self.log_dir / "ts_log.log"
         if ts_log.exists():
             text += "\n--- ts_log.log (end) ---\n" + ts_log.read_text(errors="replace")[-4000:]
-        return text[-8000:]
+        for engine_log in sorted(self.tmpdir.glob("*/logs/kserve.log")):  # the kserve engine's own log
+            text += f"\n--- {engine_log} (end) ---\n" + engine_log.read_text(errors="replace")[-4000:]
+        return text[-12000:]
 
     @property
     def archive(self) -> Path:
