@@ -227,8 +227,19 @@ def _print_serving(result, progress: Progress) -> None:
     chosen = f"{serving.served} (asked for with --serve)" if serving.requested else serving.served
     progress.step(f"served artifact: {chosen} (rule: {serving.rule})"
                   + "".join(f"\n    not {k}: {why}" for k, why in excluded.items()))
+    if len(serving.gated) > 1:
+        progress.step(f"candidates shipped for the machine that serves ({serving.target} serves {serving.served}), "
+                      "the first whose needs it meets is served:" + "".join(
+                          f"\n    {c['kind']}: {_needs_words(c)}" for c in serving.gated))
     if result.archive:
         progress.step(f"TorchServe archive: {result.archive}")
+
+
+def _needs_words(candidate: dict) -> str:
+    from runtime.machine import Needs
+    runs, fast = Needs.from_dict(candidate["runs_on"]), Needs.from_dict(candidate["fast_on"])
+    return f"runs on {runs.words() if runs != Needs() else 'any machine'}" + (
+        f", fast on {fast.words()}" if fast != Needs() else "")
 
 
 def _print_refused(result, progress: Progress) -> None:
