@@ -13,7 +13,7 @@ PORT ?= 8080
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[serving,dev,ray]'
+	$(PY) -m pip install --quiet -e '.[serving,dev,ray,openvino]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -26,6 +26,7 @@ BACKENDS: dict[str, str] = {
     "onnx-reference": "runtime.onnx_reference:ReferenceBackend",
     "torch-export": "runtime.exported_program:ExportedProgramBackend",
     "aoti": "runtime.aoti:AOTInductorBackend",
+    "openvino": "runtime.openvino:OpenVinoBackend",
 }
 
 

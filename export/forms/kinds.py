@@ -21,15 +21,16 @@ from export.checks.parity import (
     AOTINDUCTOR_TOLERANCE,
     EXPORTED_PROGRAM_TOLERANCE,
     ONNX_TOLERANCE,
+    OPENVINO_TOLERANCE,
     TORCHSCRIPT_TOLERANCE,
     Tolerance,
 )
 from export.errors import ExportError
-from export.forms import exporters, torch_export
+from export.forms import exporters, openvino_ir, torch_export
 from runtime.machine import BF16_FLAGS, CPU, CUDA, Needs
 
 # Formats: the runtime backend that opens a kind's file (keys of runtime.base.BACKENDS).
-TORCHSCRIPT, TORCH_EXPORT, AOTI, ONNX = "torchscript", "torch-export", "aoti", "onnx"
+TORCHSCRIPT, TORCH_EXPORT, AOTI, ONNX, OPENVINO = "torchscript", "torch-export", "aoti", "onnx", "openvino"
 FP32 = "fp32"  # the precision every fp32 kind computes in; variants name theirs
 
 # Which input sizes a kind accepts (a row's `input_sizes`).
@@ -61,6 +62,7 @@ class ArtifactKind:
     runs_on: Needs = Needs()  # what a machine needs to run it at all (fp16: a CUDA GPU)
     fast_on: Needs = Needs()  # what it needs to be fast, besides running (bf16: native bf16 instructions)
     fast_why: str = ""  # the measurement behind fast_on (docs/hardware-choice.md)
+    companions: tuple[str, ...] = ()  # files beside file_name that it opens too (an OpenVINO IR's weights)
 
     def __post_init__(self):
         if self.input_sizes not in INPUT_SIZES:
@@ -90,6 +92,18 @@ def _inspect_torchscript(artifact: exporters.Artifact) -> None:
 ONNX_RUNTIME_FIRST = "ONNX Runtime is ahead of TorchScript in CPU throughput (docs/benchmarks.md)"
 ONNX_SOURCES = ("onnx-traced", "onnx-dynamo", "onnx-scripted")  # an ONNX variant's sources, in preference order
 _TABLE: dict[str, ArtifactKind] = {}
+
+# OpenVINO's rows (docs/openvino.md has the measurements behind each reason).
+OPENVINO_IR, OPENVINO_WEIGHTS = "model.openvino.xml", "model.openvino.bin"
+OPENVINO_INT8_IR, OPENVINO_INT8_WEIGHTS = "model.int8.openvino.xml", "model.int8.openvino.bin"
+OPENVINO_FP32_RANK = "TODO"
+OPENVINO_FP32_WHY = "TODO"
+OPENVINO_INT8_RANK = "TODO"
+OPENVINO_INT8_WHY = "TODO"
+OPENVINO_BF16_RANK = ("after the int8 forms (slower than them where measured, docs/openvino.md) and before fp32: "
+                      "chosen only on a CPU that computes in bf16")
+OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an "
+                     "AVX2 EPYC); the issue measured 50.5 vs 24.2 img/s fp32 on a Zen 4 with AVX512_BF16")
 
 
 def register(kind: ArtifactKind) -> ArtifactKind:
@@ -155,11 +169,27 @@ for _kind in (
         rank_reason=f"{ONNX_RUNTIME_FIRST}; torch.export is the maintained exporter (control flow as If)",
         tolerance=ONNX_TOLERANCE, build=exporters.onnx_dynamo, inspect=_inspect_onnx),
     ArtifactKind(
+        name="openvino", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
+        exporter="openvino.convert_model of the onnx-dynamo file + save_model(compress_to_fp16=False)",
+        input_sizes=SOURCE_SIZES, serving_rank=15, rank_reason=OPENVINO_FP32_RANK,
+        tolerance=OPENVINO_TOLERANCE, build=openvino_ir.ir_from_onnx, needs=("onnx-dynamo",), runs_on=Needs(CPU),
+        fast_why=OPENVINO_FP32_WHY),
+    ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=0,
         rank_reason="faster than fp32 ONNX Runtime on CPU (docs/precision.md), served only within the accuracy gate",
         precision="int8", sources=ONNX_SOURCES, fast_on=Needs(CPU),
         fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones; on a GPU the fp32 forms run on CUDA instead"),
+    ArtifactKind(
+        name="openvino-int8", file_name=OPENVINO_INT8_IR, companions=(OPENVINO_INT8_WEIGHTS,), format=OPENVINO,
+        exporter="nncf.quantize of the openvino IR (post-training, the calibration images)", input_sizes=SOURCE_SIZES,
+        serving_rank=5, rank_reason=OPENVINO_INT8_RANK, precision="int8", sources=("openvino",), runs_on=Needs(CPU),
+        fast_on=Needs(CPU), fast_why=OPENVINO_INT8_WHY),
+    ArtifactKind(
+        name="openvino-bf16", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
+        exporter="the openvino IR compiled with INFERENCE_PRECISION_HINT bf16", input_sizes=SOURCE_SIZES,
+        serving_rank=8, rank_reason=OPENVINO_BF16_RANK, precision="bf16", sources=("openvino",),
+        runs_on=Needs(CPU), fast_on=Needs(CPU, (BF16_FLAGS,)), fast_why=OPENVINO_BF16_WHY),
     ArtifactKind(
         name="onnx-fp16", file_name="model.fp16.onnx", format=ONNX, exporter="onnxruntime.transformers.float16",
         input_sizes=SOURCE_SIZES, serving_rank=None,

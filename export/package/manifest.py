@@ -24,6 +24,7 @@ from export.atomic import atomic_write_text
 from export.checks.parity import ParityReport
 from export.checks.trace_vs_script import TraceVsScript
 from export.errors import ExportError, IntegrityError
+from export.forms import kinds
 from export.forms.exporters import Artifact
 from export.precision.variants import PrecisionReport
 from export.refusals import EXPORT_LOG, Refusals
@@ -58,10 +59,13 @@ def write_manifest(folder: Path, manifest: Manifest) -> Path:
 def verify_hashes(folder: Path, manifest: Manifest) -> None:
     """Every artifact and recorded file must exist with the recorded sha256; name each one that does not."""
     problems = {}
-    for record in manifest.recorded_files():
-        problem = mismatch(Path(folder) / record.path, record.sha256)
+    expected = {r.path: r.sha256 for r in manifest.recorded_files()}
+    for record in manifest.artifacts.values():
+        expected.update(record.companions)  # an OpenVINO IR's weights, checked with it
+    for path, sha256 in expected.items():
+        problem = mismatch(Path(folder) / path, sha256)
         if problem:
-            problems[record.path] = problem
+            problems[path] = problem
     if problems:
         raise IntegrityError(problems)
 
@@ -131,7 +135,8 @@ def _artifact_record(folder: Path, artifact: Artifact, entry: ModelEntry) -> Art
     return ArtifactRecord(kind=artifact.kind, path=file.path, sha256=file.sha256, bytes=file.bytes,
                           format=artifact.format, exporter=artifact.exporter,
                           spatial_dynamic=artifact.spatial_dynamic, accepts=artifact.accepts(entry.input_spec.shape),
-                          control_flow=artifact.control_flow, checks=artifact.checks, details=artifact.details)
+                          control_flow=artifact.control_flow, checks=artifact.checks, details=artifact.details,
+                          companions=companion_records(folder, artifact.kind))
 
 
 def _variant_records(folder: Path, variants: PrecisionReport, artifacts: dict, entry: ModelEntry) -> dict:
@@ -143,5 +148,11 @@ def _variant_records(folder: Path, variants: PrecisionReport, artifacts: dict, e
             kind=kind, path=file.path, sha256=file.sha256, bytes=file.bytes, format=variant.format,
             exporter=variant.made_by["tool"], spatial_dynamic=source.spatial_dynamic,
             accepts=source.accepts(entry.input_spec.shape), precision=variant.precision,
-            run_precision=variant.run_precision, source=variant.source, details=variant.details())
+            run_precision=variant.run_precision, source=variant.source, details=variant.details(),
+            companions=companion_records(folder, kind))
     return records
+
+
+def companion_records(folder: Path, kind: str) -> dict:
+    """The files the kind opens beside its own (its row's `companions`): name -> sha256."""
+    return {name: file_sha256(Path(folder) / name) for name in kinds.get(kind).companions}

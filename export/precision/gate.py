@@ -90,6 +90,14 @@ class GateResult:
     tolerance: GateTolerance
     metrics: dict
     failures: list[str] = field(default_factory=list)
+    ran_in: str = ""  # the precision the backend actually computed in (see ran_in_precision); "" before it was asked
+
+    def ran_in_precision(self, actual: str) -> None:
+        """Record what the backend ran in: a runtime may ignore a precision the CPU lacks (OpenVINO runs a bf16
+        hint in f32 without native bf16), and a gate run in another precision did not measure this one."""
+        self.ran_in = actual
+        if actual != self.precision:
+            self.failures.append(f"ran in {actual}, not {self.precision}: the gate did not measure {self.precision}")
 
     @property
     def passed(self) -> bool:
@@ -100,7 +108,8 @@ class GateResult:
         return GATE_PASSED if self.passed else "failed: " + "; ".join(self.failures)
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "precision": self.precision, "images": self.images, "passed": self.passed,
+        return {"kind": self.kind, "precision": self.precision, "ran_in": self.ran_in, "images": self.images,
+                "passed": self.passed,
                 "verdict": self.verdict, "tolerance": asdict(self.tolerance), "metrics": self.metrics}
 
 

@@ -14,6 +14,8 @@
   onnx-fp16      the fp32 ONNX converted to float16 (inputs and outputs stay float32) for ONNX Runtime's CUDA
                  provider, and
   scripted-fp16  the scripted TorchScript artifact under CUDA fp16 autocast: both need --device cuda.
+  openvino-int8  NNCF post-training quantization of the OpenVINO IR (export.precision.openvino_int8), and
+  openvino-bf16  the OpenVINO IR compiled with the bf16 inference precision hint (no new file).
 
 Every variant's logits are compared with fp32 eager on held-out images by export.precision.gate.
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,6 @@ from export.atomic import atomic_write_text
 from export.forms import kinds
 from export.precision.calibration import ImageSet, TensorReader, calibration_set, holdout_set
 from export.precision.gate import (
-    GATE_BATCH,
     AccuracyGateError,
     GateResult,
     judge,
@@ -43,10 +43,10 @@ from export.precision.gate import (
     report_markdown,
 )
 from export.precision.request import PrecisionError, PrecisionRequest, check_hardware
+from export.precision.running import images_per_s, run_batches
 from export.refusals import Refusals
 from runtime import RunOptions, machine, open_artifact
 from runtime.base import Backend
-from runtime.timing import time_runs
 
 INT8 = kinds.get("onnx-int8")
 RANGES_FILE = "int8.ranges.json"  # calibrated tensor ranges: the int8 model can be rebuilt from them
@@ -54,8 +54,6 @@ ACCURACY_FILES = ("accuracy.md", "accuracy.json")
 # The int8 source (INT8.sources): an fp32 ONNX without control flow first (the quantizer and its shape
 # inference handle a plain graph best); it must have passed parity and not diverge from eager.
 ACTIVATION_TYPES = ("QUInt8", "QInt8")  # weights are QInt8 either way (symmetric, per channel)
-SPEED_WARMUP = 2
-SPEED_RUNS = 10  # batch-1 images/s, median of single calls: enough to tell the activation types apart
 
 
 @dataclass
@@ -154,7 +152,7 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
         attempt(INT8.name, lambda: _int8_variant(sources, report, calibration, held_out, progress))
     for kind in requested_variant_kinds(request.precisions):
         if kind != INT8.name:
-            attempt(kind, lambda: _float_variant(sources, report, kinds.get(kind), held_out))
+            attempt(kind, lambda: _other_variant(sources, report, kinds.get(kind), calibration, held_out, progress))
     for kind, variant in report.variants.items():
         report.ladder[kind] = variant.images_per_s
     _write_reports(sources.stage, report, targets is not None)
@@ -171,9 +169,13 @@ class _HeldOut:
     device: str
 
     def gate(self, kind, backend: Backend) -> GateResult:
-        """The kind's accuracy gate on the held-out images, run through `backend`."""
-        return judge(kind.name, kind.precision, self.reference, run_batches(backend, self.holdout.images),
-                     self.targets)
+        """The kind's accuracy gate on the held-out images, run through `backend`, with the precision it ran in."""
+        result = judge(kind.name, kind.precision, self.reference, run_batches(backend, self.holdout.images),
+                       self.targets)
+        asked = backend.options.precision  # a runtime may run another than asked (OpenVINO without native bf16)
+        actual = backend.describe().get("actual_precision", asked)
+        result.ran_in_precision(kind.precision if actual == asked else actual)
+        return result
 
     def speed(self, backend: Backend) -> float:
         return images_per_s(backend, self.holdout.images[:1])
@@ -193,14 +195,20 @@ def _int8_variant(sources: VariantSources, report, calibration, held_out: _HeldO
     return variant
 
 
-def _float_variant(sources: VariantSources, report, kind, held_out: _HeldOut) -> Variant:
-    """bf16 / fp16: autocast around the scripted TorchScript (no new file), or an fp16 ONNX."""
+def _other_variant(sources: VariantSources, report, kind, calibration, held_out: _HeldOut, progress) -> Variant:
+    """Its source's own file run in another precision (autocast, OpenVINO's hint), an fp16 ONNX or an OpenVINO
+    int8 IR (export.precision.openvino_int8)."""
     source = sources.fp32_artifacts[_source(kind, sources)]
-    if kind.format == kinds.TORCHSCRIPT:
-        return autocast_variant(kind, source, held_out)
+    if kind.file_name == source.path.name:
+        return run_time_variant(kind, source, held_out)
     _record_source_speed(report, source, held_out)
-    with _removed_on_failure(sources.stage / kind.file_name):
-        return build_onnx_fp16(sources.stage, kind, source, held_out)
+    with _removed_on_failure(*(sources.stage / name for name in (kind.file_name, *kind.companions))):
+        if kind.format != kinds.OPENVINO:
+            return build_onnx_fp16(sources.stage, kind, source, held_out)
+        from export.precision.openvino_int8 import build_openvino_int8
+        made_by, gate, speed = build_openvino_int8(sources.stage, kind, source, calibration, held_out, progress)
+        return Variant(kind=kind.name, path=sources.stage / kind.file_name, format=kind.format, precision=kind.precision,
+                       run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate, images_per_s=speed)
 
 
 @contextlib.contextmanager
@@ -346,12 +354,13 @@ def choose_activation_type(measured: dict[str, tuple[float, bool]]) -> tuple[str
 
 # ---------------------------------------------------------------- bf16 / fp16
 
-def autocast_variant(kind, source, held_out: _HeldOut) -> Variant:
-    """An fp32 TorchScript file run under torch.autocast: no new file, a new way to run it."""
+def run_time_variant(kind, source, held_out: _HeldOut) -> Variant:
+    """An fp32 file run in another precision (TorchScript under torch.autocast, OpenVINO with its inference
+    precision hint): no new file, a new way to run it."""
     precision = kind.precision
     backend = open_artifact(source.format, source.path, RunOptions(device=held_out.device, precision=precision))
     gate = held_out.gate(kind, backend)
-    made_by = {"tool": f"torch.autocast(dtype={precision}) around {source.path.name}", "device": held_out.device}
+    made_by = {"tool": f"{kind.exporter} ({source.path.name})", "device": held_out.device, "ran_in": gate.ran_in}
     return Variant(kind=kind.name, path=source.path, format=source.format, precision=precision,
                    run_precision=precision, source=source.kind, made_by=made_by, gate=gate,
                    images_per_s=held_out.speed(backend))
@@ -369,19 +378,6 @@ def build_onnx_fp16(stage: Path, kind, source, held_out: _HeldOut) -> Variant:
     return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
                    run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate,
                    images_per_s=held_out.speed(backend))
-
-
-# ---------------------------------------------------------------- running and timing
-
-def run_batches(backend: Backend, images: torch.Tensor, batch: int = GATE_BATCH) -> torch.Tensor:
-    return torch.cat([backend(images[i:i + batch]) for i in range(0, len(images), batch)])
-
-
-def images_per_s(backend: Backend, example: torch.Tensor) -> float:
-    """Batch-1 images/s, median of single calls after a warm-up: recorded in the ladder, and chooses int8's
-    activation type (the served artifact itself is chosen by the declared rule, never by timing)."""
-    milliseconds = time_runs(lambda: backend(example), SPEED_WARMUP, SPEED_RUNS, min_seconds=0)
-    return round(example.shape[0] * 1000 / statistics.median(milliseconds), 1)
 
 
 def _write_reports(stage: Path, report: PrecisionReport, labelled: bool) -> None:

@@ -1,0 +1,72 @@
+"""OpenVINO IR artifacts (model.xml with its weights model.bin beside it) on OpenVINO's CPU plugin.
+
+The inference precision is always set: without it OpenVINO runs an fp32 IR in bf16 on CPUs with AVX512_BF16 or
+AMX, which would break fp32 parity. On a CPU without native bf16 a bf16 hint is silently run in f32 (measured on
+an AVX2 EPYC), so describe() reports the precision the compiled model actually runs in, read back from it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from runtime.base import ArtifactError, Backend, RunOptions
+
+DEVICE = "CPU"  # OpenVINO's GPU plugin is for Intel GPUs; a CUDA machine serves other forms
+PERFORMANCE_HINT = "LATENCY"  # one request per serving worker: no throughput streams
+PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}  # RunOptions.precision -> INFERENCE_PRECISION_HINT
+OUR_PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}  # OpenVINO's element type names -> ours
+INSTALL = "pip install '.[openvino]'"
+
+
+def import_openvino():
+    """openvino, or an ArtifactError saying how to install it (only OpenVINO artifacts need it)."""
+    try:
+        import openvino
+    except ImportError as error:
+        raise ArtifactError(f"OpenVINO artifacts need the openvino package ({error}); {INSTALL}") from None
+    return openvino
+
+
+def compile_config(options: RunOptions) -> dict:
+    config = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[options.precision], "PERFORMANCE_HINT": PERFORMANCE_HINT}
+    if options.threads:  # 0: OpenVINO's default (every core)
+        config["INFERENCE_NUM_THREADS"] = options.threads
+    return config
+
+
+def companion_weights(xml_name: str) -> str:
+    """The weights file OpenVINO reads beside an IR: model.openvino.xml -> model.openvino.bin."""
+    return xml_name[:-len(".xml")] + ".bin" if xml_name.endswith(".xml") else xml_name + ".bin"
+
+
+class OpenVinoBackend(Backend):
+    format = "openvino"
+    supported_precisions = ("fp32", "bf16")
+
+    def __init__(self, path, options: RunOptions, name: str | None = None):
+        if options.torch_device.type != "cpu":
+            raise ArtifactError(f"OpenVINO artifacts run on the CPU here (its GPU plugin is for Intel GPUs), not "
+                                f"{options.device}; serve another form on a CUDA machine")
+        super().__init__(path, options, name)
+        weights = self.path.with_name(companion_weights(self.path.name))
+        if not weights.is_file():
+            raise ArtifactError(f"{self.path.name}'s weights {weights.name} are missing beside it; re-run the export")
+        openvino = import_openvino()
+        self.version = openvino.get_version()
+        self.compiled = openvino.Core().compile_model(str(self.path), DEVICE, compile_config(options))
+        self.request = self.compiled.create_infer_request()  # one per backend: a worker calls it one batch at a time
+
+    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+        array = np.ascontiguousarray(batch.detach().cpu().numpy(), dtype=np.float32)
+        output = self.request.infer({0: array})[0]  # copied out of the request (share_outputs=False)
+        return torch.from_numpy(np.asarray(output, dtype=np.float32))
+
+    def actual_precision(self) -> str:
+        """What the compiled model computes in (a bf16 hint runs as f32 on a CPU without native bf16)."""
+        element = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        return OUR_PRECISION.get(element, element)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "actual_precision": self.actual_precision(), "openvino": self.version,
+                "threads_used": self.compiled.get_property("INFERENCE_NUM_THREADS")}

@@ -1,0 +1,88 @@
+"""The OpenVINO kinds through the real export command: `openvino` (the IR converted from onnx-dynamo's file, held
+to eager by parity) and `openvino-int8` (NNCF from the calibration images, held to fp32 by the accuracy gate), each
+recorded with its weights file as a companion; and the refusal, with the extra to install, where the openvino
+package is missing (simulated in a subprocess by a None entry in sys.modules: the import itself fails)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from contract.records import MANIFEST_NAME, Manifest
+from export.errors import IntegrityError
+from export.forms import kinds
+from export.package.manifest import verify_hashes
+from runtime import RunOptions, open_artifact
+from runtime.integrity import file_sha256
+from tests.conftest import ROOT, export_in_process
+from tests.export.user_models import USER_FILE
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+MODEL = f"{USER_FILE}:plain"
+SHAPE = "1,3,32,32"  # an image contract (resize and crop to 32): calibration and the gate need one
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("openvino") / "plain"
+    done = export_in_process("module", MODEL, "--input-shape", SHAPE, "--formats", "openvino", "--precision",
+                             "fp32,int8", "--gate", "report", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {"out": out, "manifest": Manifest.from_json((out / MANIFEST_NAME).read_text()), "stdout": done.stdout}
+
+
+def test_every_int8_row_is_built_by_fp32_int8():
+    assert [k.name for k in kinds.variants("int8")] == ["onnx-int8", "openvino-int8"]
+    assert "openvino" in kinds.default_formats()  # built by default where openvino is installed
+
+
+def test_openvino_is_built_from_onnx_dynamo_and_passes_parity(export):
+    manifest = export["manifest"]
+    record = manifest.artifacts["openvino"]
+    assert record.path == "model.openvino.xml" and record.format == "openvino" and record.precision == "fp32"
+    assert record.details["converted_from"] == "model.dynamo.onnx"
+    assert "openvino ok" in export["stdout"] and manifest.parity["passed"]
+
+
+def test_the_weights_are_recorded_as_companions_and_checked(export, tmp_path):
+    artifacts = export["manifest"].artifacts
+    for kind, weights in (("openvino", "model.openvino.bin"), ("openvino-int8", "model.int8.openvino.bin")):
+        assert artifacts[kind].companions == {weights: file_sha256(export["out"] / weights)}
+    copy = tmp_path / "copy"
+    shutil.copytree(export["out"], copy)
+    verify_hashes(copy, export["manifest"])
+    with open(copy / "model.int8.openvino.bin", "r+b") as weights:
+        weights.write(b"\x00\x01\x02\x03")
+    with pytest.raises(IntegrityError, match="model.int8.openvino.bin"):
+        verify_hashes(copy, export["manifest"])
+
+
+def test_openvino_int8_is_gated_and_says_how_it_was_made(export):
+    manifest = export["manifest"]
+    record = manifest.artifacts["openvino-int8"]
+    assert (record.path, record.precision, record.source) == ("model.int8.openvino.xml", "int8", "openvino")
+    accuracy, made = record.details["accuracy"], record.details["made_by"]
+    assert accuracy["images"] >= 100 and accuracy["ran_in"] == "int8"
+    assert set(manifest.precision["gate"]) == {"onnx-int8", "openvino-int8"}
+    assert made["calibration_images"] == manifest.precision["calibration"]["count"]
+    census = made["plain_quantization"]
+    assert census["int8_ops"] == 2 and census["fp32_ops"] == []  # the conv and the linear head
+    backend = open_artifact("openvino", export["out"] / record.path, RunOptions(threads=1))
+    assert backend.describe()["actual_precision"] == "fp32"  # the hint; the quantized ops compute in int8
+
+
+def test_without_the_openvino_package_its_kinds_are_refused_and_the_others_go_on(tmp_path):
+    out = tmp_path / "no-openvino"
+    script = ("import sys; sys.modules['openvino'] = None; from export.cli import main; "
+              f"sys.exit(main(['module', {MODEL!r}, '--input-shape', {SHAPE!r}, '--formats', 'onnx-dynamo,openvino', "
+              f"'--out', {str(out)!r}]))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = Manifest.from_json((out / MANIFEST_NAME).read_text())
+    assert "onnx-dynamo" in manifest.artifacts and "openvino" not in manifest.artifacts
+    assert "pip install '.[openvino]'" in manifest.refused["openvino"].message

@@ -1,0 +1,84 @@
+"""runtime/openvino.py on a real OpenVINO IR: a small CNN converted from its ONNX file as the exporter does it
+(openvino.convert_model + save_model, fp32 weights), run like eager, its options and errors, and the precision it
+reports having run in."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from export.checks.parity import OPENVINO_TOLERANCE
+from export.forms.openvino_ir import ir_files, save_ir
+from runtime import ArtifactError, RunOptions, open_artifact
+from runtime.eager import EagerBackend
+from runtime.machine import BF16_FLAGS, cpu_flags
+from runtime.openvino import OpenVinoBackend, compile_config
+
+openvino = pytest.importorskip("openvino")
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+@pytest.fixture(scope="module")
+def ir(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("openvino")
+    torch.manual_seed(0)
+    module = Tiny().eval()
+    onnx_path = folder / "tiny.onnx"
+    torch.onnx.export(module, (torch.rand(1, 3, 16, 16),), str(onnx_path), dynamo=False, input_names=["input"],
+                      output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    save_ir(openvino.convert_model(str(onnx_path)), folder / "tiny.openvino.xml")
+    return {"module": module, "xml": folder / "tiny.openvino.xml", "folder": folder}
+
+
+def test_the_ir_runs_like_eager_within_its_tolerance(ir):
+    backend = open_artifact("openvino", ir["xml"], RunOptions(threads=1), name="mine")
+    assert type(backend) is OpenVinoBackend and backend.name == "mine"
+    for batch in (1, 3):  # one request, reused, with another batch size
+        x = torch.rand(batch, 3, 16, 16, generator=torch.Generator().manual_seed(batch))
+        got = backend(x)
+        assert got.dtype == torch.float32 and got.shape == (batch, 5)
+        torch.testing.assert_close(got, EagerBackend(ir["module"]).predict(x), atol=OPENVINO_TOLERANCE.atol,
+                                   rtol=OPENVINO_TOLERANCE.rtol)
+    described = backend.describe()
+    assert described["format"] == "openvino" and described["actual_precision"] == "fp32"
+    assert described["threads_used"] == 1 and described["openvino"] == openvino.get_version()
+
+
+def test_the_precision_hint_is_always_explicit_and_threads_map_to_openvino():
+    assert compile_config(RunOptions()) == {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    assert compile_config(RunOptions(threads=2, precision="bf16"))["INFERENCE_PRECISION_HINT"] == "bf16"
+    assert compile_config(RunOptions(threads=2))["INFERENCE_NUM_THREADS"] == 2
+
+
+def test_describe_reports_the_precision_it_actually_runs_in(ir):
+    backend = open_artifact("openvino", ir["xml"], RunOptions(threads=1, precision="bf16"))
+    native = bool(set(BF16_FLAGS) & cpu_flags())
+    # without native bf16 OpenVINO ignores the hint and runs f32: what ran is reported, not what was asked
+    assert backend.describe()["actual_precision"] == ("bf16" if native else "fp32")
+    assert backend.describe()["precision"] == "bf16"
+
+
+def test_a_gpu_or_fp16_is_a_clear_error(ir):
+    with pytest.raises(ArtifactError, match="on the CPU here"):
+        open_artifact("openvino", ir["xml"], RunOptions(device="cuda"))
+    with pytest.raises(ArtifactError, match="runs fp32, bf16, not fp16"):
+        open_artifact("openvino", ir["xml"], RunOptions(precision="fp16"))
+
+
+def test_missing_weights_are_named(ir, tmp_path):
+    xml, _ = ir_files(ir["xml"])
+    shutil.copy(xml, tmp_path / xml.name)
+    with pytest.raises(ArtifactError, match="tiny.openvino.bin"):
+        open_artifact("openvino", tmp_path / xml.name, RunOptions())
