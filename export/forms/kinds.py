@@ -171,7 +171,7 @@ for _kind in (
     ArtifactKind(
         name="openvino", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
         exporter="openvino.convert_model of the onnx-dynamo file + save_model(compress_to_fp16=False)",
-        input_sizes=SOURCE_SIZES, serving_rank=15, rank_reason=OPENVINO_FP32_RANK,
+        input_sizes=EXAMPLE_SIZE, serving_rank=15, rank_reason=OPENVINO_FP32_RANK,
         tolerance=OPENVINO_TOLERANCE, build=openvino_ir.ir_from_onnx, needs=("onnx-dynamo",), runs_on=Needs(CPU),
         fast_why=OPENVINO_FP32_WHY),
     ArtifactKind(

@@ -7,6 +7,11 @@ OpenVINO 2026.4.1, 2026-11-25): from the ExportedProgram, EfficientNet-Lite0's I
 exactly, both branches and both trip counts), ResNet-50 matches either way (3.6e-5), and conversion is faster
 (2 s vs 8 s for ResNet-50). The ONNX file has also passed its own structural checks and parity by then.
 
+The IR takes exactly the example's height x width (any batch): with height and width left dynamic, OpenVINO's
+CPU plugin computes EfficientNet-Lite0 wrong at 224 x 224 (logits off by up to 8.6; right at 320 x 288, and
+ONNX Runtime is right on the same file), while with them fixed at conversion it matches eager (1.3e-5). The
+handler sends the example's size anyway (the crop of the image contract).
+
 Weights are saved in fp32 (`compress_to_fp16=False`): save_model's default fp16 weight compression would break
 fp32 parity. Both files are written under temporary names and renamed into place, the weights first: the .xml
 (the file the manifest names) appears only when its weights are complete.
@@ -24,11 +29,13 @@ from runtime.openvino import companion_weights, import_openvino  # no openvino p
 
 
 def ir_from_onnx(context: BuildContext, kind) -> Artifact:
-    """openvino.convert_model of the kind's `needs[0]` ONNX file, saved with fp32 weights."""
+    """openvino.convert_model of the kind's `needs[0]` ONNX file at the example's height x width (any batch),
+    saved with fp32 weights."""
     openvino = import_openvino()
     source = context.built[kind.needs[0]]
-    artifact = context.artifact(kind, source_dynamic=source.spatial_dynamic)
-    save_ir(openvino.convert_model(str(source.path)), artifact.path)
+    artifact = context.artifact(kind)
+    fixed_size = [-1, *context.example.shape[1:]]  # dynamic height and width: see the module's docstring
+    save_ir(openvino.convert_model(str(source.path), input=fixed_size), artifact.path)
     artifact.details = {"converted_from": source.path.name, "openvino": openvino.get_version(),
                         "weights": "fp32 (compress_to_fp16=False)"}
     return artifact
