@@ -96,10 +96,12 @@ _TABLE: dict[str, ArtifactKind] = {}
 # OpenVINO's rows (docs/openvino.md has the measurements behind each reason).
 OPENVINO_IR, OPENVINO_WEIGHTS = "model.openvino.xml", "model.openvino.bin"
 OPENVINO_INT8_IR, OPENVINO_INT8_WEIGHTS = "model.int8.openvino.xml", "model.int8.openvino.bin"
-OPENVINO_FP32_RANK = "TODO"
-OPENVINO_FP32_WHY = "TODO"
-OPENVINO_INT8_RANK = "TODO"
-OPENVINO_INT8_WHY = "TODO"
+OPENVINO_FP32_RANK = ("just after onnx-dynamo, the file it is converted from: about as fast (issue 31, Zen 4: 24.2 vs "
+                      "25.1 img/s) and behind it on a contended AVX2 EPYC (docs/openvino.md); CPU only")
+OPENVINO_FP32_WHY = "OpenVINO's CPU plugin; its GPU plugin is for Intel GPUs, so a CUDA machine serves other forms"
+OPENVINO_INT8_RANK = ("just after onnx-int8: ahead of it on a Zen 4 with VNNI (issue 31: 93.9 vs 89.4 img/s), not yet "
+                      "measured uncontended here (docs/openvino.md)")
+OPENVINO_INT8_WHY = "OpenVINO's int8 CPU kernels; not yet measured against fp32 on an AVX2 CPU without VNNI"
 OPENVINO_BF16_RANK = ("after the int8 forms (slower than them where measured, docs/openvino.md) and before fp32: "
                       "chosen only on a CPU that computes in bf16")
 OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an "
