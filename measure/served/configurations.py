@@ -81,6 +81,8 @@ grpc_management_address=127.0.0.1
 enable_envvars_config=true
 disable_token_authorization=true
 enable_model_api=false
+# TorchServe's own JVM defaults and its own log4j2.xml (in its jar), not the ones `python -m serving` adds
+vmargs=-Dlog4j.configurationFile=log4j2.xml
 """
 
 

@@ -13,6 +13,13 @@ from serving.settings import ServingSettings, free_port
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PACKAGE_DIR / "config.properties"
+LOG_CONFIG = PACKAGE_DIR / "log4j2.xml"  # TorchServe's files without per-request DEBUG, duplicates and echoes
+LOG_CONFIG_FLAG = "-Dlog4j.configurationFile="
+# The frontend's JVM on a CPU host, where the workers use every core: C1 only (C2's compilations cost seconds of
+# CPU in the first minutes of load, and C2's faster code gains nothing measurable in a frontend that spends
+# ~1 ms per request), one compiler thread, the serial GC (no GC thread per core). Measured in
+# docs/serving-overhead.md. A GPU host, whose cores are mostly free, keeps the JVM's defaults.
+CPU_JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:CICompilerCount=1", "-XX:+UseSerialGC")
 
 MODEL_RESPONSE_TIMEOUT_S = 120  # TorchServe's per-model responseTimeout: a worker slower than this is restarted
 INFERENCE_PORT = 8080
@@ -93,9 +100,19 @@ def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:
                           grpc_inference_port=free_port(), grpc_management_port=free_port())
 
 
+def jvm_flags(base: dict[str, str], policy: ServingPolicy) -> str:
+    """TorchServe's vmargs: the base config's own, or CPU_JVM_FLAGS on a CPU host; plus our log configuration
+    unless the flags name one."""
+    flags = base["vmargs"].split() if "vmargs" in base else list(CPU_JVM_FLAGS if policy.device == "cpu" else ())
+    if LOG_CONFIG.is_file() and not any(flag.startswith(LOG_CONFIG_FLAG) for flag in flags):
+        flags.append(f"{LOG_CONFIG_FLAG}{LOG_CONFIG.as_uri()}")
+    return " ".join(flags)
+
+
 def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
     """The base config.properties plus this machine's serving policy for each model (TorchServe's per-model
-    `models=` settings; values pinned in the archive's model-config.yaml take precedence over them)."""
+    `models=` settings; values pinned in the archive's model-config.yaml take precedence over them) and the
+    JVM's flags (jvm_flags; a vmargs line of the base is replaced by the one written here)."""
     models = {name: {settings.model_version: {
         "defaultVersion": True, "marName": f"{name}.mar",
         **policy.model_config(), "responseTimeout": settings.response_timeout_s}} for name in settings.served_models()}
@@ -105,11 +122,14 @@ def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
     token = ("\n# Token authorisation on: keys in key_file.json, in TorchServe's working folder.\n"
              f"{TOKEN_SWITCH}=false\n") if settings.token_auth else ""
     load = ",".join(f"{name}={name}.mar" for name in settings.served_models())
-    return (Path(settings.config).read_text().rstrip("\n")
+    base = Path(settings.config).read_text()
+    flags = jvm_flags(read_properties(settings.config), policy)
+    jvm = f"\n# The frontend's JVM (config.py: jvm_flags).\nvmargs={flags}\n" if flags else ""
+    return ("\n".join(line for line in base.splitlines() if not line.lstrip().startswith("vmargs=")).rstrip("\n")
             + f"\n\n# Serving policy decided on this machine by `python -m serving`: {policy.reason};"
             + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(models)}\n"
             + f"# Registered at start (TorchServe reads them from model_store).\nload_models={load}\n"
-            + allowed + token)
+            + allowed + token + jvm)
 
 
 def write_run_config(settings: ServerSettings, policy: ServingPolicy) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 # Lines in TorchServe's logs that mean the model will not load; the handler's message is near them.
 LOAD_FAILURE = re.compile(r"(Load model failed|Backend worker process died|Worker disconnected.*WORKER_STOPPED"
                           r"|Failed to load model|ModuleNotFoundError|Traceback)")
+DIED = re.compile(r"Backend worker process died")
 FAILURES_BEFORE_GIVING_UP = 2  # TorchServe retries a failing worker forever; twice is a verdict
 ARCHIVE_UNREADABLE = re.compile(r"Failed to load model: (\S+)\s*\n([^\n]+)")
 REFUSAL = "REFUSING TO SERVE:"  # what the handler logs when the artifact's sha256 differs
@@ -24,16 +25,20 @@ def load_failure(log_dir: Path) -> str | None:
     if unreadable:  # the frontend could not even open the archive (truncated, not a zip): no worker will start
         return (f"TorchServe could not open {unreadable.group(1)}: {unreadable.group(2).strip()}; "
                 "rebuild it with `python -m export`")
-    died = len(re.findall(r"Backend worker process died|Load model failed", text))
+    # The frontend logs "Load model failed" in ts_log.log, a dying worker says so in model_log.log (our log4j2.xml
+    # keeps worker lines out of ts_log.log, where TorchServe's own configuration copied them).
+    died = len(re.findall("Load model failed", text)) + len(DIED.findall(_text(model_log)))
     if died < FAILURES_BEFORE_GIVING_UP:
         return None
-    return _refusal(model_log) or _last_exception(model_log) or _last_matching(frontend) or f"see {log_dir}"
+    return (_refusal(model_log) or _last_exception(model_log) or _last_matching(frontend) or _last_matching(model_log)
+            or f"see {log_dir}")
 
 
 def exit_reason(log_dir: Path) -> str:
     """Why TorchServe stopped or never answered, from the most specific log that says so."""
     return (_bind_failure(log_dir / "console.log") or _last_exception(log_dir / "model_log.log")
-            or _last_matching(log_dir / "ts_log.log") or _tail(log_dir / "console.log")
+            or _last_matching(log_dir / "ts_log.log") or _last_matching(log_dir / "model_log.log")
+            or _tail(log_dir / "console.log")
             or f"see logs in {log_dir}")
 
 

@@ -9,7 +9,7 @@ import torch
 from handlers.policy import GPU_BATCH_SIZE, machine_policy
 from serving import cli
 from serving.settings import ServingError, decide_policy
-from serving.torchserve.config import ServerSettings, run_config_text
+from serving.torchserve.config import CPU_JVM_FLAGS, LOG_CONFIG, LOG_CONFIG_FLAG, ServerSettings, run_config_text
 from serving.torchserve.engine import TorchServe
 
 
@@ -82,3 +82,37 @@ def test_an_empty_store_says_to_export_first(tmp_path, capsys, engine):
     assert cli.main(["--engine", engine, "--model-store", str(store), "--detach"]) == 1
     err = capsys.readouterr().err
     assert "no archive (*.mar) in" in err and "run `python -m export resnet` first" in err
+
+
+def vmargs(text: str) -> str:
+    lines = [l for l in text.splitlines() if l.startswith("vmargs=")]
+    assert len(lines) == 1, lines
+    return lines[0].split("=", 1)[1]
+
+
+def test_a_cpu_host_gets_the_lean_jvm_and_our_log_configuration():
+    text = run_config_text(ServerSettings(model_name="resnet"), machine_policy(gpus=0, cores=2))
+    flags = vmargs(text).split()
+    assert set(CPU_JVM_FLAGS) <= set(flags)
+    assert f"{LOG_CONFIG_FLAG}{LOG_CONFIG.as_uri()}" in flags and LOG_CONFIG.is_file()
+
+
+def test_a_gpu_host_keeps_the_jvm_defaults_and_a_config_of_its_own_wins(tmp_path):
+    assert vmargs(run_config_text(ServerSettings(model_name="resnet"), machine_policy(gpus=1, cores=8))) == \
+        f"{LOG_CONFIG_FLAG}{LOG_CONFIG.as_uri()}"
+    own = tmp_path / "config.properties"
+    own.write_text("inference_address=http://127.0.0.1:8080\nvmargs=-Xmx2g -Dlog4j.configurationFile=mine.xml\n")
+    text = run_config_text(ServerSettings(model_name="resnet", config=own), machine_policy(gpus=0, cores=2))
+    assert vmargs(text) == "-Xmx2g -Dlog4j.configurationFile=mine.xml"
+
+
+def test_our_log_configuration_drops_debug_and_per_request_echoes_but_keeps_the_files():
+    import xml.etree.ElementTree as ElementTree
+    root = ElementTree.parse(LOG_CONFIG).getroot()
+    files = {a.get("fileName").rsplit("/", 1)[1] for a in root.iter("RollingFile")}
+    assert files == {"access_log.log", "model_log.log", "model_metrics.log", "ts_log.log", "ts_metrics.log"}
+    loggers = {l.get("name"): l for l in root.iter("Logger")}
+    assert loggers["org.pytorch.serve"].get("level") == "info"
+    assert [r.get("ref") for r in loggers["MODEL_LOG"].iter("AppenderRef")] == ["model_log"]
+    denied = {f.get("regex") for f in root.iter("RegexFilter") if f.get("onMatch") == "DENY"}
+    assert denied == {r"result=\{\}, pattern=\{\}", r"Backend response time: \{\}", r"Sending response for jobId \{\}"}
