@@ -114,9 +114,10 @@ def row_facts(name: str, manifest: Manifest) -> dict:
 def torchserve_served(name: str, export_dir: Path, manifest: Manifest, files: list[Path], scratch: Path,
                       token_auth: bool):
     settings = prepare_server(name, export_dir, manifest, scratch, token_auth)
-    with server.running(settings, EXAMPLE_IMAGE):
+    with server.running(settings, EXAMPLE_IMAGE) as process:
         yield Served(name, settings.predictions_url(), settings.response_timeout_s, raw_wire(files),
-                     server.auth_headers(settings), settings.log_dir / "model_log.log", row_facts(name, manifest))
+                     server.auth_headers(settings), settings.log_dir / "model_log.log", row_facts(name, manifest),
+                     pid=process.pid)
 
 
 @contextlib.contextmanager
@@ -124,7 +125,8 @@ def litserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scr
     folder = scratch / LITSERVE
     with peer.running(export_dir, folder, EXAMPLE_IMAGE) as litserve:
         wire = {path.name: (peer.form_body(path, folder), peer.FORM_CONTENT_TYPE) for path in files}
-        yield Served(LITSERVE, litserve.url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest))
+        yield Served(LITSERVE, litserve.url, REQUEST_TIMEOUT_S, wire, facts=row_facts(LITSERVE, manifest),
+                     pid=litserve.process.pid)
 
 
 @contextlib.contextmanager
@@ -133,14 +135,14 @@ def kserve_served(export_dir: Path, manifest: Manifest, files: list[Path], scrat
     folder, name = scratch / KSERVE, manifest.model.name
     build_archive(export_dir, manifest, folder / "store")
     settings = KServeSettings(folder / "store", (name,), http_port=free_port(), run_dir=folder / "run")
-    with kserve_server.running(settings, EXAMPLE_IMAGE):
+    with kserve_server.running(settings, EXAMPLE_IMAGE) as process:
         wire = {}
         for path in files:
             body = folder / f"{path.name}.v1.json"
             body.write_text(json.dumps(kserve_server.v1_body(path)))
             wire[path.name] = (body, "application/json")
         yield Served(KSERVE, settings.predict_url(name), REQUEST_TIMEOUT_S, wire, model_log=settings.log_file,
-                     facts=row_facts(KSERVE, manifest))
+                     facts=row_facts(KSERVE, manifest), pid=process.pid)
 
 
 @contextlib.contextmanager

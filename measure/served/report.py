@@ -131,7 +131,8 @@ def table(rows: list[dict]) -> str:
     """Where the time goes: every row with p90, the ratio to naive and the handler's stage medians."""
     stage_headers = " | ".join(f"{s} ms" for s in STAGES)
     lines = [f"| body | configuration | c | req/s | p50 ms | p90 ms | p99 ms | errors | × naive | × in-process (batch) | "
-             f"{stage_headers} | batch |", "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|"]
+             f"{stage_headers} | batch | server CPU ms/req |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|---|"]
     for r in rows:
         stages = r.get("stages_ms") or {}
         inprocess_cell = (f"{r['vs_inprocess']:.2f} ({r['inprocess_batch']})" if r.get("vs_inprocess") is not None
@@ -140,7 +141,7 @@ def table(rows: list[dict]) -> str:
                      f"{latency(r, 'p50_ms')} | {latency(r, 'p90_ms')} | {latency(r, 'p99_ms')} | {r['failed']} | "
                      f"{cell(r.get('vs_naive'))} | "
                      f"{inprocess_cell} | " + " | ".join(cell(stages.get(s), "{:.1f}") for s in STAGES)
-                     + f" | {cell(stages.get('batch'), '{:.0f}')} |")
+                     + f" | {cell(stages.get('batch'), '{:.0f}')} | {cell(r.get('server_cpu_ms'), '{:.1f}')} |")
     return "\n".join(lines)
 
 
@@ -180,6 +181,7 @@ def progress_line(name: str, row: dict) -> str:
     stages = row["stages_ms"]
     return (f"  {name:<15} c={row['concurrency']:<3} {row['req_per_s']:7.1f} req/s  p50 {cell(row['p50_ms'], '{:.0f}'):>5}  "
             f"p90 {cell(row['p90_ms'], '{:.0f}'):>5}  p99 {cell(row['p99_ms'], '{:.0f}'):>5} ms  errors {row['failed']}"
+            + (f"  server CPU {row['server_cpu_ms']:.1f} ms/req" if row.get("server_cpu_ms") is not None else "")
             + ("  per request: " + " ".join(f"{s} {stages[s]:.1f}" for s in STAGES)
                + f" ms (median batch {stages['batch']:.0f})" if stages else ""))
 
@@ -242,5 +244,6 @@ def render_markdown(rows: list[dict], targets: list[Target], descriptions: dict[
     return (f"{header}\n\n{described}\n\n## Per size\n\n{sizes_table(rows)}\n\n{SIZES_NOTE}\n\n"
             f"## Where the time goes\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
             f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler and "
-            f"the LitServe peer log no stages.\n\n{ungated_note(rows)}## Targets\n\n"
+            f"the LitServe peer log no stages. `server CPU ms/req`: CPU time of the server's processes (frontend and "
+            f"workers) per answered request during the row, steadier than req/s on a shared machine.\n\n{ungated_note(rows)}## Targets\n\n"
             f"{targets_table(targets)}\n")

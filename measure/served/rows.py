@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from measure.loadgen import Load, content_type, run_hey
 from measure.served import report
 
@@ -36,6 +38,7 @@ class Served:
     headers: dict = field(default_factory=dict)
     model_log: Path | None = None  # where our handler logs its stage times (None: it logs none)
     facts: dict = field(default_factory=dict)  # model, precision, artifact, gate: copied into each row
+    pid: int | None = None  # the server's first process: its tree's CPU time is counted per row (None: not counted)
 
 
 @dataclass(frozen=True)
@@ -102,16 +105,46 @@ def stage_window(served: Served, measure):
     return result, report.stage_medians(report.parse_stage_lines(text))
 
 
+def tree_cpu_s(pid: int | None) -> dict[int, float]:
+    """CPU seconds (user + system) so far of each process of the tree rooted at pid: the frontend, its workers."""
+    if pid is None:
+        return {}
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    seconds = {}
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            seconds[process.pid] = times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return seconds
+
+
+def cpu_window(served: Served, measure):
+    """measure() with the server's CPU seconds during it (processes alive at both ends: the window's workers)."""
+    before = tree_cpu_s(served.pid)
+    result = measure()
+    after = tree_cpu_s(served.pid)
+    return result, (sum(after[p] - before[p] for p in after if p in before) if before else None)
+
+
 def row(served: Served, body: str, concurrency: int, plan: LoadPlan) -> dict:
     if body == MIX:
-        (load, composition), stages = stage_window(served, lambda: mix_load(served, concurrency, plan))
+        ((load, composition), cpu_s), stages = stage_window(
+            served, lambda: cpu_window(served, lambda: mix_load(served, concurrency, plan)))
     else:
-        load, stages = stage_window(served, lambda: hey_load(served, body, concurrency, plan))
+        (load, cpu_s), stages = stage_window(
+            served, lambda: cpu_window(served, lambda: hey_load(served, body, concurrency, plan)))
         composition = {body: load.requests}
     measured = {"configuration": served.name, "body": body, **served.facts, "concurrency": concurrency,
                 "duration_s": plan.duration_s, "requests": load.requests, "req_per_s": load.req_per_s,
                 "p50_ms": load.p50_ms, "p90_ms": load.p90_ms, "p99_ms": load.p99_ms, "slowest_ms": load.slowest_ms,
                 "failed": load.failed,
+                "server_cpu_ms": cpu_s * 1000 / load.requests if cpu_s is not None and load.requests else None,
                 "stages_ms": stages, "bodies": composition}
     print(report.progress_line(f"{served.name} {body}", measured), flush=True)
     return measured

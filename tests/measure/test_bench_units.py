@@ -109,8 +109,10 @@ def test_results_table_shows_ratios_and_stage_medians_and_dashes_where_there_are
                                                          "encode": 0.2, "batch": 1, "batches": 300}}]
     report.add_ratios(rows, {"fp32": {8: 20.0}})
     text = report.table(rows)
-    assert "| — | naive | 8 | 4.0 | 1900 | 2500 | — | 0 | 1.00 | 0.20 (8) | — | — | — | — | — |" in text
-    assert "| — | default | 8 | 18.0 | 430 | 610 | 990 | 1 | 4.50 | 0.90 (8) | 2.0 | 4.0 | 95.0 | 0.2 | 1 |" in text
+    assert "| — | naive | 8 | 4.0 | 1900 | 2500 | — | 0 | 1.00 | 0.20 (8) | — | — | — | — | — | — |" in text
+    assert "| — | default | 8 | 18.0 | 430 | 610 | 990 | 1 | 4.50 | 0.90 (8) | 2.0 | 4.0 | 95.0 | 0.2 | 1 | — |" in text
+    rows[1]["server_cpu_ms"] = 104.25
+    assert "| 95.0 | 0.2 | 1 | 104.2 |" in report.table(rows)
 
 
 def test_bad_options_are_errors_that_say_what_to_give(tmp_path):
@@ -175,3 +177,23 @@ def test_each_row_serves_the_decided_artifact_unless_its_configuration_names_one
     assert configurations.ungated_verdict("int8", gated) == "speed only, accuracy gate failed: top-1 agreement 94.5 % < 98 %"
     assert "SPEED ONLY, NOT SERVABLE: onnx-int8" in capsys.readouterr().out
     assert configurations.ungated_verdict("int8", manifest("onnx-int8", ("onnx-dynamo", "onnx-int8"))) is None
+
+
+def test_the_server_trees_cpu_time_is_counted_per_row_and_a_gone_server_counts_nothing():
+    import os
+    import subprocess
+    import sys
+
+    from measure.served import rows as bench_rows
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        seconds = bench_rows.tree_cpu_s(os.getpid())
+        assert os.getpid() in seconds and child.pid in seconds and all(s >= 0 for s in seconds.values())
+        served = bench_rows.Served("x", "http://127.0.0.1:1", 1.0, {}, pid=os.getpid())
+        result, cpu_s = bench_rows.cpu_window(served, lambda: sum(i * i for i in range(300_000)))
+        assert result > 0 and cpu_s > 0
+    finally:
+        child.kill()
+        child.wait()
+    assert bench_rows.tree_cpu_s(child.pid) == {} and bench_rows.tree_cpu_s(None) == {}
+    assert bench_rows.cpu_window(bench_rows.Served("x", "u", 1.0, {}), lambda: 1) == (1, None)
