@@ -8,7 +8,7 @@ import contextlib
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from export.interrupt import watch as watch_interrupts
 from export.package.archive import ArchiveRequest, PendingArchive, prepare_archive
 from export.package.manifest import ExportFindings, assemble_manifest, write_manifest
 from export.package.reports import write_reports
-from export.package.selection import Candidate, decide
+from export.package.selection import Candidate, artifact_needs, decide
 from export.precision.gate import GATE_ENFORCE, GATE_REPORT, render_table
 from export.precision.request import PrecisionRequest
 from export.precision.variants import PrecisionReport, VariantSources, build_variants, requested_variant_kinds
@@ -36,9 +36,8 @@ from export.steps import build_artifacts, inspect_artifacts, open_artifacts, par
 from export.warnings_log import WarningLog
 from models.registry import BuiltModel, ModelEntry
 from models.weights import state_dict_fingerprint
-from runtime import machine
 from runtime.eager import EagerBackend
-from runtime.machine import CPU, CUDA, MachineProfile, Needs, this_machine
+from runtime.machine import MachineProfile, this_machine
 from runtime.timing import time_runs
 
 LATENCY_WARMUP = 1
@@ -179,7 +178,8 @@ def build_model(run: ExportRun) -> BuiltModel:
 
 def make_forms(run: ExportRun, module: torch.nn.Module) -> dict[str, exporters.Artifact]:
     """Every chosen fp32 form, built and structurally checked (kind -> Artifact; refused ones have left)."""
-    chosen = kinds.chosen_formats(run.options.formats, also=run.options.serve)
+    chosen = kinds.chosen_formats(run.options.formats, also=run.options.serve,
+                                  variants=tuple(requested_variant_kinds(run.options.precision.precisions)))
     ensure_free_space(run.stage, kinds.estimated_bytes(exporters.parameter_bytes(module), chosen))
     context = _verified_context(run, module)
     run.progress.step(formats_line(chosen))
@@ -313,19 +313,6 @@ def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript, varia
     decision = decide(candidates, spec.record().handler_input(), run.options.serve, target=target)
     decision.latency_ms_batch1 = latency
     return decision
-
-
-def artifact_needs(kind: str, made_by: dict, device: str) -> Needs | None:
-    """An artifact's own needs to run correctly, where they are stricter than its kind's: an AOTInductor package
-    runs only on the device and CPU instruction set it was compiled for; int8 made with 8-bit weights is exact
-    only where ONNX Runtime's kernels do not saturate (VNNI)."""
-    row = kinds.get(kind)
-    if row.format == kinds.AOTI:
-        isa = "avx512f" if "avx512f" in machine.cpu_flags() else "avx2"
-        return Needs(CUDA if device.startswith(CUDA) else CPU, ((isa,),))
-    if made_by.get("reduce_range") is False and machine.is_x86():
-        return replace(row.runs_on, cpu_any=row.runs_on.cpu_any + (machine.VNNI_FLAGS,))
-    return None
 
 
 def enforce(run: ExportRun, parity: ParityReport, variants: PrecisionReport | None, serving: ServingDecision) -> None:

@@ -96,7 +96,7 @@ _TABLE: dict[str, ArtifactKind] = {}
 # OpenVINO's rows (docs/openvino.md has the measurements behind each reason).
 OPENVINO_IR, OPENVINO_WEIGHTS = "model.openvino.xml", "model.openvino.bin"
 OPENVINO_INT8_IR, OPENVINO_INT8_WEIGHTS = "model.int8.openvino.xml", "model.int8.openvino.bin"
-OPENVINO_FP32_RANK = ("just after onnx-dynamo, the file it is converted from: about as fast (issue 31, Zen 4: 24.2 vs "
+OPENVINO_FP32_RANK = ("just after onnx-dynamo: about as fast (issue 31, Zen 4: 24.2 vs "
                       "25.1 img/s) and behind it on a contended AVX2 EPYC (docs/openvino.md); CPU only")
 OPENVINO_FP32_WHY = "OpenVINO's CPU plugin; its GPU plugin is for Intel GPUs, so a CUDA machine serves other forms"
 OPENVINO_INT8_RANK = ("just after onnx-int8: ahead of it on a Zen 4 with VNNI (issue 31: 93.9 vs 89.4 img/s), not yet "
@@ -172,10 +172,12 @@ for _kind in (
         tolerance=ONNX_TOLERANCE, build=exporters.onnx_dynamo, inspect=_inspect_onnx),
     ArtifactKind(
         name="openvino", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
-        exporter="openvino.convert_model of the onnx-dynamo file + save_model(compress_to_fp16=False)",
+        exporter="openvino.convert_model of the onnx-traced file + save_model(compress_to_fp16=False)",
         input_sizes=EXAMPLE_SIZE, serving_rank=15, rank_reason=OPENVINO_FP32_RANK,
-        tolerance=OPENVINO_TOLERANCE, build=openvino_ir.ir_from_onnx, needs=("onnx-dynamo",), runs_on=Needs(CPU),
-        fast_why=OPENVINO_FP32_WHY),
+        tolerance=OPENVINO_TOLERANCE, build=openvino_ir.ir_from_onnx, needs=("onnx-traced",), runs_on=Needs(CPU),
+        fast_why=OPENVINO_FP32_WHY,
+        off_by_default="behind ONNX Runtime's fp32 forms in the serving order, so never served as fp32 when they "
+                       "are: built when an OpenVINO variant is asked for (--precision int8 or bf16) or named here"),
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=0,
@@ -237,13 +239,17 @@ def default_formats() -> list[str]:
     return [k.name for k in fp32_kinds() if not k.off_by_default]
 
 
-def chosen_formats(requested: list[str] | None, also: str | None = None) -> list[str]:
+def chosen_formats(requested: list[str] | None, also: str | None = None, variants: tuple[str, ...] = ()) -> list[str]:
     """The fp32 kinds to build, in table order: the requested ones (None: the default), `also` (the kind asked
-    for with --serve, when it is an fp32 kind) and the kinds they are made from. An unknown or
-    reduced-precision name is an error naming the choices."""
+    for with --serve, when it is an fp32 kind), for each variant asked for (--precision) its first source when
+    none of its sources is chosen (openvino-int8 brings the openvino IR), and the kinds they are made from. An
+    unknown or reduced-precision name is an error naming the choices."""
     requested = list(default_formats() if requested is None else requested)
     if also in _TABLE and not _TABLE[also].is_variant:
         requested.append(also)
+    for variant in (_TABLE[name] for name in variants):
+        if variant.sources and not set(variant.sources) & set(requested):
+            requested.append(variant.sources[0])
     wanted = set()
     for name in requested:
         kind = _TABLE.get(name)

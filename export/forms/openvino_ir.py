@@ -1,4 +1,11 @@
-"""OpenVINO IR (model.xml + model.bin) converted from the torch.export-based ONNX file.
+"""OpenVINO IR (model.xml + model.bin) converted from the traced ONNX file (onnx-traced).
+
+Why the traced file: it holds the one path the example took, without If nodes. The torch.export-based file keeps
+the in-graph resize as an If, which OpenVINO does not fold and which NNCF calibrates body by body: the untaken
+body gets no samples and int8 is refused ("Calibration dataset must not be empty"), on ResNet and EfficientNet-Lite
+alike; from the traced file NNCF quantizes EfficientNet-Lite0 in 4 s. The IR takes only the example's size (as
+below), and trace vs script probes it like every form, so a model whose path depends on its data is caught
+there and not served. Measured before that choice, against the ExportedProgram route:
 
 Why from the ONNX file and not from the ExportedProgram (openvino.convert_model accepts both; measured with
 OpenVINO 2026.4.1, 2026-11-25): from the ExportedProgram, EfficientNet-Lite0's IR is wrong (logits off by up to
@@ -34,7 +41,7 @@ def ir_from_onnx(context: BuildContext, kind) -> Artifact:
     openvino = import_openvino()
     source = context.built[kind.needs[0]]
     artifact = context.artifact(kind)
-    fixed_size = [-1, *context.example.shape[1:]]  # dynamic height and width: see the module's docstring
+    fixed_size = [-1, *context.example.shape[1:]]  # any batch, the example's height and width: see the docstring
     save_ir(openvino.convert_model(str(source.path), input=fixed_size), artifact.path)
     artifact.details = {"converted_from": source.path.name, "openvino": openvino.get_version(),
                         "weights": "fp32 (compress_to_fp16=False)"}

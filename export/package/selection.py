@@ -31,7 +31,8 @@ from contract.records import ServingDecision
 from export.errors import ExportError
 from export.forms import kinds
 from export.precision.gate import GATE_PASSED
-from runtime.machine import MachineProfile, Needs, candidate_unmet, choose_form, this_machine
+from runtime import machine
+from runtime.machine import CPU, CUDA, MachineProfile, Needs, candidate_unmet, choose_form, this_machine
 
 RULE = ("first of the preference order that passed parity, does not silently diverge from eager on any "
         "probe input (trace vs script), passed the accuracy gate if reduced-precision, and accepts the "
@@ -132,3 +133,16 @@ def _servable_note(kind: str, preference: tuple[str, ...], gated: list[dict], ta
     if kind in preference:
         return "servable (later in the preference order)"
     return "servable when asked for (--serve): " + kinds.get(kind).rank_reason
+
+
+def artifact_needs(kind: str, made_by: dict, device: str) -> Needs | None:
+    """An artifact's own needs to run correctly, where they are stricter than its kind's: an AOTInductor package
+    runs only on the device and CPU instruction set it was compiled for; int8 made with 8-bit weights is exact
+    only where ONNX Runtime's kernels do not saturate (VNNI)."""
+    row = kinds.get(kind)
+    if row.format == kinds.AOTI:
+        isa = "avx512f" if "avx512f" in machine.cpu_flags() else "avx2"
+        return Needs(CUDA if device.startswith(CUDA) else CPU, ((isa,),))
+    if made_by.get("reduce_range") is False and machine.is_x86():
+        return replace(row.runs_on, cpu_any=row.runs_on.cpu_any + (machine.VNNI_FLAGS,))
+    return None

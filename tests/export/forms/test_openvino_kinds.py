@@ -1,4 +1,4 @@
-"""The OpenVINO kinds through the real export command: `openvino` (the IR converted from onnx-dynamo's file, held
+"""The OpenVINO kinds through the real export command: `openvino` (the IR converted from onnx-traced's file, held
 to eager by parity) and `openvino-int8` (NNCF from the calibration images, held to fp32 by the accuracy gate), each
 recorded with its weights file as a companion; and the refusal, with the extra to install, where the openvino
 package is missing (simulated in a subprocess by a None entry in sys.modules: the import itself fails)."""
@@ -30,22 +30,24 @@ SHAPE = "1,3,32,32"  # an image contract (resize and crop to 32): calibration an
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("openvino") / "plain"
-    done = export_in_process("module", MODEL, "--input-shape", SHAPE, "--formats", "openvino", "--precision",
+    done = export_in_process("module", MODEL, "--input-shape", SHAPE, "--formats", "onnx-traced", "--precision",
                              "fp32,int8", "--gate", "report", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     return {"out": out, "manifest": Manifest.from_json((out / MANIFEST_NAME).read_text()), "stdout": done.stdout}
 
 
-def test_every_int8_row_is_built_by_fp32_int8():
+def test_every_int8_row_is_built_by_fp32_int8_and_brings_its_source_along():
     assert [k.name for k in kinds.variants("int8")] == ["onnx-int8", "openvino-int8"]
-    assert "openvino" in kinds.default_formats()  # built by default where openvino is installed
+    assert "openvino" not in kinds.default_formats()  # never served as fp32 ahead of ONNX Runtime: built for variants
+    assert kinds.chosen_formats(["onnx-traced"], variants=("onnx-int8", "openvino-int8")) == \
+        ["traced", "onnx-traced", "openvino"]
 
 
-def test_openvino_is_built_from_onnx_dynamo_and_passes_parity(export):
+def test_openvino_is_built_from_onnx_traced_and_passes_parity(export):
     manifest = export["manifest"]
     record = manifest.artifacts["openvino"]
     assert record.path == "model.openvino.xml" and record.format == "openvino" and record.precision == "fp32"
-    assert record.details["converted_from"] == "model.dynamo.onnx"
+    assert record.details["converted_from"] == "model.traced.onnx"
     assert "openvino ok" in export["stdout"] and manifest.parity["passed"]
 
 
