@@ -178,8 +178,7 @@ def build_model(run: ExportRun) -> BuiltModel:
 
 def make_forms(run: ExportRun, module: torch.nn.Module) -> dict[str, exporters.Artifact]:
     """Every chosen fp32 form, built and structurally checked (kind -> Artifact; refused ones have left)."""
-    chosen = kinds.chosen_formats(run.options.formats, also=run.options.serve,
-                                  variants=tuple(requested_variant_kinds(run.options.precision.precisions)))
+    chosen = kinds.chosen_formats(run.options.formats, also=run.options.serve)
     ensure_free_space(run.stage, kinds.estimated_bytes(exporters.parameter_bytes(module), chosen))
     context = _verified_context(run, module)
     run.progress.step(formats_line(chosen))

@@ -177,7 +177,8 @@ for _kind in (
         tolerance=OPENVINO_TOLERANCE, build=openvino_ir.ir_from_onnx, needs=("onnx-traced",), runs_on=Needs(CPU),
         fast_why=OPENVINO_FP32_WHY,
         off_by_default="behind ONNX Runtime's fp32 forms in the serving order, so never served as fp32 when they "
-                       "are: built when an OpenVINO variant is asked for (--precision int8 or bf16) or named here"),
+                       "are, and its int8 with NNCF's accuracy control takes minutes on 2 cores: built when named "
+                       "(its int8 and bf16 variants come with it under --precision)"),
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=0,
@@ -239,17 +240,13 @@ def default_formats() -> list[str]:
     return [k.name for k in fp32_kinds() if not k.off_by_default]
 
 
-def chosen_formats(requested: list[str] | None, also: str | None = None, variants: tuple[str, ...] = ()) -> list[str]:
+def chosen_formats(requested: list[str] | None, also: str | None = None) -> list[str]:
     """The fp32 kinds to build, in table order: the requested ones (None: the default), `also` (the kind asked
-    for with --serve, when it is an fp32 kind), for each variant asked for (--precision) its first source when
-    none of its sources is chosen (openvino-int8 brings the openvino IR), and the kinds they are made from. An
-    unknown or reduced-precision name is an error naming the choices."""
+    for with --serve, when it is an fp32 kind) and the kinds they are made from. An unknown or
+    reduced-precision name is an error naming the choices."""
     requested = list(default_formats() if requested is None else requested)
     if also in _TABLE and not _TABLE[also].is_variant:
         requested.append(also)
-    for variant in (_TABLE[name] for name in variants):
-        if variant.sources and not set(variant.sources) & set(requested):
-            requested.append(variant.sources[0])
     wanted = set()
     for name in requested:
         kind = _TABLE.get(name)

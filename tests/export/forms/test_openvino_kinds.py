@@ -30,17 +30,16 @@ SHAPE = "1,3,32,32"  # an image contract (resize and crop to 32): calibration an
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("openvino") / "plain"
-    done = export_in_process("module", MODEL, "--input-shape", SHAPE, "--formats", "onnx-traced", "--precision",
+    done = export_in_process("module", MODEL, "--input-shape", SHAPE, "--formats", "openvino", "--precision",
                              "fp32,int8", "--gate", "report", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     return {"out": out, "manifest": Manifest.from_json((out / MANIFEST_NAME).read_text()), "stdout": done.stdout}
 
 
-def test_every_int8_row_is_built_by_fp32_int8_and_brings_its_source_along():
+def test_every_int8_row_is_built_by_fp32_int8_where_its_source_is():
     assert [k.name for k in kinds.variants("int8")] == ["onnx-int8", "openvino-int8"]
-    assert "openvino" not in kinds.default_formats()  # never served as fp32 ahead of ONNX Runtime: built for variants
-    assert kinds.chosen_formats(["onnx-traced"], variants=("onnx-int8", "openvino-int8")) == \
-        ["traced", "onnx-traced", "openvino"]
+    assert "openvino" not in kinds.default_formats()  # opt-in: named in --formats, its variants come with it
+    assert kinds.chosen_formats(["openvino"]) == ["traced", "onnx-traced", "openvino"]
 
 
 def test_openvino_is_built_from_onnx_traced_and_passes_parity(export):
