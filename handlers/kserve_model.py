@@ -69,14 +69,20 @@ class ImageClassifierModel(Model):
 
     # KServe starts `--workers N` by pickling the registered models into N spawned processes. An open runtime
     # session does not pickle, and each worker must own its copy with its own thread budget: the worker
-    # unpickles the folder and settings and opens the artifact itself (sha256-checked again).
+    # unpickles the folder and settings and opens the artifact itself (sha256-checked again), in load_copy()
+    # once it runs (serving/kserve/app.py), not while unpickling: KServe's parent kills a worker that does not
+    # answer its liveness ping within 5 s, and it answers only once unpickled; a ResNet-50 opened on a busy
+    # machine took longer, so workers were killed and restarted over and over.
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "core": None, "batcher": None}
+        return {**self.__dict__, "core": None, "batcher": None, "ready": False, "copy_pending": self.ready}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        configure_logging()  # a spawned worker unpickles (and loads) us before KServe configures its logging
-        if self.ready:
+        configure_logging()  # a spawned worker unpickles us before KServe configures its logging
+
+    def load_copy(self) -> None:
+        """Open this worker's own copy of a model that was loaded where it was pickled."""
+        if self.__dict__.pop("copy_pending", False):
             self.load()
 
     def get_input_types(self) -> list[dict]:

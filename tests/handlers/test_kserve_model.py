@@ -112,4 +112,8 @@ def test_batch_size_one_answers_at_once(model):
 def test_a_pickled_model_opens_its_own_copy(model):
     import pickle
     copy = pickle.loads(pickle.dumps(model))  # what KServe's spawned workers receive
+    assert copy.core is None and not copy.ready  # opened by the worker once it runs, not while unpickling
+    copy.load_copy()
     assert copy.core is not model.core and copy.ready and copy.core.record.kind == model.core.record.kind
+    copy.load_copy()  # once
+    assert pickle.loads(pickle.dumps(copy)).__dict__.get("copy_pending")
