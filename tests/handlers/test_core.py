@@ -15,6 +15,7 @@ from PIL import Image
 
 import models
 from contract.records import MANIFEST_NAME, ContractError, Manifest
+from export.package.selection import redecide
 from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
 from handlers.request_error import RequestError
 from runtime import IntegrityError, open_artifact
@@ -106,7 +107,8 @@ def test_handler_config_with_an_unknown_key_is_refused_with_the_key_named(unpack
 
 
 def test_the_manifests_decision_is_what_is_served(editable, core):
-    rewrite_manifest(editable, lambda m: replace(m, serving=replace(m.decision(), served="scripted")))
+    # the decision names scripted as the one candidate (redecide, as --serve does): that is what is opened
+    rewrite_manifest(editable, lambda m: replace(m, serving=redecide(m.decision(), "scripted")))
     scripted = ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
     assert type(scripted.backend) is TorchScriptBackend and type(core.backend) is OnnxRuntimeBackend
     answer = scripted.answer(CAT.read_bytes())
@@ -119,7 +121,7 @@ def test_a_runtime_failure_answers_500_with_the_reason_for_each_row_of_the_batch
     def traced_with_a_200_crop(m):
         crop = replace(m.input.image_contract(), crop=(200, 200))
         return replace(m, input=replace(m.input, preprocessing=crop),
-                       serving=replace(m.decision(), served="onnx-traced"))
+                       serving=redecide(m.decision(), "onnx-traced"))
     rewrite_manifest(editable, traced_with_a_200_crop)
     core = ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
     with caplog.at_level(logging.ERROR, logger="handlers.core"):
