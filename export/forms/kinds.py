@@ -258,6 +258,12 @@ def chosen_formats(requested: list[str] | None, also: str | None = None) -> list
     return [k.name for k in fp32_kinds() if k.name in wanted]
 
 
+def opt_in_source_missing(kind: ArtifactKind, built) -> bool:
+    """A variant made only from kinds that are off by default (the OpenVINO IR: its int8 with accuracy control
+    takes minutes on 2 cores), none of which was built: not made, and not a refusal either."""
+    return not set(kind.sources) & set(built) and all(_TABLE[s].off_by_default for s in kind.sources)
+
+
 def _needed_by(kind: ArtifactKind) -> set[str]:
     needed = set(kind.needs)
     for name in kind.needs:

@@ -151,13 +151,10 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
     if "int8" in request.precisions:
         attempt(INT8.name, lambda: _int8_variant(sources, report, calibration, held_out, progress))
     for kind in requested_variant_kinds(request.precisions):
-        if kind == INT8.name:
-            continue
-        if opt_in_source_missing(kinds.get(kind), sources.fp32_artifacts):
-            progress.step(f"{kind} not made: made from {', '.join(kinds.get(kind).sources)}, which is built only "
-                          "when named in --formats")
-            continue
-        attempt(kind, lambda: _other_variant(sources, report, kinds.get(kind), calibration, held_out, progress))
+        if kind != INT8.name and kinds.opt_in_source_missing(kinds.get(kind), sources.fp32_artifacts):
+            progress.step(f"{kind} not made: its source {kinds.get(kind).sources[0]} is built when named in --formats")
+        elif kind != INT8.name:
+            attempt(kind, lambda: _other_variant(sources, report, kinds.get(kind), calibration, held_out, progress))
     for kind, variant in report.variants.items():
         report.ladder[kind] = variant.images_per_s
     _write_reports(sources.stage, report, targets is not None)
@@ -184,12 +181,6 @@ class _HeldOut:
 
     def speed(self, backend: Backend) -> float:
         return images_per_s(backend, self.holdout.images[:1])
-
-
-def opt_in_source_missing(kind, built: dict) -> bool:
-    """A variant made only from kinds that are off by default (the OpenVINO IR: its int8 with accuracy control
-    takes minutes on 2 cores), none of which was asked for: not made, and not a refusal either."""
-    return not set(kind.sources) & set(built) and all(kinds.get(s).off_by_default for s in kind.sources)
 
 
 def requested_variant_kinds(precisions: tuple[str, ...]) -> list[str]:
