@@ -120,7 +120,7 @@ def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) ->
 
 class ImageClassifierCore:
     def __init__(self, manifest: Manifest, record: ArtifactRecord, backend: Backend, labels: dict[int, str],
-                 config: HandlerConfig, device: str, threads: int):
+                 config: HandlerConfig, device: str, threads: int, choice: Choice | None = None):
         self.manifest = manifest
         self.record = record
         self.backend = backend
@@ -128,7 +128,7 @@ class ImageClassifierCore:
         self.config = config
         self.device = device
         self.threads = threads
-        self.choice = Choice(record.kind, this_machine_profile(device), {})  # from_folder sets the real one
+        self.choice = choice  # how from_folder chose the record on this machine (None: the caller chose)
         self.contract = manifest.input.image_contract()
         self.draft_floor = draft_floor(self.contract, config.decode)  # None: every pixel decoded
         # On a GPU, JPEGs are decoded there (nvJPEG) where the export's decode check allowed draft: its pixels,
@@ -161,8 +161,7 @@ class ImageClassifierCore:
         precision = run_precision(record, config, device)
         backend = open_artifact(record.format, folder / record.path,
                                 RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
-        core = cls(manifest, record, backend, labels, config, str(device), threads)
-        core.choice = choice
+        core = cls(manifest, record, backend, labels, config, str(device), threads, choice)
         logger.info(choice.line())
         logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s, "
                     "decode %s", manifest.model.name, record.kind, device, threads, precision, core.contract.resize,
@@ -172,7 +171,8 @@ class ImageClassifierCore:
     def describe(self) -> dict:
         """The model description engines show: what is served here, on which machine profile, and why."""
         return {"model": self.manifest.model.name, "artifact": self.record.kind, "format": self.record.format,
-                "precision": self.record.precision, "choice": self.choice.as_dict(), "why": self.choice.line(),
+                "precision": self.record.precision, "choice": self.choice.as_dict() if self.choice else None,
+                "why": self.choice.line() if self.choice else "chosen by the caller, not by the machine rule",
                 "backend": self.backend.describe()}
 
     # ------------------------------------------------------------ the request's life

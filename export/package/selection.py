@@ -91,13 +91,18 @@ def gated_candidates(servable: list[Candidate], preference: tuple[str, ...]) -> 
     by_kind = {c.kind: c for c in servable}
     gated = []
     for name in (k for k in preference if k in by_kind):
-        kind, runs_on = kinds.get(name), by_kind[name].runs_on
-        needs = runs_on if runs_on is not None else kind.runs_on
-        gated.append({"kind": name, "runs_on": needs.as_dict(), "fast_on": kind.fast_on.as_dict(),
-                      "fast_why": kind.fast_why})
-        if needs == Needs() and kind.fast_on == Needs():
+        gated.append(candidate_entry(name, by_kind[name].runs_on))
+        if gated[-1]["runs_on"] == Needs().as_dict() and gated[-1]["fast_on"] == Needs().as_dict():
             break
     return gated
+
+
+def candidate_entry(name: str, runs_on: Needs | None = None) -> dict:
+    """A gated candidate as the manifest records it: the kind, what it needs to run (the artifact's own needs
+    where it has them, else its kind's) and to be fast."""
+    kind = kinds.get(name)
+    return {"kind": name, "runs_on": (runs_on or kind.runs_on).as_dict(), "fast_on": kind.fast_on.as_dict(),
+            "fast_why": kind.fast_why}
 
 
 def redecide(decision: ServingDecision, requested: str, speed_only_ungated: bool = False) -> ServingDecision:
@@ -119,17 +124,14 @@ def redecide(decision: ServingDecision, requested: str, speed_only_ungated: bool
 def _requested_candidate(decision: ServingDecision, requested: str) -> dict:
     """A kind asked for is the archive's one candidate, with the needs the export recorded for it."""
     recorded = next((c for c in decision.gated if c["kind"] == requested), None)
-    if recorded is not None:
-        return recorded
-    kind = kinds.get(requested)
-    return {"kind": requested, "runs_on": kind.runs_on.as_dict(), "fast_on": kind.fast_on.as_dict(),
-            "fast_why": kind.fast_why}
+    return recorded if recorded is not None else candidate_entry(requested)
 
 
 def _servable_note(kind: str, preference: tuple[str, ...], gated: list[dict], target: MachineProfile) -> str:
     candidate = next((c for c in gated if c["kind"] == kind), None)
-    if candidate is not None and candidate_unmet(candidate, target):
-        return f"servable on another machine ({target.name}: {candidate_unmet(candidate, target)})"
+    unmet = candidate_unmet(candidate, target) if candidate is not None else None
+    if unmet:
+        return f"servable on another machine ({target.name}: {unmet})"
     if kind in preference:
         return "servable (later in the preference order)"
     return "servable when asked for (--serve): " + kinds.get(kind).rank_reason
