@@ -24,6 +24,7 @@ from runtime import IntegrityError
 logger = logging.getLogger(__name__)
 
 TOPK_HEADER = "X-TopK"
+DESCRIBE_HEADER = "describe"  # set by TorchServe's management API on GET /models/NAME?customized=true
 METRIC_NAMES = {stage: f"{stage.capitalize()}Time" for stage in STAGES}  # ms per batch, Prometheus gauges
 
 
@@ -66,6 +67,9 @@ class ImageClassifier:
                                                settings=config.get("handler"), threads=offered_threads())
 
     def handle(self, data: list, context) -> list:
+        if _header(context, 0, DESCRIBE_HEADER) == "True":
+            return [self.core.describe()]  # shown as the model's customizedMetadata
+
         def read(index: int, row: dict) -> ImageRequest:
             return ImageRequest(image_bytes(row), requested_topk(row, _header(context, index, TOPK_HEADER), None))
 

@@ -85,6 +85,10 @@ class ImageClassifierModel(Model):
         if self.__dict__.pop("copy_pending", False):
             self.load()
 
+    def describe(self) -> dict:
+        """Which form serves here and why (serving/kserve/app.py answers it at DESCRIPTION_ROUTE)."""
+        return self.core.describe() if self.core else {"model": self.name, "ready": False}
+
     def get_input_types(self) -> list[dict]:
         return INPUT_METADATA
 

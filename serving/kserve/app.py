@@ -42,6 +42,7 @@ from handlers.request_error import RequestError
 logger = logging.getLogger("serving.kserve")
 WORKER_START_GRACE_S = 120  # a spawned worker's time to import, unpickle and open its models before pings count
 
+DESCRIPTION_ROUTE = "/v2/models/{model_name}/description"  # ours: which form serves on this machine, and why
 CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data extension: the JSON part's length
 _bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST server
 
@@ -96,6 +97,15 @@ class OurRESTServer(RESTServer):
             if hasattr(model, "load_copy"):
                 model.load_copy()  # answering KServe's liveness pings already (handlers/kserve_model.py)
         super().run([reuseport_socket(self.config.host, self.config.port)] if sockets else sockets)
+
+    def _register_endpoints(self, app) -> None:
+        super()._register_endpoints(app)
+        app.add_api_route(DESCRIPTION_ROUTE, self.description, methods=["GET"])
+
+    async def description(self, model_name: str) -> dict:
+        """The model description: which form serves on this machine and why, the core's describe() (TorchServe
+        shows the same as customizedMetadata). KServe's v2 metadata has no field for it."""
+        return self.dataplane.get_model_from_registry(model_name).describe()  # unknown name: KServe's 404
 
     def _add_exception_handlers(self, app) -> None:
         super()._add_exception_handlers(app)

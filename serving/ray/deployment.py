@@ -32,6 +32,7 @@ logger = logging.getLogger("serving.ray")
 
 TOPK_HEADER = "X-TopK"  # as on the TorchServe path (handlers/image_classifier.py)
 SERVED_BY = "X-Served-By"  # "NODE_ID REPLICA_ID" of the replica that answered
+DESCRIPTION_PATH = "/description"  # GET ROUTE/description: which form serves on this machine, and why
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 
@@ -86,6 +87,8 @@ class ImageClassifierDeployment:
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
 
     async def __call__(self, request: Request) -> JSONResponse:
+        if request.method == "GET" and request.url.path.rstrip("/").endswith(DESCRIPTION_PATH):
+            return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
         try:
             row = await request_row(request)
             rows = [ImageRequest(image_bytes(row), requested_topk(row, request.headers.get(TOPK_HEADER), None))]

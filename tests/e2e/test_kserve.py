@@ -18,6 +18,7 @@ import pytest
 import requests
 import tritonclient.http as triton
 
+from contract.records import Manifest
 from handlers.policy import ServingPolicy
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
@@ -164,6 +165,14 @@ def test_v2_metadata_and_readiness_as_kserve_documents_them(client, settings):
     assert [o["name"] for o in metadata["outputs"]] == ["labels", "indices", "probabilities"]
     assert requests.get(f"{settings.url}/v1/models/resnet18", timeout=10).json() == {"name": "resnet18", "ready": True}
     assert requests.get(f"{settings.url}/v1/models", timeout=10).json() == {"models": ["resnet18"]}
+
+
+def test_the_model_description_says_which_form_serves_here_and_why(settings, resnet18_export):
+    served = Manifest.read(resnet18_export["out"]).serving.served
+    described = requests.get(f"{settings.url}/v2/models/resnet18/description", timeout=10)
+    assert described.status_code == 200, described.text
+    assert described.json()["artifact"] == served and described.json()["why"].startswith(f"serving {served} on ")
+    assert requests.get(f"{settings.url}/v2/models/nothing/description", timeout=10).status_code == 404
 
 
 def test_v2_bad_requests_are_400_with_the_reason(client):

@@ -14,6 +14,7 @@ import zipfile
 import pytest
 import requests
 
+from contract.records import Manifest
 from handlers.policy import ServingPolicy
 from serving.ray.cluster import session_members
 from serving.settings import ServingError, free_port
@@ -91,6 +92,13 @@ def test_a_form_without_a_file_and_a_get_without_a_body(settings):
     form = requests.post(settings.predictions_url("resnet18"), files={"topk": (None, "3")}, timeout=60)
     assert_outcome(form, (400, "no image in the request"))
     assert_outcome(requests.get(settings.predictions_url("resnet18"), timeout=60), (400, "empty image body"))
+
+
+def test_the_model_description_says_which_form_serves_here_and_why(settings, resnet18_export):
+    served = Manifest.read(resnet18_export["out"]).serving.served
+    described = requests.get(settings.predictions_url("resnet18") + "/description", timeout=60)
+    assert described.status_code == 200, described.text
+    assert described.json()["artifact"] == served and described.json()["why"].startswith(f"serving {served} on ")
 
 
 def test_bad_and_good_requests_interleaved_and_the_replica_survives(settings, expect):

@@ -129,6 +129,16 @@ def test_metrics_endpoint_shows_the_handlers_stage_times(serving):
         assert float(line.rsplit(" ", 1)[1]) >= 0.0  # present on the Prometheus endpoint, in milliseconds
 
 
+def test_the_model_description_says_which_form_serves_here_and_why(serving, resnet18_export):
+    """TorchServe's describe API asks the handler (customized=true): the core's choice on this machine."""
+    served = Manifest.read(resnet18_export["out"]).serving.served
+    described = requests.get(f"{serving.management_url}/models/{serving.model_name}?customized=true", timeout=30)
+    assert described.status_code == 200, described.text
+    metadata = described.json()[0]["customizedMetadata"]
+    assert metadata["artifact"] == served and metadata["choice"]["served"] == served
+    assert metadata["why"].startswith(f"serving {served} on ") and metadata["backend"]
+
+
 def _worker_pids(settings) -> list:
     workers = requests.get(f"{settings.management_url}/models/{settings.model_name}", timeout=10).json()[0]["workers"]
     assert all(w["status"] == "READY" for w in workers)
