@@ -20,7 +20,7 @@ import torch
 from export.errors import ExportError
 from export.forms.openvino_ir import save_ir
 from export.precision.gate import INT8_TOLERANCE, agreement_metrics, gated_top1
-from export.precision.int8_fallback import selection_tolerance
+from export.precision.int8_fallback import MAX_FP32_NODES, RANKING_STRIDE, selection_tolerance
 from export.precision.running import run_batches
 from runtime import RunOptions, open_artifact
 from runtime.openvino import INSTALL, import_openvino
@@ -28,6 +28,8 @@ from runtime.openvino import INSTALL, import_openvino
 # The accuracy-control target, in the gate's own metric (top-1 agreement with fp32): int8_fallback's stricter share
 # of the gate's allowed disagreement, so that both fallbacks aim at the same target and are comparable.
 MAX_DROP = round(1.0 - selection_tolerance(INT8_TOLERANCE).min_top1_agreement, 6)
+# ... and the same budget: at most MAX_FP32_NODES layers reverted, ranked on every RANKING_STRIDE-th calibration
+# image. Uncapped, NNCF reverts layer after layer (on a 2-core machine it had not finished after 10 minutes).
 COMPUTE_OPS = ("Convolution", "GroupConvolution", "MatMul")  # the ops whose int8 kernels carry the speed-up
 QUANTIZE_OPS = ("FakeQuantize", "FakeConvert")
 
@@ -60,6 +62,7 @@ def build_openvino_int8(stage: Path, kind, source, calibration, held_out, progre
         timings["accuracy_control_s"] = round(time.perf_counter() - started, 2)
         backend, gate = _save_and_gate(quantized, stage / kind.file_name, kind, held_out)
         restored = {"max_drop": MAX_DROP, "metric": "top-1 agreement with fp32 on the calibration images",
+                    "max_num_iterations": MAX_FP32_NODES, "ranking_subset_size": ranking_subset(images),
                     **int8_census(quantized)}
         progress.step(f"openvino-int8 with accuracy control: {len(restored['fp32_ops'])} op(s) left in fp32, "
                       f"gate {gate.verdict}")
@@ -79,9 +82,16 @@ def accuracy_controlled(nncf, fp32_ir, images: list, reference: torch.Tensor):
         outputs = torch.cat([torch.from_numpy(compiled(image)[0]) for image, _ in items])
         return gated_top1(agreement_metrics(torch.stack([logits for _, logits in items]), outputs))[0]
 
+    budget = nncf.AdvancedAccuracyRestorerParameters(max_num_iterations=MAX_FP32_NODES,
+                                                     ranking_subset_size=ranking_subset(images))
     with nncf_logs_as_warnings():
         return nncf.quantize_with_accuracy_control(fp32_ir, nncf.Dataset(images), validation, agreement,
-                                                   max_drop=MAX_DROP, subset_size=len(images))
+                                                   max_drop=MAX_DROP, subset_size=len(images),
+                                                   advanced_accuracy_restorer_parameters=budget)
+
+
+def ranking_subset(images: list) -> int:
+    return max(1, len(images) // RANKING_STRIDE)
 
 
 def _save_and_gate(model, path: Path, kind, held_out):
