@@ -199,9 +199,11 @@ def resnet18_server(resnet18_export, tmp_path_factory):
 @pytest.fixture(scope="session")
 def resnet18_inprocess_bench(resnet18_export, tmp_path_factory) -> dict:
     """`python -m measure inprocess` on the session's resnet18 export, at the smallest settings that still time every
-    artifact (batches 1 and 2, one thread, one run): its folder (bench.md, .json, .png) and what it printed."""
+    artifact (batches 1 and 2, one thread, one run in each of two rounds): its folder (bench.md, .json, .png) and what
+    it printed."""
     out = tmp_path_factory.mktemp("inprocess-bench")
     done = run_measure("inprocess", str(resnet18_export["out"]), "--batches", "1,2", "--threads", "1", "--repeats",
-                       "1", "--warmup", "1", "--min-seconds", "0", "--gemm-size", "256", "--out", str(out))
+                       "1", "--rounds", "2", "--warmup", "1", "--min-seconds", "0", "--gemm-size", "256",
+                       "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     return {"out": out, "stdout": done.stdout}

@@ -102,6 +102,7 @@ class Plan:
     warmup: int = DEFAULT_WARMUP
     repeats: int = DEFAULT_REPEATS
     min_seconds: float = MIN_TIMED_S
+    rounds: int = 1  # > 1: the targets take turns, each round timing every one (medians over all rounds)
 
 
 def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, say: Callable[[str], None]) -> None:
@@ -120,29 +121,48 @@ def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, sa
     targets = targets_for(folder, manifest, module)
     total, done = len(targets) * len(plan.threads) * len(plan.batches), 0
     for threads in plan.threads:
-        for target in targets:
-            try:
-                with warnings.catch_warnings():  # torch.jit.load's deprecation notice, once per artifact: noise here
-                    warnings.simplefilter("ignore", FutureWarning)
-                    backend = target.open(RunOptions(device="cpu", threads=threads, precision=target.run_precision))
-            except (VisionExportError, ImportError) as error:  # recorded, shown, and the run goes on
-                if threads == plan.threads[0]:
-                    report.skipped.append(Skip(model, target.name, f"{type(error).__name__}: {error}"))
-                    say(f"  skipped {target.name}: {error}")
-                done += len(plan.batches)
-                continue
+        opened = open_targets(model, targets, threads, report, say, first=threads == plan.threads[0])
+        runs: dict[tuple[str, int], list[float]] = {}
+        for round_index in range(plan.rounds):  # every target once per round: a neighbour's load hits them alike
+            for target, backend in opened:
+                for batch in plan.batches:
+                    runs.setdefault((target.name, batch), []).extend(
+                        time_runs(lambda b=backend, x=inputs[batch]: b.predict(x), plan.warmup if round_index == 0
+                                  else 0, plan.repeats, plan.min_seconds))
+        for target, backend in opened:
             for batch in plan.batches:
-                done += 1
-                row = time_row(model, target, backend, threads, inputs[batch], flops, plan, peaks)
+                row = time_row(model, target, backend, threads, inputs[batch], flops, plan, peaks,
+                               runs=runs[(target.name, batch)])
                 report.rows.append(row)
+                done += 1
                 say(f"  [{done}/{total}] {progress_line(row)}")
-            del backend
+        done += (len(targets) - len(opened)) * len(plan.batches)
+        del opened
+
+
+def open_targets(model: str, targets: list[Target], threads: int, report: Report, say, first: bool) -> list:
+    """(target, backend) for each target that opens here; one that does not is recorded and shown once."""
+    opened = []
+    for target in targets:
+        try:
+            with warnings.catch_warnings():  # torch.jit.load's deprecation notice, once per artifact: noise here
+                warnings.simplefilter("ignore", FutureWarning)
+                opened.append((target, target.open(RunOptions(device="cpu", threads=threads,
+                                                              precision=target.run_precision))))
+        except (VisionExportError, ImportError) as error:  # recorded, shown, and the run goes on
+            if first:
+                report.skipped.append(Skip(model, target.name, f"{type(error).__name__}: {error}"))
+                say(f"  skipped {target.name}: {error}")
+    return opened
 
 
 def time_row(model: str, target: Target, backend, threads: int, batch: torch.Tensor, flops: float, plan: Plan,
-             peaks: list[Peak], device: str = "cpu", synchronize: Callable[[], None] = lambda: None) -> Row:
-    runs = time_runs(lambda: backend.predict(batch), plan.warmup, plan.repeats, plan.min_seconds,
-                     synchronize=synchronize)
+             peaks: list[Peak], device: str = "cpu", synchronize: Callable[[], None] = lambda: None,
+             runs: list[float] | None = None) -> Row:
+    """The median of `runs` (timed here when not given)."""
+    if runs is None:
+        runs = time_runs(lambda: backend.predict(batch), plan.warmup, plan.repeats, plan.min_seconds,
+                         synchronize=synchronize)
     ms = statistics.median(runs)
     size = batch.shape[0]
     gflops = achieved_gflops(flops, size, ms / 1000)
@@ -225,10 +245,10 @@ def run(folders: list[Path], plan: Plan, gemm_size: int = GEMM_SIZE, say: Callab
 
 def bench_command(args) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if args.repeats < 1 or args.warmup < 0 or args.gemm_size < 64:
-        raise BenchError("--repeats must be >= 1, --warmup >= 0 and --gemm-size >= 64")
+    if args.repeats < 1 or args.warmup < 0 or args.gemm_size < 64 or args.rounds < 1:
+        raise BenchError("--repeats and --rounds must be >= 1, --warmup >= 0 and --gemm-size >= 64")
     plan = Plan(parse_batches(args.batches), parse_threads(args.threads, cores), args.warmup, args.repeats,
-                args.min_seconds)
+                args.min_seconds, args.rounds)
     folders = args.folders or [Path("artifacts/resnet50")]
     for folder in folders:
         if not (Path(folder) / MANIFEST_NAME).is_file():

@@ -29,6 +29,10 @@ def inprocess_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed runs first (default: %(default)s)")
     parser.add_argument("--min-seconds", type=float, default=MIN_TIMED_S,
                         help="timed runs last at least this long in all (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="the targets take turns this many times, each round timing every one, and each row is "
+                             "the median over all rounds: on a shared machine a neighbour's load then falls on every "
+                             "target alike instead of on whichever ran while it lasted (default: %(default)s)")
     _gemm_option(parser)
     parser.add_argument("--out", type=Path, default=OUT, help="where bench.md/json/png go (default: %(default)s)")
     return parser

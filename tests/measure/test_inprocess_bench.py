@@ -176,6 +176,7 @@ def test_smoke_every_artifact_and_eager_are_benchmarked_and_the_files_written(re
     assert measured >= {"eager", *manifest.artifacts}  # every artifact record, whatever its format
     assert {(r["artifact"], r["batch"]) for r in data["rows"]} >= {("eager", 1), ("eager", 2)}
     assert all(r["peak_fraction"] is not None for r in data["rows"])
+    assert all(len(r["runs_ms"]) == 2 for r in data["rows"])  # --rounds 2 of --repeats 1: every target timed twice
     assert data["flops_per_image"]["resnet18"] > 1e9
     stdout = resnet18_inprocess_bench["stdout"]
     assert "[1/" in stdout and "peak" in stdout  # progress shown on the terminal
