@@ -96,12 +96,15 @@ _TABLE: dict[str, ArtifactKind] = {}
 # OpenVINO's rows (docs/openvino.md has the measurements behind each reason).
 OPENVINO_IR, OPENVINO_WEIGHTS = "model.openvino.xml", "model.openvino.bin"
 OPENVINO_INT8_IR, OPENVINO_INT8_WEIGHTS = "model.int8.openvino.xml", "model.int8.openvino.bin"
-OPENVINO_FP32_RANK = ("just after onnx-dynamo: about as fast (issue 31, Zen 4: 24.2 vs "
-                      "25.1 img/s) and behind it on a contended AVX2 EPYC (docs/openvino.md); CPU only")
+# The OpenVINO rows' places, from `python -m measure inprocess --rounds 5` (docs/hardware-choice.md): batch 8, 2
+# threads, the forms taking turns; AVX2 EPYC (no VNNI) and the issue's Zen 4 (VNNI, BF16).
+OPENVINO_FP32_RANK = ("just after onnx-dynamo: slower than ONNX Runtime fp32 on an AVX2 EPYC (ResNet-50 16.4 vs 18.0 "
+                      "img/s, EfficientNet-Lite0 110 vs 130) and on a Zen 4 (24.2 vs 25.1); CPU only")
 OPENVINO_FP32_WHY = "OpenVINO's CPU plugin; its GPU plugin is for Intel GPUs, so a CUDA machine serves other forms"
-OPENVINO_INT8_RANK = ("just after onnx-int8: ahead of it on a Zen 4 with VNNI (issue 31: 93.9 vs 89.4 img/s), not yet "
-                      "measured uncontended here (docs/openvino.md)")
-OPENVINO_INT8_WHY = "OpenVINO's int8 CPU kernels; not yet measured against fp32 on an AVX2 CPU without VNNI"
+OPENVINO_INT8_RANK = ("first: the fastest int8 wherever measured, AVX2 EPYC without VNNI (ResNet-50 1.56x onnx-int8, "
+                      "EfficientNet-Lite0 1.23x) and Zen 4 with VNNI (ResNet-50 1.05x); served only within the gate")
+OPENVINO_INT8_WHY = ("OpenVINO's int8 CPU kernels: 1.46x ONNX Runtime fp32 on ResNet-50 even without VNNI (AVX2 EPYC), "
+                     "3.7x with it (Zen 4)")
 OPENVINO_BF16_RANK = ("after the int8 forms (slower than them where measured, docs/openvino.md) and before fp32: "
                       "chosen only on a CPU that computes in bf16")
 OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an "
@@ -181,14 +184,17 @@ for _kind in (
                        "(its int8 and bf16 variants come with it under --precision)"),
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
-        exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=0,
-        rank_reason="faster than fp32 ONNX Runtime on CPU (docs/precision.md), served only within the accuracy gate",
+        exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=5,
+        rank_reason="after openvino-int8 (slower where both were measured), before every fp32 form: 3.5x ONNX Runtime "
+                    "fp32 with VNNI (Zen 4, ResNet-50); served only within the accuracy gate",
         precision="int8", sources=ONNX_SOURCES, fast_on=Needs(CPU),
-        fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones; on a GPU the fp32 forms run on CUDA instead"),
+        fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones (on a GPU the fp32 forms run on CUDA instead); "
+                 "without VNNI the gain depends on the model: on an AVX2 EPYC 1.21x fp32 on EfficientNet-Lite0 but "
+                 "0.94x on ResNet-50, where openvino-int8 (1.46x) is the int8 to build"),
     ArtifactKind(
         name="openvino-int8", file_name=OPENVINO_INT8_IR, companions=(OPENVINO_INT8_WEIGHTS,), format=OPENVINO,
         exporter="nncf.quantize of the openvino IR (post-training, the calibration images)", input_sizes=SOURCE_SIZES,
-        serving_rank=5, rank_reason=OPENVINO_INT8_RANK, precision="int8", sources=("openvino",), runs_on=Needs(CPU),
+        serving_rank=0, rank_reason=OPENVINO_INT8_RANK, precision="int8", sources=("openvino",), runs_on=Needs(CPU),
         fast_on=Needs(CPU), fast_why=OPENVINO_INT8_WHY),
     ArtifactKind(
         name="openvino-bf16", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
