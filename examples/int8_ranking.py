@@ -48,7 +48,8 @@ def measure(folder: Path) -> None:
     from export.precision import int8_fallback as fallback
     from export.precision.calibration import ImageSet, default_images
     from export.precision.gate import judge
-    from export.precision.variants import INT8, _Int8Work
+    from export.precision.onnx_int8 import Int8Work
+    from export.precision.variants import INT8
     from models.efficientnet import weights_preprocessing
 
     started = time.perf_counter()
@@ -61,7 +62,7 @@ def measure(folder: Path) -> None:
         torch.onnx.export(torch.jit.trace(module, calibration[:1]), (calibration[:1],), str(fp32), dynamo=False,
                           input_names=["input"], dynamic_axes={"input": {0: "batch"}})
     quant_pre_process(str(fp32), str(prepared))
-    work = _Int8Work(folder, prepared, folder / "ranges.json",
+    work = Int8Work(folder, prepared, folder / "ranges.json",
                      ImageSet(calibration, [f"#{i}" for i in range(len(calibration))], "default calibration"))
     work.quantize(plain, "QUInt8")
     work.quantize(explicit, "QUInt8", fallback.QUANTIZE_OPTIONS)

@@ -158,8 +158,10 @@ def precision_request(args):
     if "int8" not in precisions and args.calibration is not None:
         raise ExportError("--calibration is for int8: add int8 to --precision (e.g. --precision fp32,int8)")
     check_hardware(precisions, _device(args.device))  # now, not after a minute of exporting
+    target = target_profile(args)
     return PrecisionRequest(precisions=precisions, calibration=args.calibration, validation=args.validation,
-                            calibration_samples=args.calibration_samples, gate=args.gate)
+                            calibration_samples=args.calibration_samples, gate=args.gate,
+                            target_flags=target.flags if target else None)
 
 
 def target_precisions(target, device: str) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ class PrecisionRequest:
     calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
     gate: str = GATE_ENFORCE  # one of export.precision.gate.GATE_MODES
     loader_workers: int | None = None
+    target_flags: frozenset | None = None  # --target's CPU flags: int8 weights it must run exactly (None: this CPU)
 
     @property
     def wanted(self) -> bool:

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from contract.records import INPUT_NAME, ImageContract
+from contract.records import ImageContract
 from export.atomic import atomic_write_text
 from export.forms import kinds
-from export.precision.calibration import ImageSet, TensorReader, calibration_set, holdout_set
+from export.precision.calibration import ImageSet, calibration_set, holdout_set
 from export.precision.gate import (
     AccuracyGateError,
     GateResult,
@@ -42,10 +42,11 @@ from export.precision.gate import (
     render_table,
     report_markdown,
 )
+from export.precision.onnx_int8 import Int8Work, weight_bits
 from export.precision.request import PrecisionError, PrecisionRequest, check_hardware
 from export.precision.running import images_per_s, run_batches
 from export.refusals import Refusals
-from runtime import RunOptions, machine, open_artifact
+from runtime import RunOptions, open_artifact
 from runtime.base import Backend
 
 INT8 = kinds.get("onnx-int8")
@@ -149,7 +150,8 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
             refusals.refuse(kind, "precision", error)
 
     if "int8" in request.precisions:
-        attempt(INT8.name, lambda: _int8_variant(sources, report, calibration, held_out, progress))
+        attempt(INT8.name, lambda: _int8_variant(sources, report, calibration, held_out, progress,
+                                                 request.target_flags))
     for kind in requested_variant_kinds(request.precisions):
         if kind != INT8.name and kinds.opt_in_source_missing(kinds.get(kind), sources.fp32_artifacts):
             progress.step(f"{kind} not made: its source {kinds.get(kind).sources[0]} is built when named in --formats")
@@ -188,11 +190,13 @@ def requested_variant_kinds(precisions: tuple[str, ...]) -> list[str]:
     return [k.name for p in precisions if p != kinds.FP32 for k in kinds.variants(p)]
 
 
-def _int8_variant(sources: VariantSources, report, calibration, held_out: _HeldOut, progress) -> Variant:
+def _int8_variant(sources: VariantSources, report, calibration, held_out: _HeldOut, progress,
+                  target_flags: frozenset | None = None) -> Variant:
     source = sources.fp32_artifacts[_source(INT8, sources)]
     _record_source_speed(report, source, held_out)
     with _removed_on_failure(sources.stage / RANGES_FILE, sources.stage / INT8.file_name):
-        variant, report.int8_choice = build_int8(sources.stage, source, calibration, held_out, progress)
+        variant, report.int8_choice = build_int8(sources.stage, source, calibration, held_out, progress,
+                                                 weight_bits(target_flags))
     report.files.append(RANGES_FILE)
     return variant
 
@@ -241,38 +245,13 @@ def _source(kind, sources: VariantSources) -> str:
 
 # ---------------------------------------------------------------- int8
 
-REDUCE_RANGE_WHY = {
-    True: "7-bit weights: this CPU has no VNNI, and ONNX Runtime's u8 x s8 kernels without it add products in int16, "
-          "which saturates (ONNX Runtime's quantization guide)",
-    False: "8-bit weights: this CPU's int8 kernels do not saturate (VNNI, or not x86)",
-}
-
-@dataclass
-class _Int8Work:
-    """Where int8 is made: a scratch folder, the source prepared for quantization (quant_pre_process), the
-    calibrated ranges (cached: every quantization after the first reuses them) and the calibration images."""
-
-    folder: Path
-    prepared: Path
-    ranges: Path
-    calibration: ImageSet
-    # 7-bit weights where this CPU's int8 kernels would saturate (runtime.machine.int8_saturates)
-    reduce_range: bool = field(default_factory=lambda: machine.int8_saturates(machine.cpu_flags()))
-
-    def quantize(self, path: Path, activation: str, extra_options: dict | None = None) -> None:
-        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-        quantize_static(str(self.prepared), str(path), TensorReader(self.calibration.images, INPUT_NAME),
-                        quant_format=QuantFormat.QDQ, per_channel=True, activation_type=getattr(QuantType, activation),
-                        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                        reduce_range=self.reduce_range, calibration_cache_path=self.ranges,
-                        extra_options=extra_options)
-
-
-def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, progress) -> tuple[Variant, dict]:
+def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, progress,
+               bits: tuple[bool, str] | None = None) -> tuple[Variant, dict]:
     """Quantize `source` with both activation types; keep the fastest that passes the gate."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    work = _Int8Work(stage / ".int8-work", stage / ".int8-work" / "prepared.onnx", stage / RANGES_FILE, calibration)
+    work = Int8Work(stage / ".int8-work", stage / ".int8-work" / "prepared.onnx", stage / RANGES_FILE, calibration,
+                     bits or weight_bits())
     work.folder.mkdir(exist_ok=True)
     try:
         started = time.perf_counter()
@@ -298,7 +277,7 @@ def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, p
         shutil.rmtree(work.folder, ignore_errors=True)
     made_by = {"tool": "onnxruntime.quantization.quantize_static", "preprocessing": "quant_pre_process",
                "format": "QDQ", "per_channel": True, "weight_type": "QInt8", "activation_type": chosen,
-               "reduce_range": work.reduce_range, "reduce_range_why": REDUCE_RANGE_WHY[work.reduce_range],
+               "reduce_range": work.reduce_range, "reduce_range_why": work.bits[1],
                "calibrate_method": "MinMax", "calibration_images": len(calibration), "ranges": RANGES_FILE,
                "timings": timings, "fp32_fallback": fallback}
     choice = {"chosen": chosen, "why": why,
@@ -311,7 +290,7 @@ def build_int8(stage: Path, source, calibration: ImageSet, held_out: _HeldOut, p
     return variant, choice
 
 
-def _fall_back(work: _Int8Work, source, activation: str, held_out: _HeldOut,
+def _fall_back(work: Int8Work, source, activation: str, held_out: _HeldOut,
                progress) -> tuple[Path, float, GateResult, dict]:
     """Re-quantize (cached ranges) with activations kept explicit, put nodes back in fp32 until the calibration
     images meet the selection target (int8_fallback.SELECTION_SHARE of the gate's tolerance), then gate the

@@ -14,7 +14,7 @@ from torch import nn
 
 from export.divergence import int8 as divergence
 from export.precision.calibration import ImageSet
-from export.precision.variants import _Int8Work
+from export.precision.onnx_int8 import Int8Work
 
 CALIBRATION_IMAGES = 32  # lite0's ranges from a third of the export's 100: the fault shows all the same
 
@@ -52,7 +52,7 @@ def quantize(module: nn.Module, images: torch.Tensor, folder, dynamo: bool = Fal
                               input_names=["input"], dynamic_axes={"input": {0: "batch"}})
     quant_pre_process(str(fp32), str(prepared))
     calibration = ImageSet(images, [f"#{i}" for i in range(len(images))], "test images")
-    _Int8Work(folder, prepared, folder / "ranges.json", calibration).quantize(int8, "QUInt8")
+    Int8Work(folder, prepared, folder / "ranges.json", calibration).quantize(int8, "QUInt8")
     return fp32, int8
 
 
@@ -121,7 +121,7 @@ def lite0(tmp_path_factory):
     contract = weights_preprocessing("lite0")
     calibration = default_images(contract, "calibration", CALIBRATION_IMAGES).images
     fp32, int8 = quantize(module, calibration, folder)
-    work = _Int8Work(folder, folder / "prepared.onnx", folder / "ranges.json",
+    work = Int8Work(folder, folder / "prepared.onnx", folder / "ranges.json",
                      ImageSet(calibration, [f"#{i}" for i in range(len(calibration))], "test images"))
     return module, default_images(contract, "holdout", 8).images, fp32, int8, work
 
