@@ -189,7 +189,7 @@ for _kind in (
                     "fp32 with VNNI (Zen 4, ResNet-50); served only within the accuracy gate",
         precision="int8", sources=ONNX_SOURCES, fast_on=Needs(CPU),
         fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones (on a GPU the fp32 forms run on CUDA instead); "
-                 "without VNNI the gain depends on the model: on an AVX2 EPYC 1.21x fp32 on EfficientNet-Lite0 but "
+                 "without VNNI the gain depends on the model: on an AVX2 EPYC 1.19x fp32 on EfficientNet-Lite0 but "
                  "0.94x on ResNet-50, where openvino-int8 (1.46x) is the int8 to build"),
     ArtifactKind(
         name="openvino-int8", file_name=OPENVINO_INT8_IR, companions=(OPENVINO_INT8_WEIGHTS,), format=OPENVINO,
