@@ -124,18 +124,17 @@ def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, sa
         opened = open_targets(model, targets, threads, report, say, first=threads == plan.threads[0])
         runs: dict[tuple[str, int], list[float]] = {}
         for round_index in range(plan.rounds):  # every target once per round: a neighbour's load hits them alike
+            last = round_index == plan.rounds - 1
             for target, backend in opened:
                 for batch in plan.batches:
-                    runs.setdefault((target.name, batch), []).extend(
-                        time_runs(lambda b=backend, x=inputs[batch]: b.predict(x), plan.warmup if round_index == 0
-                                  else 0, plan.repeats, plan.min_seconds))
-        for target, backend in opened:
-            for batch in plan.batches:
-                row = time_row(model, target, backend, threads, inputs[batch], flops, plan, peaks,
-                               runs=runs[(target.name, batch)])
-                report.rows.append(row)
-                done += 1
-                say(f"  [{done}/{total}] {progress_line(row)}")
+                    timed = runs.setdefault((target.name, batch), [])
+                    timed.extend(time_runs(lambda b=backend, x=inputs[batch]: b.predict(x),
+                                           plan.warmup if round_index == 0 else 0, plan.repeats, plan.min_seconds))
+                    if last:  # the row and its progress line as soon as its last round is timed
+                        row = time_row(model, target, backend, threads, inputs[batch], flops, plan, peaks, runs=timed)
+                        report.rows.append(row)
+                        done += 1
+                        say(f"  [{done}/{total}] {progress_line(row)}")
         done += (len(targets) - len(opened)) * len(plan.batches)
         del opened
 
