@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import torch
-from torch import nn
 
 from export.checks.parity import OPENVINO_TOLERANCE
 from export.forms.openvino_ir import ir_files, save_ir
@@ -16,18 +15,9 @@ from runtime import ArtifactError, RunOptions, open_artifact
 from runtime.eager import EagerBackend
 from runtime.machine import BF16_FLAGS, cpu_flags
 from runtime.openvino import OpenVinoBackend, compile_config
+from tests.runtime.test_backends import Tiny
 
 openvino = pytest.importorskip("openvino")
-
-
-class Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.head = nn.Linear(8, 5)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
 
 
 @pytest.fixture(scope="module")
