@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from runtime.base import ArtifactError, Backend, RunOptions
+from runtime.signal_stack import keep_signal_stack
 
 DEVICE = "CPU"  # OpenVINO's GPU plugin is for Intel GPUs; a CUDA machine serves other forms
 PERFORMANCE_HINT = "LATENCY"  # one request per serving worker: no throughput streams
@@ -55,6 +56,7 @@ class OpenVinoBackend(Backend):
         openvino = import_openvino()
         self.version = openvino.get_version()
         self.compiled = openvino.Core().compile_model(str(self.path), DEVICE, compile_config(options))
+        keep_signal_stack()  # the plugin's own dies with this model, maybe while the thread is still on it
         self.request = self.compiled.create_infer_request()  # one per backend: a worker calls it one batch at a time
 
     def predict(self, batch: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from export.precision.int8_fallback import MAX_FP32_NODES, RANKING_STRIDE, selec
 from export.precision.running import run_batches
 from runtime import RunOptions, open_artifact
 from runtime.openvino import INSTALL, import_openvino
+from runtime.signal_stack import keep_signal_stack
 
 # The accuracy-control target, in the gate's own metric (top-1 agreement with fp32): int8_fallback's stricter share
 # of the gate's allowed disagreement, so that both fallbacks aim at the same target and are comparable.
@@ -51,6 +52,7 @@ def build_openvino_int8(stage: Path, kind, source, calibration, held_out, progre
     started = time.perf_counter()
     with nncf_logs_as_warnings():
         quantized = nncf.quantize(fp32_ir, nncf.Dataset(images), subset_size=len(images))
+    keep_signal_stack()  # NNCF compiled models on this thread to collect statistics (runtime/signal_stack.py)
     timings = {"quantize_s": round(time.perf_counter() - started, 2)}
     backend, gate = _save_and_gate(quantized, stage / kind.file_name, kind, held_out)
     plain = {"gate": gate.verdict, "top1_agreement": gate.metrics["top1_agreement"], **int8_census(quantized)}
@@ -59,6 +61,7 @@ def build_openvino_int8(stage: Path, kind, source, calibration, held_out, progre
     if not gate.passed:
         started = time.perf_counter()
         quantized = accuracy_controlled(nncf, fp32_ir, images, _fp32_logits(source, calibration.images))
+        keep_signal_stack()
         timings["accuracy_control_s"] = round(time.perf_counter() - started, 2)
         backend, gate = _save_and_gate(quantized, stage / kind.file_name, kind, held_out)
         restored = {"max_drop": MAX_DROP, "metric": "top-1 agreement with fp32 on the calibration images",

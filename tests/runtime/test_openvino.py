@@ -72,3 +72,30 @@ def test_missing_weights_are_named(ir, tmp_path):
     shutil.copy(xml, tmp_path / xml.name)
     with pytest.raises(ArtifactError, match="tiny.openvino.bin"):
         open_artifact("openvino", tmp_path / xml.name, RunOptions())
+
+
+RELEASE_OUT_OF_ORDER = """
+import gc, os, signal, sys
+from runtime import RunOptions, open_artifact
+first = open_artifact("openvino", sys.argv[1], RunOptions(threads=1))
+second = open_artifact("openvino", sys.argv[1], RunOptions(threads=1))
+del first; gc.collect()
+del second; gc.collect()  # the plugin puts back the stack it replaced: the first model's, freed above
+handled = []
+signal.signal(signal.SIGUSR1, lambda *_: handled.append(True))  # Python's handlers run on the alternate stack
+os.kill(os.getpid(), signal.SIGUSR1)
+print("handled" if handled else "not handled")
+"""
+
+
+def test_a_signal_after_models_are_released_out_of_order_is_handled_not_a_crash(ir):
+    """OpenVINO's plugin gives each compiled model's thread a signal stack that the model frees: released in the
+    order they were made, two models left the thread on a freed one and the next signal ended the process with
+    SIGSEGV (runtime/signal_stack.py). In a process of its own, since without the fix it dies."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    ran = subprocess.run([sys.executable, "-c", RELEASE_OUT_OF_ORDER, str(ir["xml"])], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert ran.returncode == 0 and ran.stdout.strip() == "handled", (ran.returncode, ran.stderr[-2000:])
