@@ -101,9 +101,8 @@ OPENVINO_INT8_IR, OPENVINO_INT8_WEIGHTS = "model.int8.openvino.xml", "model.int8
 OPENVINO_FP32_RANK = ("just after onnx-dynamo: slower than ONNX Runtime fp32 on an AVX2 EPYC (ResNet-50 16.4 vs 18.0 "
                       "img/s, EfficientNet-Lite0 110 vs 130) and on a Zen 4 (24.2 vs 25.1); CPU only")
 OPENVINO_FP32_WHY = "OpenVINO's CPU plugin; its GPU plugin is for Intel GPUs, so a CUDA machine serves other forms"
-OPENVINO_INT8_RANK = ("after onnx-int8 although faster wherever measured (AVX2 EPYC: ResNet-50 1.56x onnx-int8, "
-                      "EfficientNet-Lite0 1.23x; Zen 4: 1.05x): served in-process it left a test process to die "
-                      "with SIGSEGV at the next test (cause not found yet, docs/hardware-choice.md)")
+OPENVINO_INT8_RANK = ("first: the fastest int8 wherever measured, AVX2 EPYC without VNNI (ResNet-50 1.56x onnx-int8, "
+                      "EfficientNet-Lite0 1.23x) and Zen 4 with VNNI (ResNet-50 1.05x); served only within the gate")
 OPENVINO_INT8_WHY = ("OpenVINO's int8 CPU kernels: 1.46x ONNX Runtime fp32 on ResNet-50 even without VNNI (AVX2 EPYC), "
                      "3.7x with it (Zen 4)")
 OPENVINO_BF16_RANK = ("after the int8 forms (slower than them where measured, docs/openvino.md) and before fp32: "
@@ -185,17 +184,17 @@ for _kind in (
                        "(its int8 and bf16 variants come with it under --precision)"),
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
-        exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=0,
-        rank_reason="first, before every fp32 form: 3.5x ONNX Runtime fp32 with VNNI (Zen 4, ResNet-50); served only "
-                    "within the accuracy gate",
+        exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=5,
+        rank_reason="after openvino-int8 (slower where both were measured), before every fp32 form: 3.5x ONNX Runtime "
+                    "fp32 with VNNI (Zen 4, ResNet-50); served only within the accuracy gate",
         precision="int8", sources=ONNX_SOURCES, fast_on=Needs(CPU),
         fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones (on a GPU the fp32 forms run on CUDA instead); "
                  "without VNNI the gain depends on the model: on an AVX2 EPYC 1.19x fp32 on EfficientNet-Lite0 but "
-                 "0.94x on ResNet-50 (openvino-int8: 1.46x)"),
+                 "0.94x on ResNet-50, where openvino-int8 (1.46x) is the int8 to build"),
     ArtifactKind(
         name="openvino-int8", file_name=OPENVINO_INT8_IR, companions=(OPENVINO_INT8_WEIGHTS,), format=OPENVINO,
         exporter="nncf.quantize of the openvino IR (post-training, the calibration images)", input_sizes=SOURCE_SIZES,
-        serving_rank=5, rank_reason=OPENVINO_INT8_RANK, precision="int8", sources=("openvino",), runs_on=Needs(CPU),
+        serving_rank=0, rank_reason=OPENVINO_INT8_RANK, precision="int8", sources=("openvino",), runs_on=Needs(CPU),
         fast_on=Needs(CPU), fast_why=OPENVINO_INT8_WHY),
     ArtifactKind(
         name="openvino-bf16", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
