@@ -17,6 +17,10 @@ from export.precision.calibration import ImageSet
 from export.precision.onnx_int8 import Int8Work
 
 CALIBRATION_IMAGES = 32  # lite0's ranges from a third of the export's 100: the fault shows all the same
+# 7-bit weights, as the pipeline quantizes on every x86 CPU without VNNI (onnx_int8.weight_bits), pinned so the held-out
+# fault is the same on every CI machine: with 8-bit weights (a VNNI CPU) lite0's first depthwise convolution stays
+# above the floor (measured on a Zen 5: the first below is blocks.0.project.0 at 21.6 dB; docs/divergence.md)
+SEVEN_BIT_WEIGHTS = (True, "7-bit weights, pinned by the test (every CPU without VNNI quantizes so)")
 
 
 class Damaged(nn.Module):
@@ -52,7 +56,7 @@ def quantize(module: nn.Module, images: torch.Tensor, folder, dynamo: bool = Fal
                               input_names=["input"], dynamic_axes={"input": {0: "batch"}})
     quant_pre_process(str(fp32), str(prepared))
     calibration = ImageSet(images, [f"#{i}" for i in range(len(images))], "test images")
-    Int8Work(folder, prepared, folder / "ranges.json", calibration).quantize(int8, "QUInt8")
+    Int8Work(folder, prepared, folder / "ranges.json", calibration, SEVEN_BIT_WEIGHTS).quantize(int8, "QUInt8")
     return fp32, int8
 
 
@@ -122,7 +126,8 @@ def lite0(tmp_path_factory):
     calibration = default_images(contract, "calibration", CALIBRATION_IMAGES).images
     fp32, int8 = quantize(module, calibration, folder)
     work = Int8Work(folder, folder / "prepared.onnx", folder / "ranges.json",
-                     ImageSet(calibration, [f"#{i}" for i in range(len(calibration))], "test images"))
+                     ImageSet(calibration, [f"#{i}" for i in range(len(calibration))], "test images"),
+                     SEVEN_BIT_WEIGHTS)
     return module, default_images(contract, "holdout", 8).images, fp32, int8, work
 
 
