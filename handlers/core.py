@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from PIL import Image
 
 from contract.records import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
 from handlers.policy import machine_policy, this_machine
@@ -30,7 +31,7 @@ from handlers.request_error import RequestError
 from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
 from runtime.base import Backend
 from runtime.gpu_decode import NvjpegDecoder
-from runtime.images import ImageError, decode_image, draft_floor, preprocess
+from runtime.images import ImageError, decode_upright, draft_floor, preprocess
 from runtime.machine import Choice, MachineProfile, choose_form
 from runtime.machine import this_machine as this_machine_profile
 
@@ -78,7 +79,7 @@ class BatchResult:
 def input_row(image: bytes, contract: ImageContract) -> torch.Tensor:
     """Image bytes -> the model's input row (float32 (3, crop) in [0, 1]), decoded as the contract says;
     clients without the core use it too."""
-    return preprocess(decode_image(image, draft_floor(contract)), contract)
+    return preprocess(decode_upright(image, draft_floor(contract)), contract)
 
 
 def worker_threads(pinned: int | None, offered: int | None) -> int:
@@ -154,9 +155,9 @@ class ImageClassifierCore:
         config = HandlerConfig.from_dict(settings)
         labels = labels_of(folder, manifest)
         threads = worker_threads(config.threads, threads)
-        # torch's own pool runs the resize and crop even when ONNX Runtime runs the model; left at every core
-        # it competes with the other workers' inference, so it is pinned to the worker's share (measured:
-        # docs/benchmarks.md).
+        # torch's own pool runs the tensor work (softmax, a GPU decoder's resize) even when ONNX Runtime runs the
+        # model; left at every core it competes with the other workers' inference, so it is pinned to the
+        # worker's share (measured: docs/benchmarks.md).
         torch.set_num_threads(threads)
         precision = run_precision(record, config, device)
         backend = open_artifact(record.format, folder / record.path,
@@ -176,16 +177,17 @@ class ImageClassifierCore:
                 "backend": self.backend.describe()}
 
     # ------------------------------------------------------------ the request's life
-    def decode(self, image: bytes) -> torch.Tensor:
-        return decode_image(image, self.draft_floor)
+    def decode(self, image: bytes) -> Image.Image:
+        return decode_upright(image, self.draft_floor)
 
     def decode_mode(self) -> str:
         if self.gpu_decoder and self.gpu_decoder.available:
             return "nvJPEG on the GPU (CPU draft for other bodies)"
         return f"draft (JPEG sides kept >= {self.draft_floor})" if self.draft_floor else "exact"
 
-    def preprocess(self, image: torch.Tensor) -> torch.Tensor:
-        return preprocess(image.to(self.device), self.contract)
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        """Resized and cropped on the CPU by PIL (its crop window only), then moved to the worker's device."""
+        return preprocess(image, self.contract).to(self.device)
 
     @staticmethod
     def batch(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -3,7 +3,7 @@ or a RequestError saying what was wrong.
 
 Accepted bodies: a raw image (JPEG, PNG, WebP, BMP, GIF first frame, TIFF), JSON {"data": "<base64>"},
 or a multipart form with the image as a file field. Turning the bytes into the model's input is
-runtime.images' job (decode_image, preprocess).
+runtime.images' job (decode_upright, preprocess).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ IDCT, colour conversion and resize onto the device.
 What stays on the CPU, per body: the header checks of runtime/images.py (format, size limits, decompression
 bombs: never handed to a decoder) and the EXIF orientation tag (torchvision applies it only on the CPU; the
 turn is done here, on the device, with the same tensor views as runtime.images.upright).
-Falls back to the caller's CPU path (handlers.core: runtime.images.decode_image, which refuses each bad body
+Falls back to the caller's CPU path (handlers.core: runtime.images.decode_upright, which refuses each bad body
 with its ImageError):
   - bodies that are not baseline-decodable JPEGs here (PNG, WebP, CMYK JPEG, MPO, anything the header check
     refuses): each on its own;

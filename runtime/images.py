@@ -3,7 +3,11 @@ model's weights were evaluated with. The handler serves requests through these f
 tools (calibration, accuracy checks) read image folders through the very same ones.
 
 Decoding is PIL's; EXIF orientation is honoured; every mode (grayscale, RGBA, palette, CMYK, 16-bit) becomes
-RGB. Resizing and cropping are torchvision's, called as weights.transforms() calls them.
+RGB. Resizing and cropping are what torchvision's weights.transforms() does to a PIL image (the form its published
+accuracies were measured on): PIL's antialiased resize of the shorter side, then a centre crop. The served path
+(decode_upright, then preprocess of the PIL image) asks PIL for the cropped window only (`resize(box=...)`: the
+same filter taps at the same centres, none computed for pixels the crop drops; within one level of resize-then-
+crop, from PIL rounding its first pass); a tensor (the GPU decoder's) goes through torchvision's tensor functions.
 
 Two decode modes (contract.records.DECODE_MODES): "exact" decodes every pixel; "draft" lets libjpeg decode a
 large JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (PIL's `draft`) as long as both sides stay at least
@@ -60,9 +64,22 @@ class ImageError(VisionExportError):
         self.message = message
 
 
+def decode_upright(data: bytes, draft_floor: int | None = None) -> Image.Image:
+    """Bytes -> an RGB PIL image as a viewer shows it (EXIF orientation applied): what the served path
+    preprocesses. With `draft_floor` (draft_floor(contract)), a large JPEG is decoded at a reduced scale that keeps
+    both sides >= draft_floor; without it, every pixel is decoded."""
+    image, tag = _decoded_rgb(data, draft_floor)
+    return image.transpose(PIL_TURNS[tag]) if tag in PIL_TURNS else image
+
+
 def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
-    """Bytes -> uint8 tensor (3, H, W), RGB, upright. With `draft_floor` (draft_floor(contract)), a large JPEG
-    is decoded at a reduced scale that keeps both sides >= draft_floor; without it, every pixel is decoded."""
+    """Bytes -> uint8 tensor (3, H, W), RGB, upright: decode_upright's pixels as a tensor."""
+    image, tag = _decoded_rgb(data, draft_floor)
+    return upright(torch.from_numpy(np.array(image)), tag).permute(2, 0, 1)
+
+
+def _decoded_rgb(data: bytes, draft_floor: int | None) -> tuple[Image.Image, int]:
+    """(the RGB image as stored, its EXIF orientation), or the ImageError that says what is wrong with it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -73,7 +90,7 @@ def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
                 reduce_in_dct(image, draft_floor)
             image.load()
             tag = orientation(image)  # EXIF and palettes are parsed here: corrupt ones are corrupt images too
-            pixels = np.array(to_rgb(image))
+            return to_rgb(image), tag
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -88,7 +105,6 @@ def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
         if not _raised_by_pil(error):
             raise  # our own bug (to_rgb, numpy calls of ours): passed on with its traceback, never an ImageError
         raise _corrupt(error) from None
-    return upright(torch.from_numpy(pixels), tag).permute(2, 0, 1)
 
 
 # What PIL documents for a file it cannot parse; any other type it raises on untrusted bytes (TypeError,
@@ -154,6 +170,12 @@ def orientation(image: Image.Image) -> int:
     return image.getexif().get(EXIF_ORIENTATION, 1)
 
 
+# EXIF orientation -> the PIL transpose that shows the image upright (ImageOps.exif_transpose's table)
+PIL_TURNS = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+             5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+             8: Image.Transpose.ROTATE_90}
+
+
 def upright(pixels: torch.Tensor, tag: int) -> torch.Tensor:
     """(H, W, C) as stored -> as a viewer shows it; the same pixels ImageOps.exif_transpose gives, turned as a
     tensor (one copy at most, where PIL's transpose is another full-size image)."""
@@ -195,11 +217,41 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")  # RGB: no copy
 
 
-def preprocess(image: torch.Tensor, contract: ImageContract) -> torch.Tensor:
-    """uint8 (3, H, W) -> float32 (3, crop) in [0, 1]: the same calls, in the same order, as torchvision's
-    ImageClassification preset behind weights.transforms() (resize with its interpolation and antialias,
-    centre crop, to float), so the served tensor equals the evaluated one; normalisation is in the graph."""
+# The interpolations PIL's resize computes as torchvision's antialiased resize of a PIL image does.
+PIL_RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def preprocess(image: torch.Tensor | Image.Image, contract: ImageContract) -> torch.Tensor:
+    """An upright RGB image -> float32 (3, crop) in [0, 1], as torchvision's ImageClassification preset behind
+    weights.transforms() makes it (resize of the shorter side with the contract's interpolation and antialias,
+    centre crop, to float); normalisation is in the graph. A PIL image is resized by PIL, its crop window only
+    (crop_window); a uint8 tensor (3, H, W) by torchvision's tensor functions, the same calls in the same order."""
+    if isinstance(image, Image.Image):
+        window = crop_window(image.size, contract)
+        if window is not None:
+            cropped = image.resize(contract.crop[::-1], PIL_RESAMPLING[contract.interpolation], box=window)
+            return torch.from_numpy(np.array(cropped)).permute(2, 0, 1).to(torch.float32).div_(255)
+        image = torch.from_numpy(np.array(image)).permute(2, 0, 1)
     image = TF.resize(image, [contract.resize], interpolation=InterpolationMode(contract.interpolation),
                       antialias=contract.antialias)
     image = TF.center_crop(image, list(contract.crop))
     return TF.convert_image_dtype(image, torch.float)
+
+
+def crop_window(size: tuple[int, int], contract: ImageContract) -> tuple[float, float, float, float] | None:
+    """The region of a (width, height) image that resize-then-centre-crop keeps, in its own pixels, for PIL's
+    `resize(box=...)`: its scale is the full resize's, so each kept pixel gets the same filter taps at the same
+    centre. None where PIL cannot stand in for torchvision (no antialias, another interpolation, or a crop
+    larger than the resized image, which torchvision pads)."""
+    if not contract.antialias or contract.interpolation not in PIL_RESAMPLING:
+        return None
+    width, height = size
+    short, long = sorted((width, height))
+    resized_long = int(contract.resize * long / short)  # torchvision's _compute_resized_output_size
+    new_w, new_h = (contract.resize, resized_long) if width <= height else (resized_long, contract.resize)
+    crop_h, crop_w = contract.crop
+    if crop_h > new_h or crop_w > new_w:
+        return None
+    top, left = int(round((new_h - crop_h) / 2.0)), int(round((new_w - crop_w) / 2.0))  # TF.center_crop's
+    scale_x, scale_y = width / new_w, height / new_h
+    return (left * scale_x, top * scale_y, (left + crop_w) * scale_x, (top + crop_h) * scale_y)

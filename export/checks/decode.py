@@ -27,7 +27,7 @@ from export.checks.phone_photos import phone_jpeg, upright_photo
 from export.precision.gate import CONFIDENT_MARGIN, agreement_metrics, confident_rows
 from runtime import RunOptions, open_artifact
 from runtime.base import Backend
-from runtime.images import decode_image, draft_floor, preprocess
+from runtime.images import decode_upright, draft_floor, preprocess
 
 DECODE_CHECK_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry",
                        "camera", "brick")
@@ -145,8 +145,8 @@ def check_tensors(contract: ImageContract) -> tuple[torch.Tensor, torch.Tensor, 
     """The check images decoded exactly and in draft, preprocessed: (N, 3, crop) each, and what each image is."""
     images = check_images(contract)
     floor = draft_floor(contract, "draft")
-    exact = torch.stack([preprocess(decode_image(data), contract) for data, _ in images])
-    draft = torch.stack([preprocess(decode_image(data, floor), contract) for data, _ in images])
+    exact = torch.stack([preprocess(decode_upright(data), contract) for data, _ in images])
+    draft = torch.stack([preprocess(decode_upright(data, floor), contract) for data, _ in images])
     return exact, draft, tuple(info for _, info in images)
 
 

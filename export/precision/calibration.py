@@ -29,7 +29,7 @@ from torchvision.datasets import ImageFolder
 
 from export.checks.parity import structured_images
 from export.errors import ExportError
-from runtime.images import ACCEPTED_FORMATS, ImageContract, ImageError, decode_image, preprocess
+from runtime.images import ACCEPTED_FORMATS, ImageContract, ImageError, decode_upright, preprocess
 
 # MinMax calibration ranges settle after a few dozen varied images; 100 keeps the calibration short (measured:
 # docs/precision.md) while covering every class of a small folder several times.
@@ -84,7 +84,7 @@ class HandlerTransform:
         self.contract = contract
 
     def __call__(self, data: bytes) -> torch.Tensor:
-        return preprocess(decode_image(data), self.contract)
+        return preprocess(decode_upright(data), self.contract)
 
 
 def read_bytes(path: str) -> bytes:
@@ -204,7 +204,7 @@ def _default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
         photo = sample_photo(name)
         for crop_index, crop in enumerate(PHOTO_CROPS):
             if len(rows) < count:
-                rows.append(preprocess(decode_image(_png_bytes(_crop(photo, crop))), contract))
+                rows.append(preprocess(decode_upright(_png_bytes(_crop(photo, crop))), contract))
                 sources.append(f"skimage.data.{name}() crop {crop_index} {crop}")
     generated = count - len(rows)
     if generated > 0:
@@ -213,7 +213,7 @@ def _default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
         pictures = structured_images(generated, 3, height * 2, width * 2, seed=seed)  # then the handler's path
         for index, picture in enumerate(pictures):
             encoded = _png_bytes((picture.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8))
-            rows.append(preprocess(decode_image(encoded), contract))
+            rows.append(preprocess(decode_upright(encoded), contract))
             sources.append(f"export.checks.parity.structured_images(seed={seed}) #{index}")
     origin = (f"default {role} set: {min(count, len(names) * len(PHOTO_CROPS))} crops of scikit-image photographs "
               f"({', '.join(names)}) and {max(generated, 0)} photo-like generated images")

@@ -1,6 +1,6 @@
 """The GPU check's decode step: request bodies -> input rows on the GPU, three ways, per photo size and batch.
 
-  cpu exact   runtime.images.decode_image (every pixel) + preprocess on the CPU, rows copied to the GPU
+  cpu exact   runtime.images.decode_upright (every pixel) + preprocess on the CPU, rows copied to the GPU
   cpu draft   the same with libjpeg's DCT scaling (the decode mode a passed decode check serves)
   nvjpeg      runtime.gpu_decode.NvjpegDecoder: one batched nvJPEG call, resize and crop on the GPU
 
@@ -62,15 +62,15 @@ def decode_paths(contract):
     import torch
 
     from runtime.gpu_decode import NvjpegDecoder
-    from runtime.images import decode_image, draft_floor, preprocess
+    from runtime.images import decode_upright, draft_floor, preprocess
     floor = draft_floor(contract, "draft")
     nvjpeg = NvjpegDecoder(DEVICE, contract)
 
     def on_cpu(floor_or_none):
-        return lambda bodies: torch.stack([preprocess(decode_image(b, floor_or_none), contract) for b in bodies]).to(DEVICE)
+        return lambda bodies: torch.stack([preprocess(decode_upright(b, floor_or_none), contract) for b in bodies]).to(DEVICE)
 
     def on_gpu(bodies):
-        rows = nvjpeg(bodies, lambda b: preprocess(decode_image(b, floor), contract).to(DEVICE))
+        rows = nvjpeg(bodies, lambda b: preprocess(decode_upright(b, floor), contract).to(DEVICE))
         return torch.stack(rows)
 
     return {"cpu exact": on_cpu(None), "cpu draft": on_cpu(floor), "nvjpeg": on_gpu}, nvjpeg.available

@@ -142,12 +142,15 @@ def has_vnni(cpuinfo: str) -> bool:
     return machine.has_vnni(set(re.split(r"\s+", cpuinfo)))
 
 
-def best_rows(rows: list[Row], device: str = "cpu", precision: str | None = None) -> dict[int, Row]:
-    """Per batch size: the fastest row (any artifact, any thread count) on that device, of one precision
-    when given."""
+def best_rows(rows: list[Row], device: str = "cpu", precision: str | None = None,
+              artifact: str | None = None) -> dict[int, Row]:
+    """Per batch size: the fastest row (any thread count) on that device, of one precision and one artifact
+    kind when given."""
     best: dict[int, Row] = {}
     for row in rows:
         if precision is not None and row.precision != precision:
+            continue
+        if artifact is not None and row.artifact != artifact:
             continue
         if row.device.startswith(device) and (row.batch not in best or row.images_per_s > best[row.batch].images_per_s):
             best[row.batch] = row

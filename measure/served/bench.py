@@ -190,6 +190,19 @@ def inprocess_report(source: str, export_dir: Path, out: Path) -> inprocess.Repo
     return result
 
 
+def model_alone(measured: inprocess.Report | None, model: str) -> tuple[dict, dict]:
+    """The in-process rows of `model` as the served rows' ceilings, images/s per batch: the best of each
+    precision, and each artifact kind's own (a served row is held to its own artifact alone where the run timed
+    it). A bench.json of several models gives each its own rows."""
+    rows = [r for r in measured.rows if r.model == model] if measured else []
+
+    def per_batch(**which) -> dict[int, float]:
+        return {b: r.images_per_s for b, r in inprocess.best_rows(rows, **which).items()}
+    precisions = sorted({r.precision for r in rows})
+    kinds = sorted({r.artifact for r in rows})
+    return ({p: per_batch(precision=p) for p in precisions}, {k: per_batch(artifact=k) for k in kinds})
+
+
 def best_fp32_peak_fraction(result: inprocess.Report | None) -> float | None:
     fractions = [r.peak_fraction for r in (result.rows if result else [])
                  if r.device == "cpu" and r.precision == "fp32" and r.peak_fraction is not None]
@@ -291,8 +304,7 @@ def _main(argv) -> int:
     manifest = Manifest.read(args.export_dir)
     names = runnable(names, manifest)
     measured = inprocess_report(args.inprocess, args.export_dir, args.out)
-    best = {precision: {b: r.images_per_s for b, r in inprocess.best_rows(measured.rows, precision=precision).items()}
-            for precision in ("fp32", "int8")} if measured else {}
+    best, alone = model_alone(measured, manifest.model.name)
     ceilings = pipeline_ceilings(args, manifest, names, files)
     descriptions = describe(names)
     for name in names:
@@ -303,7 +315,7 @@ def _main(argv) -> int:
         for name in names:
             rows += bench_configuration(name, args.export_dir, manifest, files, levels, Path(scratch), plan,
                                         args.token_auth)
-    report.add_ratios(rows, best, ceilings.of_row if ceilings else None)
+    report.add_ratios(rows, best, ceilings.of_row if ceilings else None, alone)
     write_results(args, manifest, rows, targets_of(rows, best, measured, files), descriptions, best.get("fp32", {}))
     return 0
 

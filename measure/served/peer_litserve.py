@@ -4,8 +4,10 @@ LitServe server, written as a user would write it from LitServe's quick start, n
     python -m measure.served.peer_litserve EXPORT_DIR PORT
     curl -F content=@examples/cat.jpg http://127.0.0.1:PORT/predict
 
-The export's served artifact (the manifest decides it) in ONNX Runtime with one intra-op thread, two workers
-(`workers_per_device=2` on the CPU), PIL decoding and torchvision's resize and crop through the same
+The export's served artifact (the manifest decides it) in its own runtime with one thread, two workers
+(`workers_per_device=2` on the CPU): an ONNX file in ONNX Runtime, an OpenVINO IR in OpenVINO with the precision
+hint the export gated it in (bf16 for openvino-bf16, else f32), as OpenVINO's own quick start compiles it; PIL
+decoding and torchvision's resize and crop through the same
 runtime.images functions our handler calls, softmax and top-5. The image comes as a multipart form file
 (`request["content"]`): LitServe parses a body as JSON or as a form, so a form upload is how a user sends it
 a file. torch keeps its default threads (a user sets none). Measured with litserve 0.2.19.
@@ -20,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.records import Manifest
-from runtime.images import decode_image, preprocess
+from runtime.images import decode_upright, preprocess
 
 
 class ImageClassifierAPI(ls.LitAPI):
@@ -31,18 +33,35 @@ class ImageClassifierAPI(ls.LitAPI):
     def setup(self, device):
         manifest = Manifest.read(self.export_dir)
         self.contract = manifest.input.image_contract()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        self.session = ort.InferenceSession(str(self.export_dir / manifest.served_record().path), options,
-                                            providers=["CPUExecutionProvider"])
+        record = manifest.served_record()
+        path = str(self.export_dir / record.path)
+        openvino = record.format == "openvino"
+        self.run = self.openvino_model(path, record.run_precision) if openvino else self.onnx_model(path)
         self.labels = json.loads((self.export_dir / manifest.output.labels).read_text())
 
+    @staticmethod
+    def onnx_model(path):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return lambda x: session.run(None, {name: x})[0]
+
+    @staticmethod
+    def openvino_model(path, precision):
+        import openvino as ov
+        config = {"INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY",
+                  "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32"}
+        compiled = ov.Core().compile_model(path, "CPU", config)
+        request = compiled.create_infer_request()
+        return lambda x: request.infer({0: x})[0]
+
     def decode_request(self, request):
-        image = decode_image(request["content"].file.read())
+        image = decode_upright(request["content"].file.read())
         return preprocess(image, self.contract).unsqueeze(0).numpy()
 
     def predict(self, x):
-        logits = self.session.run(None, {self.session.get_inputs()[0].name: x})[0][0]
+        logits = self.run(x)[0]
         probabilities = np.exp(logits - logits.max())
         return probabilities / probabilities.sum()
 

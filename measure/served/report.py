@@ -65,13 +65,16 @@ def ratio(value: float, reference: float | None) -> float | None:
     return value / reference if reference else None
 
 
-def add_ratios(rows: list[dict], best_by_precision: dict[str, dict[int, float]], ceiling=None) -> list[dict]:
-    """Each row gains vs_naive (same body and concurrency), vs_inprocess (the model alone: the best in-process
-    row of the served artifact's precision at the largest batch <= the concurrency; an int8 row is held to
-    int8's ceiling) and, given ceiling(row) -> images/s or None, pipeline_ceiling and vs_pipeline."""
+def add_ratios(rows: list[dict], best_by_precision: dict[str, dict[int, float]], ceiling=None,
+               best_by_artifact: dict[str, dict[int, float]] | None = None) -> list[dict]:
+    """Each row gains vs_naive (same body and concurrency), vs_inprocess (the model alone: the served artifact's
+    own best in-process row where the run timed it, else the best of its precision, at the largest batch <= the
+    concurrency; an int8 row is held to int8's ceiling) and, given ceiling(row) -> images/s or None,
+    pipeline_ceiling and vs_pipeline."""
     naive = {(r.get("body"), r["concurrency"]): r["req_per_s"] for r in rows if r["configuration"] == NAIVE}
     for row in rows:
-        best_inprocess = best_by_precision.get(row.get("precision", "fp32"), {})
+        best_inprocess = ((best_by_artifact or {}).get(row.get("artifact"))
+                          or best_by_precision.get(row.get("precision", "fp32"), {}))
         batch = inprocess_batch_for(row["concurrency"], sorted(best_inprocess))
         row["vs_naive"] = ratio(row["req_per_s"], naive.get((row.get("body"), row["concurrency"])))
         row["inprocess_batch"] = batch

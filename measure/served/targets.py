@@ -4,7 +4,11 @@
 - int8 served at concurrency 8 on the example >= 0.8 x the int8 model alone in-process at batch 8;
 - on both of those rows p99 <= 2 x p50;
 - no errors in any row of our own configurations (the naive baseline and the peer are not ours);
-- ours (`default`) ahead of the LitServe peer at concurrency 8 on every body and the mix.
+- ours (`default`) ahead of the LitServe peer at concurrency 8 on every body and the mix;
+- issue 31, on the example at concurrency 8: what the rule serves (`default`) >= 0.97 x that artifact alone
+  in-process at batch 8; and, per model, >= 1.8 x today's fp32 default (`fp32-onnx`) for ResNet-50 and >= 1.1 x
+  today's served int8 (`int8`) for EfficientNet-Lite0 (what `default` serves passed its gate: the rule serves
+  nothing else).
 
 A target whose rows the run did not measure says `not measured` and what to add.
 """
@@ -24,6 +28,9 @@ TWELVE_MP = 12_000_000  # pixels: a phone photo (4032 x 3024 is 12.2 M)
 PEER_AHEAD = 1.0  # ours / LitServe's req/s
 FP32_ROWS = (DEFAULT, "fp32-onnx")  # where an fp32 artifact is served (default serves int8 when it passed its gate)
 INT8_ROWS = (DEFAULT, INT8)
+TARGET_SERVED_VS_ALONE = 0.97  # served (default) / the served artifact alone in-process, on the example
+# Per model: (the configuration that serves what was the default before the hardware-aware rule, the least ratio)
+TARGET_VS_TODAY = {"resnet50": ("fp32-onnx", 1.8), "efficientnet-lite0": (INT8, 1.1)}
 NOT_OURS = (NAIVE, LITSERVE)
 
 
@@ -100,6 +107,37 @@ def ahead_of_peer(rows: list[dict]) -> list[Target]:
                               "not measured: --configurations default,litserve with concurrency 8")]
 
 
+def at_c8(rows: list[dict], name: str, body: str) -> dict | None:
+    return next((r for r in rows if r["configuration"] == name and r.get("body") == body
+                 and r["concurrency"] == TARGET_CONCURRENCY), None)
+
+
+def hardware_aware(rows: list[dict], example: str) -> list[Target]:
+    """Issue 31's targets on the example: the default row against its own artifact alone, and against the row that
+    serves what the default was before (per model, TARGET_VS_TODAY)."""
+    served = at_c8(rows, DEFAULT, example)
+    label = f"default served at c={TARGET_CONCURRENCY} on {example}"
+    if served is None:
+        return [Target(f"{label} / its artifact alone", None, TARGET_SERVED_VS_ALONE, None,
+                       "not measured: --configurations default with concurrency 8")]
+    alone = served.get("vs_inprocess")
+    found = [Target(f"{label} ({served.get('artifact')}) / {served.get('artifact')} alone in-process at batch "
+                    f"{served.get('inprocess_batch')}", alone, TARGET_SERVED_VS_ALONE,
+                    None if alone is None else alone >= TARGET_SERVED_VS_ALONE,
+                    f"{served['req_per_s']:.1f} req/s vs {served['inprocess_per_s']:.1f} img/s" if alone is not None
+                    else "not measured: needs the in-process benchmark (--inprocess run)")]
+    if served.get("model") in TARGET_VS_TODAY:
+        name, threshold = TARGET_VS_TODAY[served["model"]]
+        today = at_c8(rows, name, example)
+        value = ratio(served["req_per_s"], today["req_per_s"]) if today else None
+        today_kind = today.get("artifact") if today else "not run"
+        found.append(Target(f"{label} ({served.get('artifact')}) / today's {name} ({today_kind})",
+                            value, threshold, None if value is None else value >= threshold,
+                            f"{served['req_per_s']:.1f} vs {today['req_per_s']:.1f} req/s" if today
+                            else f"not measured: add {name} to --configurations"))
+    return found
+
+
 def evaluate(rows: list[dict], best: dict[str, dict[int, float]], files: list[Path], example: str) -> list[Target]:
     photo = phone_photo(files)
     fp32 = at_target(rows, FP32_ROWS, photo, "fp32")
@@ -110,4 +148,4 @@ def evaluate(rows: list[dict], best: dict[str, dict[int, float]], files: list[Pa
             + versus_model(int8, best, "int8", example, TARGET_EXAMPLE_INT8,
                            f"an int8 row ({' or '.join(INT8_ROWS)}: export --precision fp32,int8) on {example} at "
                            f"concurrency {TARGET_CONCURRENCY}")
-            + [no_errors(rows)] + ahead_of_peer(rows))
+            + [no_errors(rows)] + ahead_of_peer(rows) + hardware_aware(rows, example))

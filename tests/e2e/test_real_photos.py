@@ -11,7 +11,7 @@ import torch
 
 from contract.records import read_labels
 from runtime import RunOptions, open_artifact
-from runtime.images import decode_image, preprocess
+from runtime.images import decode_upright, preprocess
 from serving.torchserve import server
 from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import LITE0_FORMATS
@@ -43,7 +43,7 @@ def test_every_artifact_puts_each_photo_class_in_its_top5(lite0_export):
     manifest, folder = lite0_export["manifest"], lite0_export["out"]
     labels = read_labels(folder / "index_to_name.json")
     names = [labels[index] for index in range(len(labels))]
-    rows = {photo: preprocess(decode_image(photo_jpeg(photo)), manifest.input.preprocessing)
+    rows = {photo: preprocess(decode_upright(photo_jpeg(photo)), manifest.input.preprocessing)
             for photo in EXPECTED_CLASSES}
     batch = torch.stack(list(rows.values()))
     assert set(LITE0_FORMATS.split(",")) | {"onnx-int8"} == set(manifest.artifacts)

@@ -19,7 +19,7 @@ from export.package.selection import redecide
 from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
 from handlers.request_error import RequestError
 from runtime import IntegrityError, open_artifact
-from runtime.images import decode_image, preprocess
+from runtime.images import decode_upright, preprocess
 from runtime.onnxruntime import OnnxRuntimeBackend
 from runtime.torchscript import TorchScriptBackend
 from tests.answers import assert_same_answer
@@ -78,7 +78,7 @@ def test_the_answer_is_the_served_artifact_and_matches_eager(core, unpacked):
     manifest = Manifest.read(unpacked)
     record = manifest.served_record()
     assert answer["model"] == "resnet18" and answer["artifact"] == record.kind == manifest.decision().served
-    row = preprocess(decode_image(CAT.read_bytes()), manifest.input.image_contract())[None]
+    row = preprocess(decode_upright(CAT.read_bytes()), manifest.input.image_contract())[None]
     with torch.inference_mode():
         eager = torch.softmax(models.get("resnet18").build("random").module.eval()(row), dim=1)[0]
         served = torch.softmax(open_artifact(record.format, unpacked / record.path)(row), dim=1)[0]

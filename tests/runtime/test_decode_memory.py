@@ -1,7 +1,7 @@
 """Peak memory of one request's decode + preprocess, measured in a fresh process, and bounded from arithmetic.
 
 The body is a 12 MP phone JPEG (4032x3024 stored sideways, EXIF Orientation 6) from examples/photo_sizes.py,
-decoded and preprocessed exactly as handlers.core does (runtime.images.decode_image, then preprocess with
+decoded and preprocessed exactly as handlers.core does (runtime.images.decode_upright, then preprocess with
 resnet50's contract), at the CPU worker's one thread. The child process imports everything and runs a small JPEG
 through the same path first, so one-time costs are in the baseline; then it resets the kernel's peak-RSS mark
 (/proc/self/clear_refs) and the figure is the peak (VmHWM) after the request minus the RSS before it. Not
@@ -30,13 +30,14 @@ pytestmark = pytest.mark.slow  # three fresh processes, each importing torch and
 MIB = 2**20
 PHONE_PIXELS = 4032 * 3024  # 12.19 Mpx
 # Bytes per source pixel alive at the request's peak (during preprocess's resize):
-DECODED_UINT8 = 3  # decode_image's uint8 RGB tensor (3, H, W), kept until preprocess returns
-RESIZE_FLOAT32 = 12  # torchvision's functional resize casts a uint8 tensor to float32 before interpolating
-RESIZE_OTHER = 1  # its horizontal pass (H x 232 x 3 float32) and output: under 1 byte per source pixel
+DECODED_UINT8 = 3  # the decoded RGB pixels, kept until preprocess returns (at least)
+# The bound of the path before PIL resized the crop window (a uint8 tensor, then torchvision's float32 resize:
+# 3 + 12 + 1 bytes per pixel); the served path now stays far under it: PIL's 4-byte RGB image, turned upright into
+# a second one, and a resize that allocates only the crop window's rows (about 8 bytes per pixel).
+RESIZE_FLOAT32 = 12
+RESIZE_OTHER = 1
 ALLOCATOR_HEADROOM = 1.10  # malloc arenas and torch's allocator keep some freed memory
 BOUND_BYTES_PER_PIXEL = (DECODED_UINT8 + RESIZE_FLOAT32 + RESIZE_OTHER) * ALLOCATOR_HEADROOM  # 17.6
-# (decode_image's own peak is lower: PIL's 4-byte RGB image twice (original + turned upright) plus the 3-byte
-# bytes and array NumPy copies through = 14 bytes per pixel)
 RESNET50_CONTRACT = {"resize": 232, "crop": [224, 224], "interpolation": "bilinear", "antialias": True}
 WORKER_THREADS = 1  # a CPU worker's torch threads on this 2-core machine (handlers/policy.py: cores / workers)
 WARM_UP_SIZE = (640, 480)
@@ -45,22 +46,22 @@ WARM_UP_SIZE = (640, 480)
 def measure(photo: Path, address_space_extra_mib: int | None = None, decode: str = "exact") -> dict:
     """In this (fresh) process: the request path's peak RSS above the warmed-up baseline, in MiB. With
     address_space_extra_mib, RLIMIT_AS is set that far above the current address space first, and the
-    type of what decode_image raised is reported instead."""
+    type of what decode_upright raised is reported instead."""
     import torch
 
     from contract.records import ImageContract
-    from runtime.images import decode_image, preprocess
+    from runtime.images import decode_upright, preprocess
     torch.set_num_threads(WORKER_THREADS)
     from runtime.images import draft_floor
     contract = ImageContract.from_dict({**RESNET50_CONTRACT, "decode": decode})
     floor = draft_floor(contract)
-    preprocess(decode_image(small_jpeg(), floor), contract)
+    preprocess(decode_upright(small_jpeg(), floor), contract)
     data = photo.read_bytes()
     if address_space_extra_mib is not None:
         return {"raised": raised_under_limit(data, address_space_extra_mib)}
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     baseline = memory_kib("VmRSS") * 1024
-    row = preprocess(decode_image(data, floor), contract)
+    row = preprocess(decode_upright(data, floor), contract)
     peak = memory_kib("VmHWM") * 1024
     return {"baseline_mib": round(baseline / MIB, 1), "peak_mib": round(peak / MIB, 1),
             "request_mib": round((peak - baseline) / MIB, 1), "row": list(row.shape), "threads": WORKER_THREADS}
@@ -75,12 +76,12 @@ def memory_kib(field: str) -> int:
 def raised_under_limit(data: bytes, extra_mib: int) -> str:
     import resource
 
-    from runtime.images import decode_image
+    from runtime.images import decode_upright
     pages = int(Path("/proc/self/statm").read_text().split()[0])
     limit = pages * os.sysconf("SC_PAGE_SIZE") + extra_mib * MIB
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     try:
-        decode_image(data)
+        decode_upright(data)
     except BaseException as error:  # reported by name: what a caller (the handler) would see
         return type(error).__name__
     return "nothing"
@@ -145,7 +146,7 @@ def test_a_12_mp_request_decoded_in_draft_costs_a_fraction(children):
 
 def test_out_of_memory_while_decoding_is_not_a_corrupt_image(children):
     # 80 MiB more address space: PIL's first 46.5 MiB image fits, turning it upright does not; PIL raises
-    # MemoryError from its own code, which decode_image must pass on (a 500), not refuse as a corrupt image
+    # MemoryError from its own code, which decode_upright must pass on (a 500), not refuse as a corrupt image
     assert children["out of memory"].result() == {"raised": "MemoryError"}
 
 

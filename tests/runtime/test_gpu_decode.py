@@ -12,7 +12,7 @@ from PIL import Image
 
 from contract.records import ImageContract
 from runtime.gpu_decode import NvjpegDecoder, nvjpeg_orientation
-from runtime.images import ImageError, ImageProblem, decode_image, preprocess
+from runtime.images import ImageError, ImageProblem, decode_upright, preprocess
 
 CONTRACT = ImageContract(232, (224, 224), "bilinear", decode="draft")
 
@@ -35,7 +35,7 @@ def png() -> bytes:
 
 def cpu_path(body: bytes):
     try:
-        return preprocess(decode_image(body), CONTRACT)
+        return preprocess(decode_upright(body), CONTRACT)
     except ImageError as error:
         return error
 

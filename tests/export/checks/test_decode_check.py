@@ -14,7 +14,7 @@ import models
 from contract.records import ContractError, HandlerConfig
 from export.checks.decode import DECODE_TOLERANCE, DRAFT_SCALES, check_images, check_tensors, judge
 from handlers.core import ImageClassifierCore
-from runtime.images import decode_image, draft_floor, preprocess
+from runtime.images import decode_image, decode_upright, draft_floor, preprocess
 
 RESNET18 = replace(models.get("resnet18").input_spec.record().image_contract(), decode="draft")
 
@@ -93,8 +93,8 @@ def test_the_core_decodes_as_the_manifest_says_unless_the_setting_says_exact(lit
     draft_core = ImageClassifierCore.from_folder(folder)
     exact_core = ImageClassifierCore.from_folder(folder, settings={"decode": "exact"})
     assert draft_core.decode_mode().startswith("draft") and exact_core.decode_mode() == "exact"
-    exact_row = preprocess(decode_image(data), contract)
-    draft_row = preprocess(decode_image(data, draft_floor(contract)), contract)
+    exact_row = preprocess(decode_upright(data), contract)
+    draft_row = preprocess(decode_upright(data, draft_floor(contract)), contract)
     assert not torch.equal(exact_row, draft_row)  # the photo is large enough for draft to apply
     for core, row in ((draft_core, draft_row), (exact_core, exact_row)):
         probabilities = core.predict(row[None])[0]

@@ -98,10 +98,10 @@ def test_a_kind_added_to_the_table_is_exported_proven_chosen_packaged_and_served
 
     # the same image through the fp32 ONNX it was optimised from, run in-process: the same answer
     from runtime import open_artifact
-    from runtime.images import decode_image, draft_floor, preprocess
+    from runtime.images import decode_upright, draft_floor, preprocess
     source = manifest.artifacts["onnx-traced"]
     contract = manifest.input.image_contract()  # decoded as the handler decodes it (draft when the check passed)
-    row = preprocess(decode_image(CAT.read_bytes(), draft_floor(contract)), contract)[None]
+    row = preprocess(decode_upright(CAT.read_bytes(), draft_floor(contract)), contract)[None]
     expected = torch.softmax(open_artifact(source.format, out / source.path)(row), dim=1)[0].sort(descending=True)
     assert [p["index"] for p in answer["predictions"]] == expected.indices.tolist()
     assert [p["probability"] for p in answer["predictions"]] == pytest.approx(expected.values.tolist(), abs=1e-4)
