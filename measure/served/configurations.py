@@ -47,6 +47,13 @@ CONFIGURATIONS = {
     INT8: Configuration("the default policy with the int8 ONNX (export --precision fp32,int8); when its "
                         "accuracy gate failed (random weights) it is served here for its speed only and the "
                         "row says so", "onnx-int8", speed_only_ungated=True),
+    "openvino-int8": Configuration("the default policy with OpenVINO's int8 (NNCF; export --formats default,openvino "
+                                   "--precision fp32,int8); when its accuracy gate failed it is served here for its "
+                                   "speed only and the row says so", "openvino-int8", speed_only_ungated=True),
+    "openvino-bf16": Configuration("the default policy with the OpenVINO IR under the bf16 hint (export --formats "
+                                   "default,openvino --precision fp32,bf16, a CPU with avx512_bf16 or amx); speed only "
+                                   "when its accuracy gate failed, and the row says so", "openvino-bf16",
+                                   speed_only_ungated=True),
     "fp32-onnx": Configuration("the default policy with the fp32 ONNX: what a gated onnx-int8 (export --precision "
                                "fp32,int8) replaces as the served artifact", "onnx-dynamo"),
     "workers-batched": Configuration("a worker per core with 1 thread each, batches of up to 4 within 20 ms", None,

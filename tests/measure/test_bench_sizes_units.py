@@ -136,3 +136,40 @@ def test_the_tail_target_falls_back_on_the_slowest_request_only_where_that_prove
 def test_an_error_in_one_of_our_rows_fails_the_no_errors_target():
     target = bench_targets.no_errors([_row("default", "a.jpg", 5.0, failed=1), _row("litserve", "a.jpg", 5.0)])
     assert (target.value, target.met) == (1, False) and "1 of 100 requests" in target.detail
+
+
+def test_a_served_row_is_held_to_its_own_artifact_alone_where_the_run_timed_it():
+    rows = [_row("default", "cat.jpg", 90.0, artifact="openvino-bf16", precision="bf16"),
+            _row("fp32-onnx", "cat.jpg", 45.0)]
+    report.add_ratios(rows, {"fp32": {8: 60.0}, "bf16": {8: 120.0}}, None,
+                      {"openvino-bf16": {8: 100.0}, "onnx-dynamo": {8: 50.0}})
+    assert (rows[0]["inprocess_per_s"], rows[0]["vs_inprocess"]) == (100.0, 0.9)  # not bf16's best (120)
+    assert (rows[1]["inprocess_per_s"], rows[1]["vs_inprocess"]) == (50.0, 0.9)  # not fp32's best (60)
+
+
+def test_issue_31_targets_hold_the_default_to_its_artifact_alone_and_to_todays_row():
+    served = _row("default", "cat.jpg", 97.0, artifact="openvino-bf16", precision="bf16", model="resnet50",
+                  inprocess_per_s=100.0, vs_inprocess=0.97, inprocess_batch=8)
+    today = _row("fp32-onnx", "cat.jpg", 50.0, model="resnet50")
+    targets = {t.name: t for t in bench_targets.hardware_aware([served, today], "cat.jpg")}
+    alone = targets["default served at c=8 on cat.jpg (openvino-bf16) / openvino-bf16 alone in-process at batch 8"]
+    assert (alone.value, alone.met) == (0.97, True)
+    versus = targets["default (openvino-bf16) at c=8 on cat.jpg / today's fp32-onnx (onnx-dynamo)"]
+    assert (versus.value, versus.met) == (1.94, True)
+
+
+def test_a_speed_only_row_is_measured_against_today_but_never_counts_as_met():
+    served = _row("default", "cat.jpg", 50.0, model="resnet50", vs_inprocess=0.9, inprocess_per_s=55.6,
+                  inprocess_batch=8)  # onnx-dynamo: nothing passed the gate, so fp32-onnx repeats it and is skipped
+    fast = _row("openvino-int8", "cat.jpg", 120.0, model="resnet50", artifact="openvino-int8", precision="int8",
+                gate="speed only, accuracy gate failed: top-1")
+    targets = bench_targets.hardware_aware([served, fast], "cat.jpg")
+    default, speed_only = targets[1], targets[2]
+    assert (default.value, default.met) == (1.0, False)  # today's row is the default row itself
+    assert speed_only.value == 2.4 and speed_only.met is None and "speed only" in speed_only.detail
+    assert bench_targets.hardware_aware([], "cat.jpg")[0].met is None  # no default row: not measured
+    lite = _row("default", "cat.jpg", 300.0, model="efficientnet-lite0", artifact="openvino-bf16", vs_inprocess=0.6,
+                inprocess_per_s=500.0, inprocess_batch=8)
+    assert "add int8 to --configurations" in bench_targets.hardware_aware([lite], "cat.jpg")[1].detail
+    same = bench_targets.hardware_aware([{**lite, "artifact": "onnx-int8"}], "cat.jpg")[1]
+    assert (same.value, same.met) == (1.0, False)  # the default serves today's int8: the same row, never 1.1x
