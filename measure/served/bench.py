@@ -65,7 +65,7 @@ from measure.served.configurations import (
     served_kind,
     ungated_verdict,
 )
-from measure.served.rows import LoadPlan, Served, load_rows, raw_wire
+from measure.served.rows import DEFAULT_WARMUP_S, LoadPlan, Served, load_rows, raw_wire
 from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.kserve import server as kserve_server
 from serving.kserve.config import KServeSettings
@@ -231,6 +231,10 @@ def parse_args(argv):
     parser.add_argument("--duration", type=int, default=DEFAULT_DURATION_S, help="seconds per row (default 20)")
     parser.add_argument("--requests", type=int, default=None, help="a fixed count per row instead of --duration")
     parser.add_argument("--concurrency", default=DEFAULT_LEVELS)
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_S,
+                        help="seconds of load on each server before its rows, so each is measured in its steady state "
+                             "(TorchServe's frontend JIT-compiles over its first thousands of requests; default "
+                             "%(default)s)")
     parser.add_argument("--configurations", default=DEFAULT_CONFIGURATIONS)
     parser.add_argument("--inprocess", default="run",
                         help="run (default: the in-process benchmark first, same export), none, or a bench.json")
@@ -268,6 +272,8 @@ def check(args) -> tuple[list[int], list[str]]:
         raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGURATIONS)}")
     if not levels or min(levels) < 1 or args.duration < 1 or (args.requests is not None and args.requests < 1):
         raise BenchError("--concurrency, --duration and --requests must be at least 1")
+    if args.warmup < 0:
+        raise BenchError("--warmup: give seconds, 0 or more")
     if LITSERVE in names and not peer.installed():
         raise BenchError("the litserve configuration needs LitServe: pip install -e '.[dev]' (or pip install "
                          "litserve python-multipart), or leave litserve out of --configurations")
@@ -309,7 +315,7 @@ def _main(argv) -> int:
     descriptions = describe(names)
     for name in names:
         print(f"{name}: {descriptions[name]}", flush=True)
-    plan = LoadPlan(None if args.requests else args.duration, args.requests)
+    plan = LoadPlan(None if args.requests else args.duration, args.requests, args.warmup)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
         for name in names:

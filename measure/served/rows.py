@@ -25,6 +25,10 @@ from measure.served import report
 
 MIX = report.MIX
 WARMUP_REQUESTS_PER_CLIENT = 1  # per body, at the largest concurrency, before the measured rows
+# ... after warmup_s of the first body: a server is measured in its steady state. TorchServe's frontend JIT-compiles
+# its request path over the first thousands of requests: measured on a Zen 5, EfficientNet-Lite0 served 262 req/s
+# after 8 warm-up requests and 333 after 20 s; ResNet-50 48.7 and 51.4 (docs/serving-overhead.md)
+DEFAULT_WARMUP_S = 20
 LOG_FLUSH_S = 1.0  # the frontend copies worker stdout into model_log.log asynchronously
 
 
@@ -45,6 +49,7 @@ class Served:
 class LoadPlan:
     duration_s: int | None  # seconds per row, or
     requests: int | None  # a fixed count per row
+    warmup_s: int = DEFAULT_WARMUP_S  # of the first body at the largest concurrency, before any row (0: none)
 
 
 def raw_wire(files: list[Path]) -> dict:
@@ -84,8 +89,11 @@ def mix_load(served: Served, concurrency: int, plan: LoadPlan) -> tuple[Load, di
         return merged({body: future.result() for body, future in futures.items()})
 
 
-def warm(served: Served, concurrency: int) -> None:
-    for body in served.wire:
+def warm(served: Served, concurrency: int, seconds: int) -> None:
+    bodies = list(served.wire)
+    if seconds:
+        hey_load(served, bodies[0], concurrency, LoadPlan(seconds, None))
+    for body in bodies:
         hey_load(served, body, concurrency, LoadPlan(None, WARMUP_REQUESTS_PER_CLIENT * concurrency))
 
 
@@ -157,5 +165,5 @@ def bodies_at(served: Served, concurrency: int, plan: LoadPlan) -> list[str]:
 
 
 def load_rows(served: Served, levels: list[int], plan: LoadPlan) -> list[dict]:
-    warm(served, max(levels))
+    warm(served, max(levels), plan.warmup_s)
     return [row(served, body, level, plan) for level in levels for body in bodies_at(served, level, plan)]

@@ -112,6 +112,7 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
 def test_the_benchmark_works_with_token_authorisation(resnet18_export, tmp_path):
     done = subprocess.run([sys.executable, "-m", "measure", "bench", "--export-dir", str(resnet18_export["out"]),
                            "--configurations", "default", "--requests", "10", "--concurrency", "1",
+                           "--warmup", "1",
                            "--inprocess", "none", "--token-auth", "--out", str(tmp_path / "bench")], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr

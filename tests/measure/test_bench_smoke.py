@@ -30,7 +30,8 @@ def test_in_process_pipeline_and_served_naive_default_and_litserve_per_body_writ
     bodies = f"{ROOT / 'examples' / 'cat.jpg'},{_png(tmp_path / 'gradient.png')}"
     done = subprocess.run([sys.executable, "-m", "measure", "bench", "--export-dir", str(resnet18_export["out"]),
                            "--images", bodies, "--configurations", "naive,default,litserve", "--concurrency", "2",
-                           "--duration", "1", "--pipeline-seconds", "0.1", "--inprocess", str(out / "bench.json"),
+                           "--duration", "1", "--warmup", "1", "--pipeline-seconds", "0.1",
+                           "--inprocess", str(out / "bench.json"),
                            "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
