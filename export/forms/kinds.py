@@ -96,19 +96,24 @@ _TABLE: dict[str, ArtifactKind] = {}
 # OpenVINO's rows (docs/openvino.md has the measurements behind each reason).
 OPENVINO_IR, OPENVINO_WEIGHTS = "model.openvino.xml", "model.openvino.bin"
 OPENVINO_INT8_IR, OPENVINO_INT8_WEIGHTS = "model.int8.openvino.xml", "model.int8.openvino.bin"
-# The OpenVINO rows' places, from `python -m measure inprocess --rounds 5` (docs/hardware-choice.md): batch 8, 2
-# threads, the forms taking turns; AVX2 EPYC (no VNNI) and the issue's Zen 4 (VNNI, BF16).
+# The OpenVINO rows' places, from `python -m measure inprocess --rounds N` (docs/hardware-choice.md): the forms taking
+# turns; AVX2 EPYC (no VNNI), the issue's Zen 4 (VNNI, BF16) and a Zen 5 (VNNI, BF16), where the order was checked at
+# the CPU serving policy's own setting (one thread per worker, batch 1) as well as at 2 threads, batch 8.
 OPENVINO_FP32_RANK = ("just after onnx-dynamo: slower than ONNX Runtime fp32 on an AVX2 EPYC (ResNet-50 16.4 vs 18.0 "
-                      "img/s, EfficientNet-Lite0 110 vs 130) and on a Zen 4 (24.2 vs 25.1); CPU only")
+                      "img/s, EfficientNet-Lite0 110 vs 130) and on a Zen 4 (24.2 vs 25.1), 3 to 5 % ahead on a Zen 5 "
+                      "at one thread: within what a new rank would need to be worth it; CPU only")
 OPENVINO_FP32_WHY = "OpenVINO's CPU plugin; its GPU plugin is for Intel GPUs, so a CUDA machine serves other forms"
 OPENVINO_INT8_RANK = ("first: the fastest int8 wherever measured, AVX2 EPYC without VNNI (ResNet-50 1.56x onnx-int8, "
-                      "EfficientNet-Lite0 1.23x) and Zen 4 with VNNI (ResNet-50 1.05x); served only within the gate")
+                      "EfficientNet-Lite0 1.23x), Zen 4 with VNNI (ResNet-50 1.05x) and Zen 5 (ResNet-50 1.27x, "
+                      "Lite0 1.07x at one thread, batch 1); served only within the gate")
 OPENVINO_INT8_WHY = ("OpenVINO's int8 CPU kernels: 1.46x ONNX Runtime fp32 on ResNet-50 even without VNNI (AVX2 EPYC), "
-                     "3.7x with it (Zen 4)")
-OPENVINO_BF16_RANK = ("after the int8 forms (slower than them where measured, docs/openvino.md) and before fp32: "
-                      "chosen only on a CPU that computes in bf16")
+                     "3.7x with it (Zen 4), 2.6x at one thread on a Zen 5")
+OPENVINO_BF16_RANK = ("after the int8 forms and before fp32: at the CPU policy's one thread per worker, batch 1, a "
+                      "Zen 5 ran it 0.97x onnx-int8 on ResNet-50 and 0.96x on EfficientNet-Lite0 (faster than both "
+                      "int8 forms only at 2 threads, batch 8); chosen only on a CPU that computes in bf16")
 OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an "
-                     "AVX2 EPYC); the issue measured 50.5 vs 24.2 img/s fp32 on a Zen 4 with AVX512_BF16")
+                     "AVX2 EPYC); with them 2.0x fp32 (Zen 4, the issue's 50.5 vs 24.2 img/s; Zen 5, ResNet-50 at "
+                     "one thread 1.98x)")
 
 
 def register(kind: ArtifactKind) -> ArtifactKind:
@@ -185,8 +190,9 @@ for _kind in (
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=5,
-        rank_reason="after openvino-int8 (slower where both were measured), before every fp32 form: 3.5x ONNX Runtime "
-                    "fp32 with VNNI (Zen 4, ResNet-50); served only within the accuracy gate",
+        rank_reason="after openvino-int8 (slower where both were measured), before openvino-bf16 (ahead of it at one "
+                    "thread, batch 1 on a Zen 5) and every fp32 form: 3.5x ONNX Runtime fp32 with VNNI (Zen 4, "
+                    "ResNet-50), 2.05x at one thread (Zen 5); served only within the accuracy gate",
         precision="int8", sources=ONNX_SOURCES, fast_on=Needs(CPU),
         fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones (on a GPU the fp32 forms run on CUDA instead); "
                  "without VNNI the gain depends on the model: on an AVX2 EPYC 1.19x fp32 on EfficientNet-Lite0 but "
