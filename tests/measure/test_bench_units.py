@@ -123,6 +123,8 @@ def test_bad_options_are_errors_that_say_what_to_give(tmp_path):
         bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--configurations", "default,fastest"]))
     with pytest.raises(bench.BenchError, match="e.g. 1,4,8,16"):
         bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--concurrency", "1,many"]))
+    with pytest.raises(bench.BenchError, match="--warmup: give seconds, 0 or more"):
+        bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--warmup", "-1"]))
 
 
 def test_an_optional_engine_not_installed_is_skipped_by_default_and_refused_when_asked_for(monkeypatch, capsys):
