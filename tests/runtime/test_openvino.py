@@ -44,10 +44,13 @@ def test_the_ir_runs_like_eager_within_its_tolerance(ir):
     described = backend.describe()
     assert described["format"] == "openvino" and described["actual_precision"] == "fp32"
     assert described["threads_used"] == 1 and described["openvino"] == openvino.get_version()
+    # unpinned, read back from the compiled model: pinned, every worker process ran on the same first core
+    assert described["cpu_pinning"] is False
 
 
 def test_the_precision_hint_is_always_explicit_and_threads_map_to_openvino():
-    assert compile_config(RunOptions()) == {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    assert compile_config(RunOptions()) == {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
+                                            "ENABLE_CPU_PINNING": False}
     assert compile_config(RunOptions(threads=2, precision="bf16"))["INFERENCE_PRECISION_HINT"] == "bf16"
     assert compile_config(RunOptions(threads=2))["INFERENCE_NUM_THREADS"] == 2
 
