@@ -145,12 +145,12 @@ def versus_today(rows: list[dict], served: dict, example: str) -> list[Target]:
     today_kind = today.get("artifact") if today else "not run"
     for row in [served] + speed_only:
         value = ratio(row["req_per_s"], today["req_per_s"]) if today else None
-        label = (f"{row['configuration']} ({row.get('artifact')}{', ' + row['gate'] if row.get('gate') else ''}) at "
+        label = (f"{row['configuration']} ({row.get('artifact')}{', speed only' if row.get('gate') else ''}) at "
                  f"c={TARGET_CONCURRENCY} on {example} / today's {name} ({today_kind})")
         met = None if value is None or row.get("gate") else value >= threshold  # speed only: never counts as met
         detail = (f"{row['req_per_s']:.1f} vs {today['req_per_s']:.1f} req/s" if today
                   else f"not measured: add {name} to --configurations")
-        found.append(Target(label, value, threshold, met, detail + (" (speed only: not servable)" if row.get("gate")
+        found.append(Target(label, value, threshold, met, detail + (f" ({row['gate']}: not servable)" if row.get("gate")
                                                                     else "")))
     return found
 
