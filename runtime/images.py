@@ -74,8 +74,7 @@ def decode_upright(data: bytes, draft_floor: int | None = None) -> Image.Image:
 
 def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
     """Bytes -> uint8 tensor (3, H, W), RGB, upright: decode_upright's pixels as a tensor."""
-    image, tag = _decoded_rgb(data, draft_floor)
-    return upright(torch.from_numpy(np.array(image)), tag).permute(2, 0, 1)
+    return TF.pil_to_tensor(decode_upright(data, draft_floor))
 
 
 def _decoded_rgb(data: bytes, draft_floor: int | None) -> tuple[Image.Image, int]:
@@ -230,8 +229,8 @@ def preprocess(image: torch.Tensor | Image.Image, contract: ImageContract) -> to
         window = crop_window(image.size, contract)
         if window is not None:
             cropped = image.resize(contract.crop[::-1], PIL_RESAMPLING[contract.interpolation], box=window)
-            return torch.from_numpy(np.array(cropped)).permute(2, 0, 1).to(torch.float32).div_(255)
-        image = torch.from_numpy(np.array(image)).permute(2, 0, 1)
+            return TF.convert_image_dtype(TF.pil_to_tensor(cropped), torch.float)
+        image = TF.pil_to_tensor(image)
     image = TF.resize(image, [contract.resize], interpolation=InterpolationMode(contract.interpolation),
                       antialias=contract.antialias)
     image = TF.center_crop(image, list(contract.crop))

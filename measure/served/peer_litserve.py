@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from contract.records import Manifest
 from runtime.images import decode_upright, preprocess
+from runtime.openvino import PRECISION_HINTS  # our run precision -> OpenVINO's hint
 
 
 class ImageClassifierAPI(ls.LitAPI):
@@ -51,7 +52,7 @@ class ImageClassifierAPI(ls.LitAPI):
     def openvino_model(path, precision):
         import openvino as ov
         config = {"INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY",
-                  "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32"}
+                  "INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision]}
         compiled = ov.Core().compile_model(path, "CPU", config)
         request = compiled.create_infer_request()
         return lambda x: request.infer({0: x})[0]
