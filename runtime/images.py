@@ -3,11 +3,9 @@ model's weights were evaluated with. The handler serves requests through these f
 tools (calibration, accuracy checks) read image folders through the very same ones.
 
 Decoding is PIL's; EXIF orientation is honoured; every mode (grayscale, RGBA, palette, CMYK, 16-bit) becomes
-RGB. Resizing and cropping are what torchvision's weights.transforms() does to a PIL image (the form its published
-accuracies were measured on): PIL's antialiased resize of the shorter side, then a centre crop. The served path
-(decode_upright, then preprocess of the PIL image) asks PIL for the cropped window only (`resize(box=...)`: the
-same filter taps at the same centres, none computed for pixels the crop drops; within one level of resize-then-
-crop, from PIL rounding its first pass); a tensor (the GPU decoder's) goes through torchvision's tensor functions.
+RGB. Resizing and cropping are what torchvision's weights.transforms() does (the form its published accuracies were
+measured on, a PIL image: PIL's antialiased resize of the shorter side, then a centre crop), computed by
+torchvision.transforms.v2 on a uint8 tensor of the decoded pixels: within one level of PIL's own resize, 3x faster.
 
 Two decode modes (contract.records.DECODE_MODES): "exact" decodes every pixel; "draft" lets libjpeg decode a
 large JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (PIL's `draft`) as long as both sides stay at least
@@ -28,6 +26,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF  # the functions weights.transforms() itself calls
+from torchvision.transforms.v2 import functional as F2
 
 from contract.errors import VisionExportError
 from contract.records import ImageContract
@@ -216,41 +215,27 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")  # RGB: no copy
 
 
-# The interpolations PIL's resize computes as torchvision's antialiased resize of a PIL image does.
-PIL_RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
-
-
 def preprocess(image: torch.Tensor | Image.Image, contract: ImageContract) -> torch.Tensor:
-    """An upright RGB image -> float32 (3, crop) in [0, 1], as torchvision's ImageClassification preset behind
-    weights.transforms() makes it (resize of the shorter side with the contract's interpolation and antialias,
-    centre crop, to float); normalisation is in the graph. A PIL image is resized by PIL, its crop window only
-    (crop_window); a uint8 tensor (3, H, W) by torchvision's tensor functions, the same calls in the same order."""
+    """An upright RGB image (PIL, or a uint8 tensor (3, H, W)) -> float32 (3, crop) in [0, 1], as torchvision's
+    ImageClassification preset behind weights.transforms() makes it: resize of the shorter side with the contract's
+    interpolation and antialias, centre crop, to float; normalisation is in the graph. The resize is
+    torchvision.transforms.v2's: on the CPU a uint8 image stays uint8 through its vectorised fixed-point kernel,
+    which computes PIL's antialiased filter (within one level of PIL's resize, the form torchvision's accuracies were
+    measured on) 3x faster than PIL's own resize of the crop window alone (docs/serving-overhead.md, third pass); on
+    a GPU it runs in float32 and rounds, exactly as transforms() on that tensor."""
     if isinstance(image, Image.Image):
-        window = crop_window(image.size, contract)
-        if window is not None:
-            cropped = image.resize(contract.crop[::-1], PIL_RESAMPLING[contract.interpolation], box=window)
-            return TF.convert_image_dtype(TF.pil_to_tensor(cropped), torch.float)
-        image = TF.pil_to_tensor(image)
-    image = TF.resize(image, [contract.resize], interpolation=InterpolationMode(contract.interpolation),
+        image = pixels(image)
+    image = F2.resize(image, [contract.resize], interpolation=InterpolationMode(contract.interpolation),
                       antialias=contract.antialias)
-    image = TF.center_crop(image, list(contract.crop))
+    image = F2.center_crop(image, list(contract.crop)).contiguous()  # PIL's pixels come channels-last: rows are CHW
     return TF.convert_image_dtype(image, torch.float)
 
 
-def crop_window(size: tuple[int, int], contract: ImageContract) -> tuple[float, float, float, float] | None:
-    """The region of a (width, height) image that resize-then-centre-crop keeps, in its own pixels, for PIL's
-    `resize(box=...)`: its scale is the full resize's, so each kept pixel gets the same filter taps at the same
-    centre. None where PIL cannot stand in for torchvision (no antialias, another interpolation, or a crop
-    larger than the resized image, which torchvision pads)."""
-    if not contract.antialias or contract.interpolation not in PIL_RESAMPLING:
-        return None
-    width, height = size
-    short, long = sorted((width, height))
-    resized_long = int(contract.resize * long / short)  # torchvision's _compute_resized_output_size
-    new_w, new_h = (contract.resize, resized_long) if width <= height else (resized_long, contract.resize)
-    crop_h, crop_w = contract.crop
-    if crop_h > new_h or crop_w > new_w:
-        return None
-    top, left = int(round((new_h - crop_h) / 2.0)), int(round((new_w - crop_w) / 2.0))  # TF.center_crop's
-    scale_x, scale_y = width / new_w, height / new_h
-    return (left * scale_x, top * scale_y, (left + crop_w) * scale_x, (top + crop_h) * scale_y)
+def pixels(image: Image.Image) -> torch.Tensor:
+    """An RGB PIL image's pixels as a read-only uint8 tensor (3, H, W) over one copy (PIL's packed bytes), for
+    preprocess to resize. torchvision's pil_to_tensor copies them again through np.array(copy=True), which takes
+    10x as long on large images (6.7 vs 0.7 ms for a 1600x1200 screenshot, Pillow 13, NumPy 2)."""
+    array = np.asarray(image)
+    with warnings.catch_warnings():  # torch warns that the array is read-only; nothing here writes to it
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(array).permute(2, 0, 1)

@@ -98,5 +98,7 @@ def test_the_core_decodes_as_the_manifest_says_unless_the_setting_says_exact(lit
     assert not torch.equal(exact_row, draft_row)  # the photo is large enough for draft to apply
     for core, row in ((draft_core, draft_row), (exact_core, exact_row)):
         probabilities = core.predict(row[None])[0]
-        assert core.answer(data)["predictions"][0]["index"] == int(probabilities.argmax())
-        assert core.answer(data)["predictions"][0]["probability"] == pytest.approx(float(probabilities.max()), abs=1e-6)
+        top = core.answer(data)["predictions"][0]
+        # int8 logits can tie exactly (here missile and mosque, both 0.242072): any class holding the maximum
+        assert float(probabilities[top["index"]]) == pytest.approx(float(probabilities.max()), abs=1e-6)
+        assert top["probability"] == pytest.approx(float(probabilities.max()), abs=1e-6)
