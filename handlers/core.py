@@ -186,7 +186,7 @@ class ImageClassifierCore:
         return f"draft (JPEG sides kept >= {self.draft_floor})" if self.draft_floor else "exact"
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:
-        """Resized and cropped on the CPU by PIL (its crop window only), then moved to the worker's device."""
+        """Resized and cropped on the CPU (torchvision.transforms.v2's uint8 kernel), then moved to the worker's device."""
         return preprocess(image, self.contract).to(self.device)
 
     @staticmethod

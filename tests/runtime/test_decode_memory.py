@@ -31,9 +31,10 @@ MIB = 2**20
 PHONE_PIXELS = 4032 * 3024  # 12.19 Mpx
 # Bytes per source pixel alive at the request's peak (during preprocess's resize):
 DECODED_UINT8 = 3  # the decoded RGB pixels, kept until preprocess returns (at least)
-# The bound of the path before PIL resized the crop window (a uint8 tensor, then torchvision's float32 resize:
-# 3 + 12 + 1 bytes per pixel); the served path now stays far under it: PIL's 4-byte RGB image, turned upright into
-# a second one, and a resize that allocates only the crop window's rows (about 8 bytes per pixel).
+# The bound of the path that resized in float32 (a uint8 tensor, then torchvision's v1 resize: 3 + 12 + 1 bytes per
+# pixel); the served path now stays far under it: PIL's 4-byte RGB image (turned upright, for a photo stored
+# sideways), its packed 3-byte copy that torchvision.transforms.v2 resizes as uint8, and PIL's packing buffers
+# (about 10 bytes per pixel at the peak, docs/request-path-memory.md).
 RESIZE_FLOAT32 = 12
 RESIZE_OTHER = 1
 ALLOCATOR_HEADROOM = 1.10  # malloc arenas and torch's allocator keep some freed memory
