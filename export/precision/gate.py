@@ -79,7 +79,17 @@ class AccuracyGateError(ExportError):
         reasons = "; ".join(f"{r.kind}: {', '.join(r.failures)}" for r in results)
         super().__init__(f"accuracy gate FAILED - {reasons}. These artifacts are not servable. Calibrate on "
                          "images like the ones you serve (--calibration DIR), or pass --gate report to keep "
-                         "the export with them marked not servable; see accuracy.md")
+                         f"the export with them marked not servable; see accuracy.md{_few_confident_hint(results)}")
+
+
+def _few_confident_hint(results: list["GateResult"]) -> str:
+    """What to do when top-1 agreement was counted on every image: fp32 is confident on too few of them (random or
+    barely trained weights), so near ties decide it; more held-out images give the gate enough confident ones."""
+    if not any(r.metrics.get("confident_images", MIN_CONFIDENT_IMAGES) < MIN_CONFIDENT_IMAGES for r in results):
+        return ""
+    return (f". fp32 is confident on fewer than {MIN_CONFIDENT_IMAGES} held-out images, so top-1 agreement was "
+            "counted on near ties too: a larger --validation DIR (up to 1000 images) lets the gate judge it where "
+            "fp32 is confident")
 
 
 @dataclass
@@ -151,7 +161,8 @@ def gated_top1(metrics: dict) -> tuple[float, str]:
     """The top-1 agreement the gate checks, and on which images."""
     if metrics["confident_images"] >= MIN_CONFIDENT_IMAGES:
         return metrics["top1_agreement_confident"], f"on the {metrics['confident_images']} confident images"
-    return metrics["top1_agreement"], "on every image (too few confident ones)"
+    return metrics["top1_agreement"], (f"on every image (too few confident ones: {metrics['confident_images']} < "
+                                       f"{MIN_CONFIDENT_IMAGES})")
 
 
 def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> dict:

@@ -97,6 +97,19 @@ def test_the_gate_error_carries_the_numbers_and_its_own_exit_code():
     assert "| onnx-int8 | int8 | 200 |" in error.table
 
 
+def test_near_tie_logits_are_judged_on_every_image_and_the_error_says_how_to_judge_them_where_fp32_is_sure():
+    near_ties = logits(rows=200, classes=1000) * 0.005  # random weights: no image clears the confident margin
+    noisy = near_ties + torch.randn(near_ties.shape, generator=torch.Generator().manual_seed(1)) * 0.005
+    failed = judge("openvino-int8", "int8", near_ties, noisy)
+    assert failed.metrics["confident_images"] == 0
+    assert any("on every image (too few confident ones: 0 < 32)" in f for f in failed.failures), failed.failures
+    assert "a larger --validation DIR" in str(AccuracyGateError([failed], render_table([failed])))
+    reference = logits()  # confident rows: flips there are the quantization's, and no hint
+    confident = judge("onnx-int8", "int8", reference, -reference)
+    assert confident.metrics["confident_images"] >= 32 and not confident.passed
+    assert "--validation" not in str(AccuracyGateError([confident], render_table([confident])))
+
+
 def test_folder_classes_match_labels_by_name_or_by_output_index():
     labels = ["tench", "goldfish", "great white shark"]
     targets, how = label_targets(["Great_White_Shark", "tench"], [0, 1, 1], labels, 3)
