@@ -72,8 +72,8 @@ def decode_upright(data: bytes, draft_floor: int | None = None) -> Image.Image:
 
 
 def decode_image(data: bytes, draft_floor: int | None = None) -> torch.Tensor:
-    """Bytes -> uint8 tensor (3, H, W), RGB, upright: decode_upright's pixels as a tensor."""
-    return TF.pil_to_tensor(decode_upright(data, draft_floor))
+    """Bytes -> uint8 tensor (3, H, W), RGB, upright: decode_upright's pixels as a tensor of their own."""
+    return pixels(decode_upright(data, draft_floor)).clone()  # writable; still (H, W, C) in memory
 
 
 def _decoded_rgb(data: bytes, draft_floor: int | None) -> tuple[Image.Image, int]:
