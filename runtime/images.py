@@ -236,6 +236,8 @@ def pixels(image: Image.Image) -> torch.Tensor:
     preprocess to resize. torchvision's pil_to_tensor copies them again through np.array(copy=True), which takes
     10x as long on large images (6.7 vs 0.7 ms for a 1600x1200 screenshot, Pillow 13, NumPy 2)."""
     array = np.asarray(image)
-    with warnings.catch_warnings():  # torch warns that the array is read-only; nothing here writes to it
+    # torch warns (once a process) that a read-only array makes a read-only tensor; only the resize reads it. Set
+    # per call, not at import: pytest and the export's warning log replace the filters a module set at import.
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
         return torch.from_numpy(array).permute(2, 0, 1)
