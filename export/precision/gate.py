@@ -85,7 +85,7 @@ class AccuracyGateError(ExportError):
 def _few_confident_hint(results: list["GateResult"]) -> str:
     """What to do when top-1 agreement was counted on every image: fp32 is confident on too few of them (random or
     barely trained weights), so near ties decide it; more held-out images give the gate enough confident ones."""
-    if not any(r.metrics.get("confident_images", MIN_CONFIDENT_IMAGES) < MIN_CONFIDENT_IMAGES for r in results):
+    if not any(too_few_confident(r.metrics) for r in results):
         return ""
     return (f". fp32 is confident on fewer than {MIN_CONFIDENT_IMAGES} held-out images, so top-1 agreement was "
             "counted on near ties too: a larger --validation DIR (up to 1000 images) lets the gate judge it where "
@@ -157,9 +157,14 @@ def confident_rows(reference: torch.Tensor) -> torch.Tensor:
     return (best_two[:, 0] - best_two[:, 1]) >= CONFIDENT_MARGIN
 
 
+def too_few_confident(metrics: dict) -> bool:
+    """Whether top-1 agreement is counted on every image: fp32 is confident on fewer than MIN_CONFIDENT_IMAGES."""
+    return metrics.get("confident_images", MIN_CONFIDENT_IMAGES) < MIN_CONFIDENT_IMAGES
+
+
 def gated_top1(metrics: dict) -> tuple[float, str]:
     """The top-1 agreement the gate checks, and on which images."""
-    if metrics["confident_images"] >= MIN_CONFIDENT_IMAGES:
+    if not too_few_confident(metrics):
         return metrics["top1_agreement_confident"], f"on the {metrics['confident_images']} confident images"
     return metrics["top1_agreement"], (f"on every image (too few confident ones: {metrics['confident_images']} < "
                                        f"{MIN_CONFIDENT_IMAGES})")
