@@ -51,7 +51,7 @@ bench-inprocess: setup
 # in-process GPU benchmark, TorchServe on the GPU. Without CUDA: one line, exit 0.
 GPU_OUT ?= gpu-results
 gpu-check:
-	PYTHONPATH=. python3 -m measure gpu-check $(GPU_OUT)
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 -m measure gpu-check $(GPU_OUT)
 
 clean:
 	rm -rf artifacts model-store .serving bench-results

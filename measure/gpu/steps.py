@@ -62,10 +62,12 @@ def export_step(out: Path, log) -> Step:
     if plan.skip:
         return Step("export", Status.SKIPPED, notes=[plan.skip])
     command = [sys.executable, "-m", "export", "resnet", "--arch", ARCH, "--weights", "random",
-               "--device", plan.device, "--formats", "all", "--out", str(out / EXPORT), "--model-store", str(out / STORE)]
+               "--device", plan.device, "--formats", plan.formats, "--out", str(out / EXPORT), "--model-store", str(out / STORE)]
     command += [] if plan.archive else ["--no-archive"]
     log(f"$ {' '.join(command)}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    # faulthandler: an export that dies of a signal (a native library's crash) leaves its Python stack in the log
+    path = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONPATH": path}
     done = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
     log(done.stdout + done.stderr)
     if done.returncode != 0:
