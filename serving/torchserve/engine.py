@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -135,10 +135,12 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
 
 
 def torchserve_command(settings: ServerSettings, config: Path) -> list[str]:
-    executable = shutil.which("torchserve", path=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    if not executable:
+    """TorchServe's launcher run by this Python (`-m ts.model_server`, what the `torchserve` script calls): its
+    workers run the same Python, and packages installed without their scripts (`pip install --target`, a
+    virtual environment not activated) still serve."""
+    if importlib.util.find_spec("ts") is None:
         raise ServingError("torchserve is not installed: pip install -e '.[serving]' (see README)")
-    return [executable, "--start", "--foreground", "--ncs",
+    return [sys.executable, "-m", "ts.model_server", "--start", "--foreground", "--ncs",
             "--ts-config", str(Path(config).absolute()),
             "--model-store", str(Path(settings.model_store).absolute())]  # models: load_models in the config
 
