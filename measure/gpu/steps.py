@@ -12,6 +12,7 @@ other steps and a reason.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import statistics
@@ -41,6 +42,7 @@ AGREEMENT_IMAGES = 256  # 1 disagreement = 0.4 %: fine enough to judge the 99 % 
 AGREEMENT_BATCH = 32
 REQUESTS_PER_LEVEL = 400
 WARMUP_REQUESTS = 64  # per level, unrecorded: cuDNN autotunes each new batch size the server forms
+TF32_OFF = " (TF32 off)"  # the backends row of an fp32 run with cuDNN's and cuBLAS's TF32 switched off
 LOAD_DEADLINE_S = 120  # per level, whatever happens
 EXPORT_TIMEOUT_S = 1800
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +100,10 @@ def backends_step(out: Path, log) -> Step:
     for record, precision in runs:
         rows.append(agreement_row(record, out / EXPORT, precision, images, reference))
         log(f"backends: {rows[-1]}")
+        if precision == "fp32" and record.format == "torchscript":  # cuDNN's TF32 (on by default) vs true fp32
+            with tf32_off():
+                rows.append(agreement_row(record, out / EXPORT, precision, images, reference, label=TF32_OFF))
+            log(f"backends: {rows[-1]}")
     notes += [f"{r.artifact}: ONNX Runtime did not use CUDA ({r.ran_on})" for r in rows
               if r.ran_on.startswith("providers") and "CUDAExecutionProvider" not in r.ran_on]
     return Step("backends", Status.RAN, rows, notes)
@@ -115,7 +121,20 @@ def backend_runs(artifacts: dict, ort_problem: str | None) -> tuple[list[tuple],
     return runs, notes
 
 
-def agreement_row(record, folder: Path, precision: str, images, reference) -> AgreementRow:
+@contextlib.contextmanager
+def tf32_off():
+    """Convolutions and matrix products in true fp32: PyTorch lets cuDNN's convolutions use TF32 (a 10-bit
+    mantissa, like fp16's) by default on Ampere and later."""
+    import torch
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def agreement_row(record, folder: Path, precision: str, images, reference, label: str = "") -> AgreementRow:
     """Top-1/top-5 agreement with CPU eager; an fp32 run is also held to its kind's parity tolerance."""
     from export.checks.parity import compare_outputs, topk_agreement
     from export.forms import kinds
@@ -131,7 +150,7 @@ def agreement_row(record, folder: Path, precision: str, images, reference) -> Ag
         max_abs, within = (got.double().cpu() - reference.double().cpu()).abs().max().item(), None
     providers = backend.describe().get("providers")
     ran_on = f"providers {', '.join(providers)}" if providers else DEVICE
-    return AgreementRow(record.kind, precision, ran_on, len(images), topk_agreement(reference, got, 1),
+    return AgreementRow(record.kind, precision + label, ran_on, len(images), topk_agreement(reference, got, 1),
                         topk_agreement(reference, got, 5), max_abs, within)
 
 

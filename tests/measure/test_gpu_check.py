@@ -93,9 +93,10 @@ def test_this_machines_java_is_found_and_its_version_read():
 
 
 def test_export_plan_says_what_runs_and_what_is_substituted():
-    assert env.export_plan({}, None) == env.ExportPlan(device="cuda", archive=True)
+    assert env.export_plan({}, None) == env.ExportPlan(device="cuda", formats="all", archive=True)
     cpu = env.export_plan({}, "onnxruntime has no CUDAExecutionProvider (...)")
     assert cpu.device == "cpu" and cpu.archive and cpu.notes[0].startswith("onnxruntime has no CUDAExecutionProvider")
+    assert cpu.formats == "default" and "no AOTInductor package compiled for the CPU" in cpu.notes[0]
     no_archiver = env.export_plan({"model_archiver": "ModuleNotFoundError: x"}, None)
     assert not no_archiver.archive and "--no-archive" in no_archiver.notes[0]
     skipped = env.export_plan({"torchvision": "ModuleNotFoundError: No module named 'torchvision'"}, None)
@@ -125,6 +126,17 @@ def test_backends_run_every_artifact_and_say_which_they_could_not():
     assert {record.kind for record, _ in runs} == {"traced", "scripted"}
     assert notes == ["ONNX Runtime's CUDA provider: not measured (onnx-traced, onnx-dynamo): onnxruntime has no "
                      "CUDAExecutionProvider (x)"]
+
+
+def test_tf32_is_switched_off_for_the_row_and_put_back():
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with gpu_steps.tf32_off():
+            assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def test_nvidia_smi_parsing():
