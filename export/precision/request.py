@@ -10,12 +10,10 @@ from export.errors import ExportError
 from export.forms import kinds
 from export.precision.calibration import DEFAULT_CALIBRATION_SAMPLES
 from export.precision.gate import GATE_ENFORCE
-from runtime.machine import cpu_flags
+from runtime.machine import BF16_FLAGS, cpu_flags
 
 PRECISIONS = kinds.precisions()
 DEFAULT_PRECISIONS = (kinds.FP32,)
-BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")
-
 
 class PrecisionError(ExportError):
     """A precision cannot be built as asked (unknown name, no GPU for fp16, no image contract)."""
@@ -48,19 +46,20 @@ class PrecisionRequest:
         return any(p != kinds.FP32 for p in self.precisions)
 
 
-def check_hardware(precisions: tuple[str, ...], device: str) -> None:
-    """Refuse, before any work, a variant this machine cannot build and gate at a useful speed."""
+def check_hardware(precisions: tuple[str, ...], device: str, flags: set[str] | frozenset[str] | None = None) -> None:
+    """Refuse, before any work, a variant this machine (its CPU's `flags`; default: read here) cannot build and
+    gate at a useful speed."""
     on_gpu = device.startswith("cuda")
     if "fp16" in precisions and not on_gpu:
         raise PrecisionError("fp16 variants are for GPUs and are gated on one: add --device cuda, or leave fp16 "
                              "out of --precision on a CPU-only machine")
-    if "bf16" in precisions and not on_gpu and not cpu_has_native_bf16():
+    if "bf16" in precisions and not on_gpu and not cpu_has_native_bf16(flags):
         raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
-                             " / ".join(BF16_CPU_FEATURES) + "), and emulated bf16 is many times slower than fp32 "
+                             " / ".join(BF16_FLAGS) + "), and emulated bf16 is many times slower than fp32 "
                              "(docs/precision.md); use int8 on this machine, or export bf16 where the CPU has it "
                              "(or on a GPU with --device cuda)")
 
 
-def cpu_has_native_bf16() -> bool:
-    flags = cpu_flags()
-    return any(feature in flags for feature in BF16_CPU_FEATURES)
+def cpu_has_native_bf16(flags: set[str] | frozenset[str] | None = None) -> bool:
+    flags = cpu_flags() if flags is None else flags
+    return any(feature in flags for feature in BF16_FLAGS)

@@ -11,6 +11,8 @@ import torch
 
 from runtime import ArtifactRunError, RunOptions, open_artifact
 from runtime.aoti import BUILD_FILE, BuildMismatchError, build_facts, check_build, read_build_facts
+from runtime.machine import cpu_flags
+from tests.machines import flags_this_cpu_lacks, isa_this_cpu_cannot_run
 
 CPU = torch.device("cpu")
 
@@ -19,18 +21,27 @@ def facts(**changes) -> dict:
     return {**build_facts(CPU, [None, 3, 16, 16]), **changes}
 
 
+def _isas() -> list[str]:
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+    return [str(isa) for isa in valid_vec_isa_list()]
+
+
 def test_a_package_of_this_build_passes_the_check():
     check_build(facts(), CPU)
     if "avx2" in _isas():
         check_build(facts(cpu_isa="avx2"), CPU)  # an older instruction set runs on a newer CPU
 
 
+OTHER_ISA = isa_this_cpu_cannot_run(_isas())
+OTHER_FLAGS = flags_this_cpu_lacks(2)  # the CPU that compiled the package had these; this one has not
+
+
 @pytest.mark.parametrize("changes, expected", [
     ({"torch": "2.13.0+cpu"}, "compiled by torch 2.13.0+cpu, this is torch " + torch.__version__),
     ({"device": "cuda", "compute_capability": "9.0"}, "compiled for cuda, asked to run on cpu"),
-    ({"cpu_isa": "amx avx512_fp16"}, "compiled for the amx avx512_fp16 instruction set, which this CPU lacks"),
-    ({"cpu_flags": ["avx2", "amx_tile", "avx512_fp16"]}, "compiled with -march=native on a CPU with instructions "
-                                                         "this one lacks (amx_tile, avx512_fp16)"),
+    ({"cpu_isa": OTHER_ISA}, f"compiled for the {OTHER_ISA} instruction set, which this CPU lacks"),
+    ({"cpu_flags": [*sorted(cpu_flags())[:1], *OTHER_FLAGS]}, "compiled with -march=native on a CPU with instructions this one lacks "
+                                            f"({', '.join(OTHER_FLAGS)})"),
 ])
 def test_another_torch_device_or_instruction_set_is_refused_with_what_to_do(changes, expected):
     with pytest.raises(BuildMismatchError) as raised:
@@ -84,7 +95,3 @@ def test_a_package_from_another_torch_is_refused_before_its_code_is_loaded(aoti_
     with pytest.raises(BuildMismatchError, match="compiled by torch 2.99.0, this is torch"):
         open_artifact("aoti", moved, RunOptions(threads=1))
 
-
-def _isas() -> list[str]:
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-    return [str(isa) for isa in valid_vec_isa_list()]

@@ -18,7 +18,6 @@ from export.errors import ExportError
 from export.forms import kinds
 from export.pipeline import Progress
 from export.precision.request import (
-    BF16_CPU_FEATURES,
     PrecisionError,
     PrecisionRequest,
     check_hardware,
@@ -26,6 +25,7 @@ from export.precision.request import (
 )
 from export.precision.variants import RANGES_FILE, VariantSources, build_variants
 from export.refusals import Refusals
+from runtime.machine import BF16_FLAGS, PROFILES
 from tests.conftest import run_export
 
 INT8_FILE = kinds.get("onnx-int8").file_name
@@ -88,13 +88,19 @@ def test_parity_recheck_verifies_every_hash_and_holds_only_fp32_artifacts_to_fp3
     assert "onnx-int8" not in result.stdout.split("parity passed for")[-1]
 
 
-def test_fp16_without_a_gpu_and_bf16_without_native_bf16_are_refused_before_any_work():
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_fp16_without_a_gpu_and_bf16_without_native_bf16_are_refused_before_any_work(profile):
+    flags = PROFILES[profile].flags  # each kind of machine, whichever CPU runs the test
     with pytest.raises(PrecisionError, match="--device cuda"):
-        check_hardware(("fp32", "fp16"), "cpu")
-    if not cpu_has_native_bf16():
+        check_hardware(("fp32", "fp16"), "cpu", flags)
+    if cpu_has_native_bf16(flags):
+        check_hardware(("fp32", "bf16"), "cpu", flags)
+    else:
         with pytest.raises(PrecisionError, match="emulated"):
-            check_hardware(("fp32", "bf16"), "cpu")
-    check_hardware(("fp32", "int8"), "cpu")  # int8 runs anywhere
+            check_hardware(("fp32", "bf16"), "cpu", flags)
+    check_hardware(("fp32", "int8"), "cpu", flags)  # int8 runs anywhere
+    check_hardware(("fp32", "bf16", "fp16"), "cuda", flags)
+    assert cpu_has_native_bf16(flags) == (profile in ("avx512-bf16", "amx"))
 
 
 def test_a_model_without_an_image_contract_cannot_be_calibrated(tmp_path):
@@ -105,7 +111,7 @@ def test_a_model_without_an_image_contract_cannot_be_calibrated(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not cpu_has_native_bf16(), reason=f"this CPU has no native bf16 ({', '.join(BF16_CPU_FEATURES)})")
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason=f"this CPU has no native bf16 ({', '.join(BF16_FLAGS)})")
 def test_bf16_on_a_cpu_that_has_it(tmp_path):
     result = run_export("resnet", "--arch", "resnet18", "--weights", "random", "--out", str(tmp_path / "out"),
                         "--no-archive", "--precision", "fp32,bf16")
