@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from export.atomic import atomic_write_bytes, atomic_write_text
+from contract.files import atomic_write_bytes, atomic_write_text
 from export.checks.phone_photos import phone_jpeg, png, upright_photo
 
 INDEX_FILE = "sizes.json"

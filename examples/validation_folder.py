@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageEnhance
 
-from export.atomic import atomic_write_bytes
+from contract.files import atomic_write_bytes
 from export.precision.calibration import sample_photo
 
 DEFAULT_CROPS = 12

@@ -1,4 +1,5 @@
-"""Writes that are all-or-nothing: a file appears complete or not at all, and so does an export folder."""
+"""An export folder written all-or-nothing: staged beside its final place, swapped in whole, a failed one kept
+apart (a single file is written by contract.files)."""
 
 from __future__ import annotations
 
@@ -12,31 +13,6 @@ from pathlib import Path
 from export.errors import OutputDirError
 
 PARTIAL_MARK = ".partial-"
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
-    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(descriptor, 0o666 & ~_umask())  # mkstemp makes 0600; readers (TorchServe, docker) need more
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def ensure_writable_dir(path: Path, flag: str = "--out") -> None:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from contract.records import Manifest
-from export.atomic import atomic_write_text, ensure_writable_dir
+from contract.files import atomic_write_text
+from export.atomic import ensure_writable_dir
 from export.checks.parity import Candidate, parity_inputs, report_json, report_markdown, run_parity
 from export.checks.trace_vs_script import CONCLUSION, MATCHES, REJECTED, TraceVsScript
 from export.checks.trace_vs_script import report_json as trace_vs_script_json

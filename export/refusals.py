@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from contract.records import Refusal
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from export.interrupt import stop_if_interrupted
 
 EXPORT_LOG = "export.log"  # full tracebacks of refused forms: the terminal gets one line each

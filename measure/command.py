@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 from contract.errors import VisionExportError
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from serving.settings import EXAMPLE_IMAGE
 from serving.torchserve.config import ServerSettings, on_free_ports
 

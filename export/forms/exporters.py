@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from contract.records import INPUT_NAME, OUTPUT_NAME
-from export.atomic import atomic_write_bytes
+from contract.files import atomic_write_bytes
 
 DEFAULT_OPSET = 18  # the torch.export-based exporter's floor; ONNX Runtime 1.2x runs it everywhere
 BATCH_DIM = "batch"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from export.atomic import atomic_write_bytes
+from contract.files import atomic_write_bytes
 from export.forms.exporters import Artifact, BuildContext
 from runtime.aoti import BUILD_FILE, build_facts
 

@@ -20,7 +20,7 @@ from contract.records import (
     OutputRecord,
     ServingDecision,
 )
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from export.checks.parity import ParityReport
 from export.checks.trace_vs_script import TraceVsScript
 from export.errors import ExportError, IntegrityError

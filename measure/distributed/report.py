@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 
 KILL_FAILURE_GOAL = 0.01  # at most 1 % of the requests sent during the kill fail; none after recovery
 STATUS_LINE = re.compile(r"^\s*\[(\d+)\]\s+(\d+) responses", re.MULTILINE)

@@ -68,7 +68,7 @@ def run_step(name: str, step, out: Path, log) -> Step:
 
 
 def write(report: Report, out: Path) -> None:
-    from export.atomic import atomic_write_text
+    from contract.files import atomic_write_text
     atomic_write_text(out / "gpu-results.md", render_markdown(report))
     atomic_write_text(out / "gpu-results.json", report_json(report))
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from export.forms import exporters
 from export.forms.torch_export import AOTI_CONFIGS, compile_package
 from measure.inprocess.report import machine_info

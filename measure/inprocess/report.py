@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from measure.inprocess.records import BenchError, Peak, Report, Row, Skip, best_rows, has_vnni
 
 CHART = "bench.png"

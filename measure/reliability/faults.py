@@ -26,7 +26,7 @@ from pathlib import Path
 import requests
 
 from contract.errors import VisionExportError
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from measure.command import load_command_parser, load_command_settings, run_load_command
 from measure.reliability.workers import ready_pids, wait_all_ready
 from serving.settings import REQUEST_TIMEOUT_S

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from contract.errors import VisionExportError
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from measure.command import load_command_parser, load_command_settings, run_load_command
 from measure.loadgen import require_hey, run_hey
 from measure.reliability.workers import wait_all_ready, workers

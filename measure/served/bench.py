@@ -41,7 +41,7 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.records import MANIFEST_NAME, Manifest
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from export.package.archive import build_archive
 from handlers.policy import machine_policy, this_machine
 from measure.command import run_load_command

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from contract.records import HandlerConfig, Manifest
-from export.atomic import atomic_write_text
+from contract.files import atomic_write_text
 from handlers.core import REBUILD, ImageClassifierCore, labels_of, run_precision
 from handlers.policy import ServingPolicy
 from measure.request_path import stages

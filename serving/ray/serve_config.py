@@ -59,6 +59,6 @@ def unknown_fields(record: dict, schema, where: str) -> list[str]:
 
 
 def write(path: Path, config: dict) -> None:
-    from export.atomic import atomic_write_text
+    from contract.files import atomic_write_text
     atomic_write_text(path, "# Ray Serve config: serve deploy THIS, or a RayService's serveConfigV2 (docs/scaling.md)\n"
                       + yaml.safe_dump(validated(config), sort_keys=False))

@@ -76,7 +76,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
             return super().run_extra_action(action, args)
         if args.out is None:
             raise ServingError("`python -m serving config` needs --out PATH for the config.properties it writes")
-        from export.atomic import atomic_write_text
+        from contract.files import atomic_write_text
         policy = self.settings.policy
         atomic_write_text(args.out, ts.run_config_text(self.settings, policy))
         print(f"{args.out}: {', '.join(self.settings.served_models())}; {policy.reason}; "

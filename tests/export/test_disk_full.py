@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from contract.cli import describe_os_error
-from export.atomic import atomic_write_bytes
+from contract.files import atomic_write_bytes
 
 
 @pytest.fixture
