@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -14,6 +13,7 @@ from torch import nn
 from contract.errors import VisionExportError
 from contract.records import ImageContract
 from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo
+from models.user_imports import execute_user_file
 from models.weights import RANDOM_SEED, load_state_dict_file, seeded, state_dict_fingerprint
 
 
@@ -38,18 +38,20 @@ def load_factory(reference: str):
         raise UserModuleError(f"{reference!r} must look like path/to/file.py:factory")
     if not os.path.isfile(path):
         raise UserModuleError(f"{path!r} does not exist (from {reference!r})")
-    module_name = f"user_module_{Path(path).stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # TorchScript needs the source module importable by name
     try:
-        spec.loader.exec_module(module)
+        module, user_packages = execute_user_file(path, f"user_module_{Path(path).stem}")
     except Exception as error:
         raise UserModuleError(f"importing {path} failed: {type(error).__name__}: {error}") from None
     factory = getattr(module, name, None)
     if not callable(factory):
         raise UserModuleError(f"{path} has no callable named {name!r}")
-    return factory
+
+    @functools.wraps(factory)
+    def in_users_names(*args, **kwargs):
+        with user_packages.active():
+            return factory(*args, **kwargs)
+
+    return in_users_names
 
 
 def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1.0),

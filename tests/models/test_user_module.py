@@ -4,12 +4,13 @@ fingerprint that recognises the same weights, and --labels files (models.user_mo
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 from torch import nn
 
-from models.user_module import RANDOM_FACTORY_NOTE, UserModuleError, factory_weights, read_labels_file
+from models.user_module import RANDOM_FACTORY_NOTE, UserModuleError, factory_weights, load_factory, read_labels_file
 from models.weights import RANDOM_SEED, state_dict_fingerprint
 
 
@@ -77,3 +78,37 @@ def test_labels_round_trip_through_json(tmp_path):
     names = [f"species-{i}" for i in range(1500)]
     (tmp_path / "l.json").write_text(json.dumps(names))
     assert read_labels_file(tmp_path / "l.json") == names
+
+
+USERS_MODELS_PACKAGE = {
+    "models/__init__.py": "from models.net import TinyNet\n",
+    "models/net.py": ("import torch\n\n\nclass TinyNet(torch.nn.Module):\n"
+                      "    def __init__(self):\n        super().__init__()\n"
+                      "        self.conv = torch.nn.Conv2d(3, 4, 3)\n\n"
+                      "    def forward(self, x):\n        if x.shape[0] > 1:\n            return self.conv(x).mean((2, 3))\n"
+                      "        return self.conv(x).amax((2, 3))\n"),
+    "build.py": ("from models import TinyNet\n\n\ndef tiny():\n    return TinyNet()\n\n\n"
+                 "def tiny_imported_late():\n    from models.net import TinyNet as Late\n    return Late()\n"),
+}
+
+
+@pytest.fixture
+def users_models_package(tmp_path):
+    """A user's folder with a package of its own called `models`, as this project's is."""
+    for name, text in USERS_MODELS_PACKAGE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("factory", ["tiny", "tiny_imported_late"])
+def test_a_users_own_models_package_is_the_one_its_file_imports(users_models_package, factory):
+    import models
+    import models.registry
+    ours = sys.modules["models"]
+    module = load_factory(f"{users_models_package / 'build.py'}:{factory}")()
+    assert type(module).__name__ == "TinyNet" and type(module).__module__ == "user_models.net"
+    assert sys.modules["models"] is ours and models.registry.get("resnet50").name == "resnet50"  # ours, untouched
+    scripted = torch.jit.script(module)  # TorchScript finds the user's source through its module's new name
+    batch = torch.rand(1, 3, 8, 8)
+    assert torch.equal(scripted(batch), module(batch))
