@@ -10,10 +10,10 @@ against an honest baseline, a peer, and the ceilings measured in the same run.
 2. Pipeline ceiling (unless --pipeline none): `python -m measure pipeline`'s request path per body for each
    artifact a configuration serves, at one worker's thread budget x the policy's workers (pipeline.md/json,
    ceiling.py).
-3. Served: for each configuration (bench_configurations.py) a real server on free loopback ports, driven by
-   `hey` (loadgen.py) for a fixed duration (or a fixed count with --requests) at each concurrency, one row per
+3. Served: for each configuration (configurations.py) a real server on free loopback ports, driven by
+   `hey` (measure/loadgen.py) for a fixed duration (or a fixed count with --requests) at each concurrency, one row per
    body (--images: files and folders, comma-separated; each sent with its own Content-Type) and, with several
-   bodies, a `mix` row that sends them all at once (bench_rows.py says how). `naive` is the baseline: the
+   bodies, a `mix` row that sends them all at once (rows.py says how). `naive` is the baseline: the
    traced TorchScript behind a handler written as TorchServe's documentation teaches (naive_handler.py),
    TorchServe's default worker count, no thread tuning, no batching. `litserve` is the peer: the same artifact
    and preprocessing behind a minimal LitServe server (peer_litserve.py, peer.py). `kserve` is the second
@@ -22,9 +22,12 @@ against an honest baseline, a peer, and the ceilings measured in the same run.
    skipped, saying so, where Ray is not installed and --configurations was not given).
 4. Where the time goes: our handler logs decode/preprocess/inference/encode per batch (model_log.log, the
    same numbers as its Prometheus metrics); the medians per request of each row sit beside its throughput.
+5. How each row compares: the served choice (`default`) against its artifact alone, its request path, the naive
+   baseline, the peer, the fp32 ONNX served, its own median latency; errors; the backend against the GEMM peak;
+   each as a ratio beside the bar a healthy deployment clears (comparisons.py).
 Prints the tables and writes results.md (per body: served req/s beside its pipeline ceiling and the model
-alone, with ratios to both; ratios to naive), results.json, targets.json (every target of the run) and
-throughput.png (bench_report.py, targets.py). Numbers from one run on a shared machine: compare rows of
+alone, with ratios to both; ratios to naive; how each row compares), results.json, comparisons.json and
+throughput.png (report.py, comparisons.py). Numbers from one run on a shared machine: compare rows of
 the same run only.
 """
 
@@ -36,19 +39,18 @@ import importlib.util
 import json
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 from contract.errors import VisionExportError
-from contract.records import MANIFEST_NAME, Manifest
 from contract.files import atomic_write_text
+from contract.records import MANIFEST_NAME, Manifest
 from export.package.archive import build_archive
 from handlers.policy import machine_policy, this_machine
 from measure.command import run_load_command
 from measure.inprocess import bench as inprocess
 from measure.loadgen import require_hey
 from measure.request_path import stages
-from measure.served import ceiling, peer, report, targets
+from measure.served import ceiling, comparisons, peer, report
 from measure.served.configurations import (
     CONFIGURATIONS,
     CORES,
@@ -322,30 +324,28 @@ def _main(argv) -> int:
             rows += bench_configuration(name, args.export_dir, manifest, files, levels, Path(scratch), plan,
                                         args.token_auth)
     report.add_ratios(rows, best, ceilings.of_row if ceilings else None, alone)
-    write_results(args, manifest, rows, targets_of(rows, best, measured, files), descriptions, best.get("fp32", {}))
+    compared = comparisons.compare(rows, reference_body(files), best_fp32_peak_fraction(measured))
+    write_results(args, manifest, rows, compared, descriptions, best.get("fp32", {}))
     return 0
 
 
-def targets_of(rows: list[dict], best: dict, measured, files: list[Path]) -> list[report.Target]:
-    """The served-vs-in-process and int8 targets on the example's rows (or the first body's), then the photo-size
-    targets on every row."""
-    example = EXAMPLE_IMAGE.name if any(path.name == EXAMPLE_IMAGE.name for path in files) else files[0].name
-    on_example = [r for r in rows if r["body"] == example]
-    return (report.evaluate_targets(on_example, best.get("fp32", {}), best_fp32_peak_fraction(measured))
-            + targets.evaluate(rows, best, files, example))
+def reference_body(files: list[Path]) -> str:
+    """The body the model-alone and fp32-ONNX comparisons use: the example photo when sent, else the first."""
+    return EXAMPLE_IMAGE.name if any(path.name == EXAMPLE_IMAGE.name for path in files) else files[0].name
 
 
-def write_results(args, manifest: Manifest, rows: list[dict], targets: list, descriptions: dict[str, str],
-                  best_fp32: dict[int, float]) -> None:
+def write_results(args, manifest: Manifest, rows: list[dict], compared: list[comparisons.Comparison],
+                  descriptions: dict[str, str], best_fp32: dict[int, float]) -> None:
     per_row = f"{args.requests} requests" if args.requests else f"{args.duration} s"
     header = (f"# Serving benchmark: {manifest.model.name} ({manifest.weights.get('kind', 'unrecorded')} weights), "
               f"{CORES} cores, {per_row} per row, hey")
-    atomic_write_text(args.out / "results.md", report.render_markdown(rows, targets, descriptions, header))
+    atomic_write_text(args.out / "results.md",
+                      report.render_markdown(rows, comparisons.section(compared), descriptions, header))
     atomic_write_text(args.out / "results.json", json.dumps(rows, indent=2))
-    atomic_write_text(args.out / "targets.json", json.dumps([asdict(t) for t in targets], indent=2))
+    atomic_write_text(args.out / "comparisons.json", json.dumps([c.record() for c in compared], indent=2))
     report.chart(rows, best_fp32, args.out / "throughput.png")
-    print("\n" + report.sizes_table(rows) + "\n\n" + report.table(rows) + "\n\n" + report.targets_table(targets)
-          + f"\n\nwrote {args.out}/results.md, results.json, targets.json, throughput.png")
+    print("\n" + report.sizes_table(rows) + "\n\n" + report.table(rows) + "\n\n" + comparisons.table(compared)
+          + f"\n\nwrote {args.out}/results.md, results.json, comparisons.json, throughput.png")
 
 
 def main(argv=None) -> int:

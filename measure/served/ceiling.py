@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from contract.records import HandlerConfig, Manifest
 from contract.files import atomic_write_text
+from contract.records import HandlerConfig, Manifest
 from handlers.core import REBUILD, ImageClassifierCore, labels_of, run_precision
 from handlers.policy import ServingPolicy
 from measure.request_path import stages

@@ -1,36 +1,19 @@
-"""The serving benchmark's numbers made readable: the handler's stage times from its log, ratios to the naive
-row and to the in-process ceiling, the served-vs-in-process and int8 targets, the tables, results.md and
-throughput.png."""
+"""The serving benchmark's numbers made readable: the handler's stage times from its log, each row's ratios to the
+naive row, to its pipeline ceiling and to the model alone, the tables, results.md and throughput.png (how the
+rows compare with what bounds them: comparisons.py)."""
 
 from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 from handlers.core import STAGES
-from measure.served.configurations import INT8, NAIVE
+from measure.served.configurations import NAIVE
 
-TARGET_VS_INPROCESS = 0.9  # served at concurrency 8 >= 0.9 x the best in-process batch-8 throughput
-TARGET_VS_NAIVE = 4.0  # ... and >= 4 x the naive baseline at concurrency 8
-TARGET_PEAK_FRACTION = 0.7  # the best fp32 backend at >= 70 % of the measured fp32 GEMM peak
-TARGET_CONCURRENCY = 8
-TARGET_INT8_REQ_PER_S = 100  # the int8 artifact served at concurrency 8, zero errors
-TARGET_TAIL_RATIO = 2.0  # ... with p99 <= 2 x p50
 STAGE_LINE = re.compile(r"batch of (\d+): (.*)$")
 STAGE_VALUE = re.compile(r"(\w+)=([\d.]+)ms")
-MIX = "mix"  # the body name of the rows that send every body at once (bench_rows.py)
-
-
-@dataclass
-class Target:
-    name: str
-    value: float | None
-    threshold: float
-    met: bool | None  # None: not measured in this run
-    detail: str
-    at_most: bool = False  # the value must be <= threshold (else >=)
+MIX = "mix"  # the body name of the rows that send every body at once (rows.py)
 
 
 # ------------------------------------------------------------------ where the time goes
@@ -54,7 +37,7 @@ def stage_medians(batches: list[tuple[int, dict[str, float]]]) -> dict:
     return {**medians, "batch": statistics.median(size for size, _ in batches), "batches": len(batches)}
 
 
-# ------------------------------------------------------------------ ratios and targets
+# ------------------------------------------------------------------ ratios beside each row
 def inprocess_batch_for(concurrency: int, batches: list[int]) -> int | None:
     """The largest in-process batch <= the concurrency: at most that many requests can be in one batch."""
     fitting = [b for b in batches if b <= concurrency]
@@ -86,45 +69,6 @@ def add_ratios(rows: list[dict], best_by_precision: dict[str, dict[int, float]],
     return rows
 
 
-def evaluate_targets(rows: list[dict], best_inprocess: dict[int, float], fp32_peak_fraction: float | None,
-                     configuration: str = "default") -> list[Target]:
-    """The served-vs-in-process, served-vs-naive and peak-fraction targets, as ratios from this run."""
-    served = next((r for r in rows if r["configuration"] == configuration and r["concurrency"] == TARGET_CONCURRENCY),
-                  None)
-    naive = next((r for r in rows if r["configuration"] == NAIVE and r["concurrency"] == TARGET_CONCURRENCY), None)
-    vs_inprocess = ratio(served["req_per_s"], best_inprocess.get(TARGET_CONCURRENCY)) if served else None
-    vs_naive = ratio(served["req_per_s"], naive["req_per_s"]) if served and naive else None
-
-    def target(name, value, threshold, detail):
-        return Target(name, value, threshold, None if value is None else value >= threshold, detail)
-
-    return precision_targets(rows) + [
-        target(f"served ({configuration}) at c={TARGET_CONCURRENCY} / best in-process batch {TARGET_CONCURRENCY}",
-               vs_inprocess, TARGET_VS_INPROCESS,
-               f"{served['req_per_s']:.1f} req/s vs {best_inprocess[TARGET_CONCURRENCY]:.1f} img/s"
-               if vs_inprocess is not None else "not measured"),
-        target(f"served ({configuration}) / naive at c={TARGET_CONCURRENCY}", vs_naive, TARGET_VS_NAIVE,
-               f"{served['req_per_s']:.1f} vs {naive['req_per_s']:.1f} req/s" if vs_naive is not None
-               else "not measured"),
-        target("best fp32 in-process backend / measured fp32 GEMM peak", fp32_peak_fraction, TARGET_PEAK_FRACTION,
-               "from the in-process benchmark" if fp32_peak_fraction is not None else "not measured"),
-    ]
-
-
-def precision_targets(rows: list[dict]) -> list[Target]:
-    """The int8 targets: its row at concurrency 8 (only when the run has one)."""
-    int8 = next((r for r in rows if r["configuration"] == INT8 and r["concurrency"] == TARGET_CONCURRENCY), None)
-    if int8 is None:
-        return []
-    label = f"int8 served at c={TARGET_CONCURRENCY}" + (f" ({int8['gate']})" if int8.get("gate") else "")
-    tail = int8["p99_ms"] / int8["p50_ms"] if int8.get("p99_ms") and int8.get("p50_ms") else None
-    return [Target(f"{label}: req/s, 0 errors", int8["req_per_s"], TARGET_INT8_REQ_PER_S,
-                   int8["req_per_s"] >= TARGET_INT8_REQ_PER_S and int8["failed"] == 0,
-                   f"{int8['req_per_s']:.1f} req/s, {int8['failed']} errors"),
-            Target(f"{label}: p99 / p50", tail, TARGET_TAIL_RATIO, None if tail is None else tail <= TARGET_TAIL_RATIO,
-                   f"p50 {int8['p50_ms']:.0f} ms, p99 {cell(int8.get('p99_ms'), '{:.0f}')} ms", at_most=True)]
-
-
 # ------------------------------------------------------------------ tables, chart, results.md
 def cell(value: float | None, fmt: str = "{:.2f}") -> str:
     return fmt.format(value) if value is not None else "—"
@@ -133,8 +77,8 @@ def cell(value: float | None, fmt: str = "{:.2f}") -> str:
 def table(rows: list[dict]) -> str:
     """Where the time goes: every row with p90, the ratio to naive and the handler's stage medians."""
     stage_headers = " | ".join(f"{s} ms" for s in STAGES)
-    lines = [f"| body | configuration | c | req/s | p50 ms | p90 ms | p99 ms | errors | × naive | × in-process (batch) | "
-             f"{stage_headers} | batch | server CPU ms/req |",
+    lines = [(f"| body | configuration | c | req/s | p50 ms | p90 ms | p99 ms | errors | × naive | "
+              f"× in-process (batch) | {stage_headers} | batch | server CPU ms/req |"),
              "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|---|"]
     for r in rows:
         stages = r.get("stages_ms") or {}
@@ -160,8 +104,8 @@ def latency(row: dict, key: str) -> str:
 
 def sizes_table(rows: list[dict]) -> str:
     """The per-size table: each served row beside the pipeline ceiling of its body and the model alone."""
-    lines = ["| body | configuration | c | served req/s | p50 ms | p99 ms | errors | pipeline ceiling | "
-             "model-only (batch) | served / pipeline | served / model |", "|" + "---|" * 11]
+    lines = [("| body | configuration | c | served req/s | p50 ms | p99 ms | errors | pipeline ceiling | "
+              "model-only (batch) | served / pipeline | served / model |"), "|" + "---|" * 11]
     for r in rows:
         model = (f"{r['inprocess_per_s']:.1f} ({r['inprocess_batch']})" if r.get("inprocess_per_s") is not None
                  else "—")
@@ -169,13 +113,6 @@ def sizes_table(rows: list[dict]) -> str:
                      f"{latency(r, 'p50_ms')} | {latency(r, 'p99_ms')} | {r['failed']} | "
                      f"{cell(r.get('pipeline_ceiling'), '{:.1f}')} | {model} | {cell(r.get('vs_pipeline'))} | "
                      f"{cell(r.get('vs_inprocess'))} |")
-    return "\n".join(lines)
-
-
-def targets_table(targets: list[Target]) -> str:
-    lines = ["| target | measured | needed | met | numbers |", "|---|---|---|---|---|"]
-    lines += [f"| {t.name} | {cell(t.value)} | {'≤' if t.at_most else '≥'} {t.threshold:g} | "
-              f"{'yes' if t.met else 'no' if t.met is not None else '—'} | {t.detail} |" for t in targets]
     return "\n".join(lines)
 
 
@@ -242,11 +179,12 @@ SIZES_NOTE = ("*pipeline ceiling*: `python -m measure pipeline`'s request path (
               "them); their latencies are the largest of the bodies' percentiles, an upper bound (`≤`).")
 
 
-def render_markdown(rows: list[dict], targets: list[Target], descriptions: dict[str, str], header: str) -> str:
+def render_markdown(rows: list[dict], compared: str, descriptions: dict[str, str], header: str) -> str:
+    """results.md; `compared` is the section of how each row compares (comparisons.section)."""
     described = "\n".join(f"- `{n}`: {text}" for n, text in descriptions.items())
     return (f"{header}\n\n{described}\n\n## Per size\n\n{sizes_table(rows)}\n\n{SIZES_NOTE}\n\n"
             f"## Where the time goes\n\n{table(rows)}\n\nStage columns: medians per request from the handler's "
             f"log (a batch's time divided by its size); `batch` is the median batch size. The naive handler and "
             f"the LitServe peer log no stages. `server CPU ms/req`: CPU time of the server's processes (frontend and "
-            f"workers) per answered request during the row, steadier than req/s on a shared machine.\n\n{ungated_note(rows)}## Targets\n\n"
-            f"{targets_table(targets)}\n")
+            f"workers) per answered request during the row, steadier than req/s on a shared machine.\n\n"
+            f"{ungated_note(rows)}{compared}")

@@ -26,8 +26,7 @@ from measure.served import report
 MIX = report.MIX
 WARMUP_REQUESTS_PER_CLIENT = 1  # per body, at the largest concurrency, before the measured rows
 # ... after warmup_s of the first body: a server is measured in its steady state. TorchServe's frontend JIT-compiles
-# its request path over the first thousands of requests: measured on a Zen 5, EfficientNet-Lite0 served 262 req/s
-# after 8 warm-up requests and 333 after 20 s; ResNet-50 48.7 and 51.4 (docs/serving-overhead.md)
+# its request path over the first thousands of requests (what that costs a cold server: docs/serving-overhead.md)
 DEFAULT_WARMUP_S = 20
 LOG_FLUSH_S = 1.0  # the frontend copies worker stdout into model_log.log asynchronously
 

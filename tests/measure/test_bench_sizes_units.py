@@ -1,5 +1,5 @@
 """The per-size serving benchmark's pure parts: bodies and their Content-Types, the mix row, the pipeline ceiling
-of a row, the per-size table and the photo-size targets."""
+of a row, the per-size table and how each body's row compares with what bounds it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import pytest
 from PIL import Image
 
 from measure import loadgen
-from measure.served import bench, report
+from measure.served import bench, comparisons, report
 from measure.served import peer as bench_peer
 from measure.served import rows as bench_rows
-from measure.served import targets as bench_targets
 from measure.served.ceiling import Ceilings
 
 
@@ -98,44 +97,98 @@ def test_the_per_size_table_puts_each_served_row_beside_its_ceiling_and_the_mode
     assert "| mix | default | 8 | 9.0 | ≤300 | ≤900 | 0 | 12.0 | 20.0 (8) | 0.75 | 0.45 |" in text
 
 
-def test_photo_size_targets_from_the_rows_of_one_run(tmp_path):
-    files = [_image(tmp_path / "cat.jpg", (64, 64)), _image(tmp_path / "12mp.jpg", (4032, 3024))]
-    assert bench_targets.phone_photo(files) == "12mp.jpg" and bench_targets.phone_photo(files[:1]) is None
-    rows = [_row("default", "12mp.jpg", 16.0, 400, 700), _row("int8", "cat.jpg", 30.0, 200, 500, precision="int8"),
-            _row("litserve", "12mp.jpg", 15.0), _row("default", "cat.jpg", 20.0), _row("litserve", "cat.jpg", 22.0),
-            _row("naive", "cat.jpg", 3.0, failed=4)]
-    targets = {t.name: t for t in bench_targets.evaluate(rows, {"fp32": {8: 20.0}, "int8": {8: 40.0}}, files,
-                                                         "cat.jpg")}
-    fp32 = targets["fp32 served (default) at c=8 on 12mp.jpg / fp32 model alone at batch 8"]
-    assert (fp32.value, fp32.met) == (0.8, True)
-    assert targets["fp32 served (default) at c=8 on 12mp.jpg: p99 / p50"].met is True  # 1.75
-    int8 = targets["int8 served (int8) at c=8 on cat.jpg / int8 model alone at batch 8"]
-    assert (int8.value, int8.met) == (0.75, False)
-    assert targets["int8 served (int8) at c=8 on cat.jpg: p99 / p50"].met is False  # 2.5
-    assert targets["errors in our configurations' rows"].met is True  # the naive row's errors are not ours
-    assert targets["ours (default) / LitServe peer at c=8 on 12mp.jpg"].met is True
-    assert targets["ours (default) / LitServe peer at c=8 on cat.jpg"].met is False
-    unmeasured = bench_targets.evaluate(rows[:1], {"fp32": {8: 20.0}}, files[:1], "cat.jpg")
-    assert all(t.met is None for t in unmeasured if "served" in t.name or "LitServe" in t.name)
-    assert "not measured: needs a 12 MP photo in --images" in unmeasured[0].detail
-    no_c8 = bench_targets.evaluate([_row("default", "12mp.jpg", 4.0, c=4)], {"fp32": {8: 20.0}}, files, "cat.jpg")
-    assert "needs an fp32 row (default or fp32-onnx) at concurrency 8" in no_c8[0].detail
-    no_model = bench_targets.evaluate(rows, {}, files, "cat.jpg")
-    assert "needs the in-process benchmark's fp32 batch 8" in no_model[0].detail
+def _compared(rows, reference="cat.jpg"):
+    return {c.name: c for c in comparisons.compare(rows, reference, None)}
 
 
-def test_the_tail_target_falls_back_on_the_slowest_request_only_where_that_proves_it():
-    assert bench_targets.tail_target(_row("default", "a.jpg", 5.0, 100, 190), "t").met is True
-    assert bench_targets.tail_target(_row("default", "a.jpg", 5.0, 100, 210), "t").met is False
+def test_the_served_choice_is_compared_with_its_artifact_alone_on_the_reference_body():
+    served = _row("default", "cat.jpg", 92.0, artifact="openvino-bf16", precision="bf16", inprocess_per_s=100.0,
+                  vs_inprocess=0.92, inprocess_batch=8)
+    alone = comparisons.versus_model_alone(served)
+    assert alone.name == "default (openvino-bf16) on cat.jpg at c=8 / openvino-bf16 alone in-process at batch 8"
+    assert (alone.value, alone.cleared) == (0.92, True) and alone.detail == "92.0 req/s vs 100.0 img/s"
+    assert comparisons.versus_model_alone({**served, "vs_inprocess": 0.8}).cleared is False
+    no_inprocess = comparisons.versus_model_alone({**served, "vs_inprocess": None})
+    assert no_inprocess.cleared is None
+    assert "not measured: the in-process benchmark (--inprocess run" in no_inprocess.detail
+    no_row = comparisons.versus_model_alone(None)
+    assert no_row.cleared is None and "--concurrency with 8" in no_row.detail
+    big = _row("default", "12mp.jpg", 16.0, vs_inprocess=0.2, inprocess_per_s=80.0, inprocess_batch=8)
+    assert [c for c in _compared([big, served]).values() if "alone" in c.name] == [alone]  # the reference body only
+
+
+def test_each_body_is_compared_with_its_request_path_where_the_run_measured_it():
+    rows = [_row("default", "cat.jpg", 19.0, vs_pipeline=0.95, pipeline_ceiling=20.0),
+            _row("default", "12mp.jpg", 8.0, vs_pipeline=0.8, pipeline_ceiling=10.0),
+            _row("default", "mix", 9.0, c=4, vs_pipeline=0.1, pipeline_ceiling=90.0)]  # not at c=8: left out
+    found = comparisons.versus_request_path(comparisons.at_compared(rows, "default"))
+    assert [(c.name, c.value, c.cleared) for c in found] == [
+        ("default (onnx-dynamo) on cat.jpg at c=8 / its request path in one process", 0.95, True),
+        ("default (onnx-dynamo) on 12mp.jpg at c=8 / its request path in one process", 0.8, False)]
+    assert found[1].detail == "8.0 req/s vs 10.0 images/s"
+    unmeasured = comparisons.versus_request_path(comparisons.at_compared([_row("default", "cat.jpg", 19.0)], "default"))
+    assert len(unmeasured) == 1 and unmeasured[0].cleared is None and "--pipeline run" in unmeasured[0].detail
+
+
+def test_each_body_is_compared_with_the_naive_baseline_and_the_peer_where_both_ran():
+    rows = [_row("default", "12mp.jpg", 16.0), _row("default", "cat.jpg", 20.0), _row("default", "mix", 18.0),
+            _row("litserve", "12mp.jpg", 15.0), _row("litserve", "cat.jpg", 22.0), _row("naive", "cat.jpg", 3.0)]
+    served = comparisons.at_compared(rows, "default")
+    peer = {c.name: c for c in comparisons.versus_other(served, rows, "litserve", comparisons.PEER)}
+    assert set(peer) == {"default (onnx-dynamo) on 12mp.jpg at c=8 / litserve",
+                         "default (onnx-dynamo) on cat.jpg at c=8 / litserve"}  # the peer did not run the mix
+    assert peer["default (onnx-dynamo) on 12mp.jpg at c=8 / litserve"].cleared is True
+    behind = peer["default (onnx-dynamo) on cat.jpg at c=8 / litserve"]
+    assert (round(behind.value, 3), behind.cleared, behind.detail) == (0.909, False, "20.0 vs 22.0 req/s")
+    naive = comparisons.versus_other(served, rows, "naive", comparisons.NAIVE_BASELINE)
+    assert [(c.value, c.cleared) for c in naive] == [(20.0 / 3.0, True)]
+    slower = comparisons.versus_other(served, rows + [_row("naive", "mix", 20.0)], "naive", comparisons.NAIVE_BASELINE)
+    assert [c.cleared for c in slower] == [True, False]
+    alone = comparisons.versus_other(served, rows[:3], "litserve", comparisons.PEER)
+    assert len(alone) == 1 and alone[0].cleared is None
+    assert "--configurations with default and litserve" in alone[0].detail
+
+
+def test_the_tail_falls_back_on_the_slowest_request_only_where_that_proves_it():
+    assert comparisons.tail(_row("default", "a.jpg", 5.0, 100, 190)).cleared is True
+    assert comparisons.tail(_row("default", "a.jpg", 5.0, 100, 210)).cleared is False
     few = _row("default", "a.jpg", 5.0, 100, None, slowest_ms=180.0)
-    assert bench_targets.tail_target(few, "t").met is True and "slowest 180 ms" in bench_targets.tail_target(few, "t").detail
-    unproven = bench_targets.tail_target({**few, "slowest_ms": 400.0}, "t")
-    assert unproven.met is None and "a longer --duration" in unproven.detail
+    assert comparisons.tail(few).cleared is True and "slowest 180 ms" in comparisons.tail(few).detail
+    unproven = comparisons.tail({**few, "slowest_ms": 400.0})
+    assert unproven.cleared is None and "a longer --duration" in unproven.detail
+    assert comparisons.tails({})[0].cleared is None  # no default row at c=8
 
 
-def test_an_error_in_one_of_our_rows_fails_the_no_errors_target():
-    target = bench_targets.no_errors([_row("default", "a.jpg", 5.0, failed=1), _row("litserve", "a.jpg", 5.0)])
-    assert (target.value, target.met) == (1, False) and "1 of 100 requests" in target.detail
+def test_the_choice_is_compared_with_the_fp32_onnx_served_and_a_speed_only_row_is_never_judged():
+    served = _row("default", "cat.jpg", 97.0, artifact="openvino-bf16", precision="bf16")
+    fp32 = _row("fp32-onnx", "cat.jpg", 50.0)
+    fast = _row("openvino-int8", "cat.jpg", 120.0, artifact="openvino-int8", precision="int8",
+                gate="speed only, accuracy gate failed: top-1")
+    bought, speed_only = comparisons.versus_fp32_onnx([served, fp32, fast], served, "cat.jpg")
+    assert bought.name == "default (openvino-bf16) on cat.jpg at c=8 / fp32-onnx (onnx-dynamo)"
+    assert (bought.value, bought.cleared) == (1.94, True)
+    assert speed_only.value == 2.4 and speed_only.cleared is None and "not servable" in speed_only.detail
+    slower = comparisons.versus_fp32_onnx([served, {**fp32, "req_per_s": 100.0}], served, "cat.jpg")
+    assert [c.cleared for c in slower] == [False]
+    itself = _row("default", "cat.jpg", 50.0)  # the choice is the fp32 ONNX: the benchmark skipped the repeat
+    same = comparisons.versus_fp32_onnx([itself], itself, "cat.jpg")[0]
+    assert (same.value, same.cleared) == (1.0, True)
+    missing = comparisons.versus_fp32_onnx([served], served, "cat.jpg")[0]
+    assert missing.cleared is None and "add fp32-onnx to --configurations" in missing.detail
+    assert comparisons.versus_fp32_onnx([fp32], None, "cat.jpg")[0].cleared is None
+
+
+def test_a_whole_run_is_compared_once_per_comparison_and_body(tmp_path):
+    rows = [_row("naive", "cat.jpg", 3.0, failed=4), _row("default", "cat.jpg", 20.0, vs_inprocess=0.95,
+                                                         inprocess_per_s=21.0, inprocess_batch=8),
+            _row("default", "12mp.jpg", 16.0, 400, 700), _row("litserve", "cat.jpg", 22.0)]
+    names = [c.name for c in comparisons.compare(rows, "cat.jpg", 0.9)]
+    assert len(names) == len(set(names)) == 9  # alone, request path, naive, peer, 2 tails, fp32 ONNX, errors, peak
+    assert names[0].endswith("/ onnx-dynamo alone in-process at batch 8") and names[-1].startswith("best fp32")
+    empty = comparisons.compare([], "cat.jpg", None)
+    assert all(c.cleared is None and c.detail.startswith("not measured") for c in empty)
+    files = [_image(tmp_path / "vga.jpg", (64, 48)), _image(tmp_path / "cat.jpg", (32, 32))]
+    assert bench.reference_body(files) == "cat.jpg" and bench.reference_body(files[:1]) == "vga.jpg"
 
 
 def test_a_served_row_is_held_to_its_own_artifact_alone_where_the_run_timed_it():
@@ -145,31 +198,3 @@ def test_a_served_row_is_held_to_its_own_artifact_alone_where_the_run_timed_it()
                       {"openvino-bf16": {8: 100.0}, "onnx-dynamo": {8: 50.0}})
     assert (rows[0]["inprocess_per_s"], rows[0]["vs_inprocess"]) == (100.0, 0.9)  # not bf16's best (120)
     assert (rows[1]["inprocess_per_s"], rows[1]["vs_inprocess"]) == (50.0, 0.9)  # not fp32's best (60)
-
-
-def test_issue_31_targets_hold_the_default_to_its_artifact_alone_and_to_todays_row():
-    served = _row("default", "cat.jpg", 97.0, artifact="openvino-bf16", precision="bf16", model="resnet50",
-                  inprocess_per_s=100.0, vs_inprocess=0.97, inprocess_batch=8)
-    today = _row("fp32-onnx", "cat.jpg", 50.0, model="resnet50")
-    targets = {t.name: t for t in bench_targets.hardware_aware([served, today], "cat.jpg")}
-    alone = targets["default served at c=8 on cat.jpg (openvino-bf16) / openvino-bf16 alone in-process at batch 8"]
-    assert (alone.value, alone.met) == (0.97, True)
-    versus = targets["default (openvino-bf16) at c=8 on cat.jpg / today's fp32-onnx (onnx-dynamo)"]
-    assert (versus.value, versus.met) == (1.94, True)
-
-
-def test_a_speed_only_row_is_measured_against_today_but_never_counts_as_met():
-    served = _row("default", "cat.jpg", 50.0, model="resnet50", vs_inprocess=0.9, inprocess_per_s=55.6,
-                  inprocess_batch=8)  # onnx-dynamo: nothing passed the gate, so fp32-onnx repeats it and is skipped
-    fast = _row("openvino-int8", "cat.jpg", 120.0, model="resnet50", artifact="openvino-int8", precision="int8",
-                gate="speed only, accuracy gate failed: top-1")
-    targets = bench_targets.hardware_aware([served, fast], "cat.jpg")
-    default, speed_only = targets[1], targets[2]
-    assert (default.value, default.met) == (1.0, False)  # today's row is the default row itself
-    assert speed_only.value == 2.4 and speed_only.met is None and "speed only" in speed_only.detail
-    assert bench_targets.hardware_aware([], "cat.jpg")[0].met is None  # no default row: not measured
-    lite = _row("default", "cat.jpg", 300.0, model="efficientnet-lite0", artifact="openvino-bf16", vs_inprocess=0.6,
-                inprocess_per_s=500.0, inprocess_batch=8)
-    assert "add int8 to --configurations" in bench_targets.hardware_aware([lite], "cat.jpg")[1].detail
-    same = bench_targets.hardware_aware([{**lite, "artifact": "onnx-int8"}], "cat.jpg")[1]
-    assert (same.value, same.met) == (1.0, False)  # the default serves today's int8: the same row, never 1.1x

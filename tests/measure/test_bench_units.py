@@ -1,11 +1,11 @@
-"""The serving benchmark's pure parts: hey's summary, the handler's stage lines, ratios, targets, tables."""
+"""The serving benchmark's pure parts: hey's summary, the handler's stage lines, ratios, comparisons, tables."""
 
 from __future__ import annotations
 
 import pytest
 
 from measure import loadgen
-from measure.served import bench, configurations, report
+from measure.served import bench, comparisons, configurations, report
 from tests.serving.manifests import manifest
 
 HEY_OUTPUT = """
@@ -88,17 +88,48 @@ def test_ratios_to_naive_at_the_same_concurrency_and_to_in_process_at_the_larges
     assert int8["vs_inprocess"] == 0.5  # held to int8's own ceiling, not fp32's
 
 
-def test_targets_are_ratios_met_or_not_and_unmeasured_ones_say_so():
-    rows = [{"configuration": "naive", "concurrency": 8, "req_per_s": 4.0},
-            {"configuration": "default", "concurrency": 8, "req_per_s": 18.5}]
-    targets = report.evaluate_targets(rows, {8: 20.0}, 0.72)
-    assert [t.met for t in targets] == [True, True, True]
-    assert targets[0].value == pytest.approx(0.925) and targets[1].value == pytest.approx(4.625)
-    missed = report.evaluate_targets(rows[1:], {8: 25.0}, None)
-    assert [t.met for t in missed] == [False, None, None]
-    assert "not measured" in missed[1].detail
-    table = report.targets_table(missed)
-    assert "| 0.74 | ≥ 0.9 | no |" in table and "| — | ≥ 4 | — | not measured |" in table
+def test_a_comparison_is_cleared_missed_or_not_measured_and_the_table_says_which():
+    at_least = comparisons.Bar("a / b", 0.9, "b costs at most 10 %")
+    at_most = comparisons.Bar("p99 / p50", 2.0, "a short tail", at_most=True)
+    found = [comparisons.Comparison("x", 0.925, at_least, "18.5 vs 20.0"),
+             comparisons.Comparison("y", 0.74, at_least, "18.5 vs 25.0"),
+             comparisons.not_measured("z", at_least, "add naive to --configurations"),
+             comparisons.Comparison("w", 2.5, at_most, "p50 100 ms, p99 250 ms"),
+             comparisons.Comparison("v", 0.5, at_least, "speed only", judged=False)]
+    assert [c.cleared for c in found] == [True, False, None, False, None]
+    table = comparisons.table(found)
+    assert "| x | 0.93 | ≥ 0.9 | yes | 18.5 vs 20.0 |" in table and "| y | 0.74 | ≥ 0.9 | no |" in table
+    assert "| z | — | ≥ 0.9 | — | not measured: add naive to --configurations |" in table
+    assert "| w | 2.50 | ≤ 2 | no |" in table and "| v | 0.50 | ≥ 0.9 | not judged | speed only |" in table
+    note = comparisons.bars_note(found)
+    assert note.count("a / b `≥ 0.9`: b costs at most 10 %") == 1 and "p99 / p50 `≤ 2`: a short tail" in note
+    assert found[1].record() == {"name": "y", "value": 0.74, "bar": "≥ 0.9", "bar_means": "b costs at most 10 %",
+                                 "cleared": False, "detail": "18.5 vs 25.0"}
+    assert comparisons.section(found).startswith("## How each row compares\n\n| comparison |")
+
+
+def test_the_bars_name_what_they_mean_and_none_is_an_absolute_rate():
+    bars = [b for b in vars(comparisons).values() if isinstance(b, comparisons.Bar)]
+    assert len(bars) == 8 and len({b.compares for b in bars}) == 8
+    assert all("/" in b.compares or "errors" in b.compares for b in bars)  # ratios (and a count), never req/s
+    assert all(b.means and "issue" not in b.means for b in bars)
+
+
+def test_errors_count_only_our_configurations_rows():
+    ours, peer = _row("default", 5.0, 100.0, 150.0, requests=100), _row("litserve", 5.0, 100.0, 150.0, requests=100)
+    failed = comparisons.errors([{**ours, "failed": 1}, peer, {**_row("naive", 1.0, 900.0, None), "failed": 4}])
+    assert (failed.value, failed.cleared) == (1, False) and "1 of 100 requests" in failed.detail
+    clean = comparisons.errors([ours, {**peer, "failed": 3}])  # the peer's errors are not ours
+    assert (clean.value, clean.cleared) == (0, True)
+    unmeasured = comparisons.errors([peer])
+    assert unmeasured.cleared is None and "not measured" in unmeasured.detail
+
+
+def test_the_best_fp32_backend_is_compared_with_the_machines_gemm_peak():
+    assert comparisons.versus_gemm_peak(0.95).cleared is True
+    assert comparisons.versus_gemm_peak(0.4).cleared is False
+    unmeasured = comparisons.versus_gemm_peak(None)
+    assert unmeasured.cleared is None and "--inprocess run" in unmeasured.detail
 
 
 def test_results_table_shows_ratios_and_stage_medians_and_dashes_where_there_are_none():
@@ -149,17 +180,6 @@ def test_the_naive_baseline_is_torchserves_default_worker_count_without_batching
 def _row(name, rps, p50, p99, failed=0, **extra):
     return {"configuration": name, "concurrency": 8, "req_per_s": rps, "p50_ms": p50, "p90_ms": p50,
             "p99_ms": p99, "failed": failed, **extra}
-
-
-def test_int8_targets_need_100_per_s_without_errors_and_a_tail_within_twice_the_median():
-    met = report.precision_targets([_row("int8", 104.0, 70.0, 130.0)])
-    assert [t.met for t in met] == [True, True]
-    slow_tail = report.precision_targets([_row("int8", 120.0, 60.0, 150.0, failed=1)])
-    assert [t.met for t in slow_tail] == [False, False]  # an error fails the throughput target too
-    assert report.precision_targets([_row("default", 40.0, 190.0, 300.0)]) == []
-    table = report.targets_table(report.precision_targets([_row("int8", 31.0, 250.0, 400.0, gate="speed only, x")]))
-    assert "int8 served at c=8 (speed only, x): req/s, 0 errors | 31.00 | ≥ 100 | no |" in table
-    assert "| 1.60 | ≤ 2 | yes |" in table
 
 
 def test_configurations_without_their_artifact_or_repeating_the_default_row_are_skipped(capsys):
