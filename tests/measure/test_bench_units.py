@@ -119,6 +119,7 @@ def test_errors_count_only_our_configurations_rows():
     ours, peer = _row("default", 5.0, 100.0, 150.0, requests=100), _row("litserve", 5.0, 100.0, 150.0, requests=100)
     failed = comparisons.errors([{**ours, "failed": 1}, peer, {**_row("naive", 1.0, 900.0, None), "failed": 4}])
     assert (failed.value, failed.cleared) == (1, False) and "1 of 100 requests" in failed.detail
+    assert "| errors in our configurations' rows | 1 | ≤ 0 | no | 1 of 100 requests |" in comparisons.table([failed])
     clean = comparisons.errors([ours, {**peer, "failed": 3}])  # the peer's errors are not ours
     assert (clean.value, clean.cleared) == (0, True)
     unmeasured = comparisons.errors([peer])
