@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from contract.records import ServingDecision
+from export.checks.inspection import inspect_artifact
 from export.checks.parity import Candidate as ParityCandidate
 from export.checks.parity import ParityReport, parity_inputs, run_parity
 from export.errors import ExportError
@@ -42,10 +43,8 @@ def build_artifacts(context: exporters.BuildContext, timed, refusals: Refusals, 
 def inspect_artifacts(artifacts: dict, refusals: Refusals) -> None:
     """Each kind's structural checks (ONNX checker, control-flow census); a form failing them is refused."""
     for kind, artifact in list(artifacts.items()):
-        inspect = kinds.get(kind).inspect
         try:
-            if inspect:
-                inspect(artifact)
+            inspect_artifact(artifact)
         except Exception as error:  # noqa: BLE001 - a malformed file refuses its form only
             refusals.refuse(kind, "inspect", error)
             _drop(artifacts, kind)

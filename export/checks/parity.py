@@ -1,4 +1,5 @@
-"""Hold every artifact to eager PyTorch: same inputs, explicit tolerances, and all the error statistics.
+"""Hold every artifact to eager PyTorch: same inputs, its kind's tolerance (export.forms.tolerances), and all the
+error statistics.
 
 In the spirit of Polygraphy's comparator: an output passes when |candidate - eager| <= atol + rtol * |eager|
 element-wise. The metrics also say how close it came (the smallest atol / rtol that would have passed).
@@ -14,31 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from export.errors import ParityError
+from export.forms.tolerances import OPENVINO_TOLERANCE as OPENVINO_TOLERANCE  # read here by tests/runtime
+from export.forms.tolerances import Tolerance
 from runtime.base import ArtifactRunError, Backend
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-
-
-# fp32 defaults. TorchScript runs the very same ATen kernels as eager, so it should agree to rounding
-# (1e-5). ONNX Runtime fuses Conv+BatchNorm and sums in other orders and kernels; over the ~1e4-1e5
-# multiply-adds behind each ResNet logit that moves results by ~1e-5 relative, so rtol 1e-3 (atol 1e-4
-# for outputs near zero) leaves headroom for that, while a changed weight (errors >= 1e-2) still fails.
-# Each kind names its tolerance in export.forms.kinds.
-TORCHSCRIPT_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
-ONNX_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
-# torch.export's ExportedProgram is an ATen graph run by eager's own kernels: TorchScript's tolerance.
-EXPORTED_PROGRAM_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
-# AOTInductor generates its own fused, vectorised kernels and folds BatchNorm into frozen weights (other
-# summation orders, like ONNX Runtime's fusions): ONNX Runtime's tolerance (its errors: docs/aotinductor.md).
-AOTINDUCTOR_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
-# OpenVINO's CPU plugin fuses and reorders like ONNX Runtime (its IR is converted from the onnx-dynamo file, run
-# in f32 by an explicit precision hint): ONNX Runtime's tolerance. Measured max abs errors (2026-11-25, AVX2
-# EPYC): ResNet-50 3.6e-5 on logits up to 39, EfficientNet-Lite0 1.8e-5 (ONNX Runtime: 1.1e-5), the same order.
-OPENVINO_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
 
 OTHER_SPATIAL_SIZE = (320, 288)  # non-square, not the default: exercises the in-graph resize
 TOPK = (1, 5)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from export.checks.parity import Tolerance, compare_outputs
+from export.checks.parity import compare_outputs
+from export.forms.tolerances import Tolerance
 from runtime.base import ArtifactRunError, Backend
 
 SILENTLY_WRONG = "silently wrong"

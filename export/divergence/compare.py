@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from export.checks.parity import Tolerance
 from export.divergence.taps import Tap
+from export.forms.tolerances import Tolerance
 
 DOWNSTREAM_ROWS = 10  # rows shown from the first divergence on: how the error grows
 # An intermediate is also within tolerance when its error is this many times the tolerance, relative to the whole

@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from export.checks.parity import Tolerance
 from export.divergence.compare import Matching, match, owners, plan_passes
 from export.divergence.eager import EagerTaps
 from export.divergence.report import Divergence
 from export.divergence.taps import MAX_ROWS, MEMORY_BUDGET_BYTES, TapRunner
 from export.errors import ExportError
+from export.forms.tolerances import Tolerance
 
 EXPORTED_PROGRAM_FILE = "model.exported.pt2"  # the kind "exported": what an AOTInductor package was compiled from
 

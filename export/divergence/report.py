@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from export.checks.parity import Tolerance
 from export.divergence.compare import Matching, Row
 from export.divergence.taps import short_source
+from export.forms.tolerances import Tolerance
 
 
 @dataclass

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from export.checks.onnx_checks import check_onnx, onnx_control_flow, torchscript_control_flow
-from export.checks.parity import (
+from export.errors import ExportError
+from export.forms import exporters, openvino_ir, torch_export
+from export.forms.tolerances import (
     AOTINDUCTOR_TOLERANCE,
     EXPORTED_PROGRAM_TOLERANCE,
     ONNX_TOLERANCE,
@@ -25,8 +26,6 @@ from export.checks.parity import (
     TORCHSCRIPT_TOLERANCE,
     Tolerance,
 )
-from export.errors import ExportError
-from export.forms import exporters, openvino_ir, torch_export
 from runtime.machine import BF16_FLAGS, CPU, CUDA, Needs
 
 # Formats: the runtime backend that opens a kind's file (keys of runtime.base.BACKENDS).
@@ -53,7 +52,6 @@ class ArtifactKind:
     rank_reason: str
     tolerance: Tolerance | None = None  # parity against eager; None: gated on accuracy instead
     build: Callable | None = None  # fp32 kinds: build(context, kind) -> exporters.Artifact
-    inspect: Callable | None = None  # inspect(artifact): structural checks and control-flow census
     needs: tuple[str, ...] = ()  # kinds built first whose in-memory module this one reads
     precision: str = FP32
     sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
@@ -77,15 +75,6 @@ class ArtifactKind:
     def spatial_dynamic(self, resizes_in_graph: bool, source_dynamic: bool = False) -> bool:
         """Whether the artifact accepts spatial sizes other than the example's."""
         return {EXAMPLE_SIZE: False, MODEL_SIZES: resizes_in_graph, SOURCE_SIZES: source_dynamic}[self.input_sizes]
-
-
-def _inspect_onnx(artifact: exporters.Artifact) -> None:
-    artifact.checks = check_onnx(artifact.path)
-    artifact.control_flow = onnx_control_flow(artifact.path)
-
-
-def _inspect_torchscript(artifact: exporters.Artifact) -> None:
-    artifact.control_flow = torchscript_control_flow(artifact.loaded)
 
 
 # Why ONNX Runtime's forms rank first among the fp32 kinds (measured: docs/benchmarks.md).
@@ -137,20 +126,19 @@ for _kind in (
         input_sizes=EXAMPLE_SIZE, serving_rank=50,
         rank_reason="TorchScript last, and the trace after the script: a trace records the one path its example "
                     "took",
-        tolerance=TORCHSCRIPT_TOLERANCE, build=exporters.trace, inspect=_inspect_torchscript),
+        tolerance=TORCHSCRIPT_TOLERANCE, build=exporters.trace),
     ArtifactKind(
         name="scripted", file_name="model.scripted.pt", format=TORCHSCRIPT, exporter="torch.jit.script",
         input_sizes=MODEL_SIZES, serving_rank=40,
         rank_reason="TorchScript runs eager's own kernels (tight tolerance) but behind ONNX Runtime in speed",
-        tolerance=TORCHSCRIPT_TOLERANCE, build=exporters.script, inspect=_inspect_torchscript),
+        tolerance=TORCHSCRIPT_TOLERANCE, build=exporters.script),
     ArtifactKind(
         name="exported", file_name="model.exported.pt2", format=TORCH_EXPORT,
         exporter="torch.export.export + torch.export.save (ExportedProgram)", input_sizes=MODEL_SIZES, serving_rank=35,
         rank_reason="torch.export is TorchScript's maintained successor: eager's own kernels (tight tolerance), "
                     "control flow kept as torch.cond; behind ONNX Runtime in speed (an interpreted graph), so "
                     "after it",
-        tolerance=EXPORTED_PROGRAM_TOLERANCE, build=torch_export.exported_program,
-        inspect=torch_export.program_control_flow),
+        tolerance=EXPORTED_PROGRAM_TOLERANCE, build=torch_export.exported_program),
     ArtifactKind(
         name="aotinductor", file_name="model.aoti.pt2", format=AOTI,
         exporter="AOTInductor (torch._inductor.aot_compile, packaged with the torch build it needs)",
@@ -158,7 +146,7 @@ for _kind in (
         rank_reason="compiled ahead of time to this machine's code, ahead of the interpreted torch forms; after the "
                     "ONNX forms that keep the graph's control flow: a package runs only under the torch build and "
                     "CPU instruction set (or GPU) that compiled it",
-        tolerance=AOTINDUCTOR_TOLERANCE, build=torch_export.aot_inductor, inspect=torch_export.program_control_flow,
+        tolerance=AOTINDUCTOR_TOLERANCE, build=torch_export.aot_inductor,
         off_by_default="its C++ compile is the slowest step of an export (docs/aotinductor.md) and the package is "
                        "pinned to this torch build and CPU: built when asked for",
         announce="compiling with AOTInductor (C++, the slowest step of an export)"),
@@ -166,18 +154,17 @@ for _kind in (
         name="onnx-traced", file_name="model.traced.onnx", format=ONNX,
         exporter="torch.onnx.export(dynamo=False) of the traced module", input_sizes=EXAMPLE_SIZE, serving_rank=30,
         rank_reason=f"{ONNX_RUNTIME_FIRST}; after the other exporters: it inherits the trace's one path",
-        tolerance=ONNX_TOLERANCE, build=exporters.onnx_from_torchscript, inspect=_inspect_onnx, needs=("traced",)),
+        tolerance=ONNX_TOLERANCE, build=exporters.onnx_from_torchscript, needs=("traced",)),
     ArtifactKind(
         name="onnx-scripted", file_name="model.scripted.onnx", format=ONNX,
         exporter="torch.onnx.export(dynamo=False) of the scripted module", input_sizes=MODEL_SIZES, serving_rank=20,
         rank_reason=f"{ONNX_RUNTIME_FIRST}; keeps If/Loop from the script; the legacy exporter is frozen upstream",
-        tolerance=ONNX_TOLERANCE, build=exporters.onnx_from_torchscript, inspect=_inspect_onnx,
-        needs=("scripted",)),
+        tolerance=ONNX_TOLERANCE, build=exporters.onnx_from_torchscript, needs=("scripted",)),
     ArtifactKind(
         name="onnx-dynamo", file_name="model.dynamo.onnx", format=ONNX,
         exporter="torch.onnx.export(dynamo=True) (torch.export)", input_sizes=MODEL_SIZES, serving_rank=10,
         rank_reason=f"{ONNX_RUNTIME_FIRST}; torch.export is the maintained exporter (control flow as If)",
-        tolerance=ONNX_TOLERANCE, build=exporters.onnx_dynamo, inspect=_inspect_onnx),
+        tolerance=ONNX_TOLERANCE, build=exporters.onnx_dynamo),
     ArtifactKind(
         name="openvino", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
         exporter="openvino.convert_model of the onnx-traced file + save_model(compress_to_fp16=False)",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from runtime.aoti import BUILD_FILE, build_facts
 # makes the kernels use the thread count of the process that runs them (a serving worker's share), where
 # Inductor would otherwise write the exporting process's count into the code when it differs from the cores.
 AOTI_CONFIGS = {"cpp.dynamic_threads": True}
-CONTROL_FLOW_OPS = ("cond", "while_loop")
 
 
 def exported_program(context: BuildContext, kind) -> Artifact:
@@ -77,10 +75,3 @@ def input_shape(program: torch.export.ExportedProgram) -> list[int | None]:
     name = program.graph_signature.user_inputs[0]
     node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == name)
     return [d if isinstance(d, int) else None for d in node.meta["val"].shape]
-
-
-def program_control_flow(artifact: Artifact) -> None:
-    """Count torch.cond / torch.while_loop in the program's graph (the census of the trace-vs-script report)."""
-    counts = Counter(node.target.__name__ for node in artifact.loaded.graph.nodes
-                     if node.op == "call_function" and getattr(node.target, "__name__", "") in CONTROL_FLOW_OPS)
-    artifact.control_flow = {op: counts.get(op, 0) for op in CONTROL_FLOW_OPS}

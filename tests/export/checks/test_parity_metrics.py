@@ -4,9 +4,7 @@ import pytest
 import torch
 
 from export.checks.parity import (
-    ONNX_TOLERANCE,
     Candidate,
-    Tolerance,
     compare_outputs,
     parity_inputs,
     run_parity,
@@ -14,6 +12,7 @@ from export.checks.parity import (
     topk_agreement,
 )
 from export.errors import ParityError
+from export.forms.tolerances import ONNX_TOLERANCE, Tolerance
 from runtime.base import ArtifactRunError
 
 

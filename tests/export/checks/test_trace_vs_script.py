@@ -9,9 +9,9 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import models
-from export.checks.parity import ONNX_TOLERANCE
 from export.checks.trace_vs_script import MATCHES, REJECTED, SILENTLY_WRONG, ArtifactUnderTest, compare_paths
 from export.forms import kinds
+from export.forms.tolerances import ONNX_TOLERANCE
 from runtime.base import Backend, RunOptions
 from runtime.eager import EagerBackend
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from contract.records import INPUT_NAME, Manifest
-from export.checks.parity import ONNX_TOLERANCE
 from export.forms import kinds
 from export.forms.exporters import BuildContext
+from export.forms.tolerances import ONNX_TOLERANCE
 from export.package.archive import ArchiveRequest
 from export.pipeline import ExportOptions, Progress, export_model
 from models.user_module import user_entry

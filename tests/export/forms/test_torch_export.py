@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from export.checks.parity import AOTINDUCTOR_TOLERANCE, EXPORTED_PROGRAM_TOLERANCE
 from export.cli import build_parser
 from export.errors import ExportError
 from export.forms import kinds
+from export.forms.tolerances import AOTINDUCTOR_TOLERANCE, EXPORTED_PROGRAM_TOLERANCE
 from tests.conftest import run_export
 
 

@@ -1,4 +1,7 @@
-"""onnx.checker (full check) and strict shape inference on every ONNX file; count control-flow nodes."""
+"""Each fp32 form's structural checks and control-flow census, chosen by its format: onnx.checker (full check)
+and strict shape inference on every ONNX file; If/Loop nodes counted in ONNX graphs, prim::If/prim::Loop in
+TorchScript, torch.cond/torch.while_loop in torch.export programs (the census of the trace-vs-script report). A
+format without an entry here is not inspected."""
 
 from __future__ import annotations
 
@@ -10,9 +13,32 @@ from pathlib import Path
 import onnx
 
 from export.errors import OnnxCheckError
+from export.forms import kinds
+from export.forms.exporters import Artifact
 
 CONTROL_FLOW_ONNX = ("If", "Loop", "Scan")
 CONTROL_FLOW_TORCHSCRIPT = ("prim::If", "prim::Loop")
+CONTROL_FLOW_PROGRAM = ("cond", "while_loop")
+
+
+def inspect_artifact(artifact: Artifact) -> None:
+    """The checks and census of the artifact's format, recorded on it; raises when the file fails them."""
+    inspection = INSPECTIONS.get(artifact.format)
+    if inspection:
+        inspection(artifact)
+
+
+def _inspect_onnx(artifact: Artifact) -> None:
+    artifact.checks = check_onnx(artifact.path)
+    artifact.control_flow = onnx_control_flow(artifact.path)
+
+
+def _inspect_torchscript(artifact: Artifact) -> None:
+    artifact.control_flow = torchscript_control_flow(artifact.loaded)
+
+
+def _inspect_program(artifact: Artifact) -> None:
+    artifact.control_flow = program_control_flow(artifact.loaded)
 
 
 def check_onnx(path: Path) -> dict:
@@ -64,3 +90,14 @@ def torchscript_control_flow(module) -> dict[str, int]:
 
     visit(module.inlined_graph)
     return {op: counts.get(op, 0) for op in CONTROL_FLOW_TORCHSCRIPT}
+
+
+def program_control_flow(program) -> dict[str, int]:
+    """Count torch.cond / torch.while_loop in an ExportedProgram's graph."""
+    counts = Counter(node.target.__name__ for node in program.graph.nodes
+                     if node.op == "call_function" and getattr(node.target, "__name__", "") in CONTROL_FLOW_PROGRAM)
+    return {op: counts.get(op, 0) for op in CONTROL_FLOW_PROGRAM}
+
+
+INSPECTIONS = {kinds.ONNX: _inspect_onnx, kinds.TORCHSCRIPT: _inspect_torchscript, kinds.TORCH_EXPORT: _inspect_program,
+               kinds.AOTI: _inspect_program}
