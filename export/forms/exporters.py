@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.records import INPUT_NAME, OUTPUT_NAME
 from contract.files import atomic_write_bytes
+from contract.records import INPUT_NAME, OUTPUT_NAME
 
 DEFAULT_OPSET = 18  # the torch.export-based exporter's floor; ONNX Runtime 1.2x runs it everywhere
 BATCH_DIM = "batch"

@@ -13,7 +13,6 @@ calibration images. Every set records where each image came from (the manifest l
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import random
@@ -28,6 +27,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from export.checks.parity import structured_images
+from export.checks.phone_photos import sample_photo
 from export.errors import ExportError
 from runtime.images import ACCEPTED_FORMATS, ImageContract, ImageError, decode_upright, preprocess
 
@@ -218,19 +218,6 @@ def _default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
     origin = (f"default {role} set: {min(count, len(names) * len(PHOTO_CROPS))} crops of scikit-image photographs "
               f"({', '.join(names)}) and {max(generated, 0)} photo-like generated images")
     return ImageSet(torch.stack(rows), sources, origin)
-
-
-@functools.lru_cache(maxsize=None)
-def sample_photo(name: str) -> np.ndarray:
-    """scikit-image's photograph `name` (installed offline) as uint8 RGB (H, W, 3), greyscale ones repeated;
-    read-only, as it is cached (reading one costs about half a second)."""
-    import skimage.data
-    array = getattr(skimage.data, name)()
-    if array.ndim == 2:
-        array = np.stack([array] * 3, axis=-1)
-    array = np.ascontiguousarray(array[..., :3]).astype(np.uint8)
-    array.setflags(write=False)
-    return array
 
 
 def _crop(photo: np.ndarray, crop: tuple[float, float, float, float]) -> np.ndarray:

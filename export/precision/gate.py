@@ -14,11 +14,11 @@ The metrics are pure functions of two logit tensors (and labels), tested on thei
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from export.checks.agreement import CONFIDENT_MARGIN, agreement_metrics
 from export.errors import ExportError
 
 EXIT_ACCURACY_GATE = 5
@@ -54,17 +54,8 @@ BF16_TOLERANCE = INT8_TOLERANCE
 FP16_TOLERANCE = GateTolerance(min_top1_agreement=0.99, min_top5_agreement=0.995, max_relative_logit_error=0.05,
                                max_accuracy_drop_points=0.5)
 TOLERANCE_BY_PRECISION = {"int8": INT8_TOLERANCE, "bf16": BF16_TOLERANCE, "fp16": FP16_TOLERANCE}
-
-# Top-1 agreement is counted where fp32 is confident: its best class ahead of the second by at least 5
-# probability points. Revisited with a real model (EfficientNet-Lite0, measured: docs/int8-efficientnet.md): on
-# the default held-out images (photo crops and generated images are not ImageNet classes) fp32's margins are
-# mostly small, and the images flipped by an int8 that is otherwise faithful all had margins below this one: a
-# flip there measures a tie, not the quantization. What this lets through:
-# an int8 that reorders classes fp32 itself nearly ties on; top-5 agreement, the logit error and the labelled
-# accuracy drop are still counted on every image, so it does not let through a variant that is wrong where it
-# matters (lite0's plain int8 still fails it). Fewer than MIN_CONFIDENT_IMAGES
-# confident images (e.g. a random-weight model) and top-1 agreement is counted on every image, as before.
-CONFIDENT_MARGIN = 0.05
+# Top-1 agreement is counted where fp32 is confident (export.checks.agreement.CONFIDENT_MARGIN); on fewer than this
+# many confident images (e.g. a random-weight model) it is counted on every image.
 MIN_CONFIDENT_IMAGES = 32
 
 
@@ -123,39 +114,7 @@ class GateResult:
                 "verdict": self.verdict, "tolerance": asdict(self.tolerance), "metrics": self.metrics}
 
 
-# ---------------------------------------------------------------- metrics (pure)
-
-def agreement_metrics(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
-    """fp32 logits vs the variant's, (N, classes) each."""
-    reference, candidate = reference.double(), candidate.double()
-    if reference.shape != candidate.shape or reference.dim() != 2:
-        raise ValueError(f"logits must both be (N, classes): {tuple(reference.shape)} vs {tuple(candidate.shape)}")
-    fp32_top1 = reference.argmax(dim=1)
-    k = min(5, reference.shape[1])
-    error = (candidate - reference).abs()
-    spread = reference.std(dim=1).mean().clamp_min(1e-12)
-    finite = bool(torch.isfinite(candidate).all())
-    agree = candidate.argmax(dim=1) == fp32_top1
-    confident = confident_rows(reference)
-    return {
-        "top1_agreement": agree.double().mean().item(),
-        "confident_images": int(confident.sum()),
-        "top1_agreement_confident": agree[confident].double().mean().item() if confident.any() else math.nan,
-        "top5_agreement": (candidate.topk(k, dim=1).indices == fp32_top1[:, None]).any(dim=1).double().mean().item(),
-        "mean_logit_error": error.mean().item() if finite else math.inf,
-        "max_logit_error": error.max().item() if finite else math.inf,
-        "fp32_logit_spread": spread.item(),
-        "relative_logit_error": (error.mean() / spread).item() if finite else math.inf,
-    }
-
-
-def confident_rows(reference: torch.Tensor) -> torch.Tensor:
-    """Rows where fp32's top-1 probability exceeds its second by CONFIDENT_MARGIN or more."""
-    if reference.shape[1] < 2:
-        return torch.ones(reference.shape[0], dtype=torch.bool)
-    best_two = reference.softmax(dim=1).topk(2, dim=1).values
-    return (best_two[:, 0] - best_two[:, 1]) >= CONFIDENT_MARGIN
-
+# ---------------------------------------------------------------- verdicts
 
 def too_few_confident(metrics: dict) -> bool:
     """Whether top-1 agreement is counted on every image: fp32 is confident on fewer than MIN_CONFIDENT_IMAGES."""

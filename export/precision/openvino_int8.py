@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from export.checks.agreement import agreement_metrics
 from export.errors import ExportError
 from export.forms.openvino_ir import save_ir
-from export.precision.gate import INT8_TOLERANCE, agreement_metrics, gated_top1
+from export.precision.gate import INT8_TOLERANCE, gated_top1
 from export.precision.int8_fallback import MAX_FP32_NODES, RANKING_STRIDE, selection_tolerance
 from export.precision.running import run_batches
 from runtime import RunOptions, open_artifact

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from contract.records import ImageContract
 from contract.files import atomic_write_text
+from contract.records import ImageContract
 from export.forms import kinds
 from export.precision.calibration import ImageSet, calibration_set, holdout_set
 from export.precision.gate import (

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from export.checks.agreement import agreement_metrics
 from export.package.selection import Candidate, decide
 from export.precision.gate import (
     EXIT_ACCURACY_GATE,
@@ -13,7 +14,6 @@ from export.precision.gate import (
     TOLERANCE_BY_PRECISION,
     AccuracyGateError,
     accuracy,
-    agreement_metrics,
     judge,
     label_targets,
     render_table,
