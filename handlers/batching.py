@@ -1,32 +1,27 @@
 """Concurrent requests answered as one batch by the core, for engines that hand us one request at a time
 (KServe's ModelServer has no batcher of its own in Python: its batcher is the Go agent's, in a cluster only).
 
-The serving policy decides (handlers/policy.py): on a GPU, up to GPU_BATCH_SIZE rows within GPU_BATCH_DELAY_MS
-of the first; on a CPU, batch size 1: each request runs alone, at once. Either way one thread runs the core
-in each worker process, as a TorchServe worker does: batches never overlap inside a worker, so the worker's
-thread budget (cores / workers) holds.
+The model's serving policy decides (contract/policy.py): on a GPU, up to GPU_BATCH_SIZE rows within
+GPU_BATCH_DELAY_MS of the first; on a CPU, batch size 1: each request runs alone, at once. Either way one
+thread runs the core in each worker process, as a TorchServe worker does: batches never overlap inside a
+worker, so the worker's thread budget (cores / workers) holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from dataclasses import dataclass
 from typing import Sequence
 
+from contract.policy import ServingPolicy
 from handlers.core import ImageClassifierCore, ImageRequest
 
 
-@dataclass(frozen=True)
-class BatchPolicy:
-    size: int  # rows per batch at most; 1: no batching
-    delay_ms: int  # how long the first request of a batch waits for others
-
-
 class Batcher:
-    def __init__(self, core: ImageClassifierCore, policy: BatchPolicy):
+    def __init__(self, core: ImageClassifierCore, policy: ServingPolicy):
         self.core = core
-        self.policy = policy
+        self.size = policy.batch_size  # rows per batch at most; 1: no batching
+        self.delay_ms = policy.max_batch_delay_ms  # how long the first request of a batch waits for others
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="core")
         self.queue: asyncio.Queue | None = None  # made in the event loop that serves (a spawned worker's own)
         self.collector: asyncio.Task | None = None
@@ -34,7 +29,7 @@ class Batcher:
 
     async def answer(self, rows: Sequence[ImageRequest]) -> list:
         """Each row's answer dict or RequestError, in order."""
-        if self.policy.size <= 1:
+        if self.size <= 1:
             return await self._run(list(rows))
         if self.loop is not asyncio.get_running_loop():  # a queue and its collector belong to one event loop
             self.loop = asyncio.get_running_loop()
@@ -67,8 +62,8 @@ class Batcher:
         """The first waiting request, and whatever else arrives within the delay, up to the batch size."""
         waiting = [await self.queue.get()]
         count = len(waiting[0][0])
-        deadline = asyncio.get_running_loop().time() + self.policy.delay_ms / 1000
-        while count < self.policy.size:
+        deadline = asyncio.get_running_loop().time() + self.delay_ms / 1000
+        while count < self.size:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 break

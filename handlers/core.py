@@ -24,8 +24,9 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
+from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
 from contract.records import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
-from handlers.policy import machine_policy, this_machine
+from handlers.policy import this_machine
 from handlers.request_body import checked_topk
 from handlers.request_error import RequestError
 from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
@@ -82,13 +83,11 @@ def input_row(image: bytes, contract: ImageContract) -> torch.Tensor:
     return preprocess(decode_upright(image, draft_floor(contract)), contract)
 
 
-def worker_threads(pinned: int | None, offered: int | None) -> int:
-    """handler.threads pinned in the archive > what the serving engine offers > this machine's policy."""
-    if pinned:
-        return int(pinned)
-    if offered:
-        return int(offered)
-    return machine_policy(*this_machine()).threads_per_worker
+def in_process_policy(settings: dict | None, threads: int | None) -> ServingPolicy:
+    """The policy of a core opened without an engine (a test, a measurement): this machine's, the archive's
+    handler.threads pinned, else the caller's threads."""
+    return resolve_policy(this_machine(), PolicyChoices.pinned_in({"handler": settings}),
+                          PolicyChoices(threads_per_worker=threads, why="the caller asks for it"))
 
 
 def choose_on(manifest: Manifest, machine: MachineProfile) -> Choice:
@@ -121,14 +120,15 @@ def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) ->
 
 class ImageClassifierCore:
     def __init__(self, manifest: Manifest, record: ArtifactRecord, backend: Backend, labels: dict[int, str],
-                 config: HandlerConfig, device: str, threads: int, choice: Choice | None = None):
+                 config: HandlerConfig, device: str, policy: ServingPolicy, choice: Choice | None = None):
         self.manifest = manifest
         self.record = record
         self.backend = backend
         self.labels = labels
         self.config = config
         self.device = device
-        self.threads = threads
+        self.policy = policy  # as the engine resolved it (handlers/policy.py): the threads are its
+        self.threads = policy.threads_per_worker
         self.choice = choice  # how from_folder chose the record on this machine (None: the caller chose)
         self.contract = manifest.input.image_contract()
         self.draft_floor = draft_floor(self.contract, config.decode)  # None: every pixel decoded
@@ -140,10 +140,12 @@ class ImageClassifierCore:
     # ------------------------------------------------------------ setup
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
-                    threads: int | None = None, machine: MachineProfile | None = None) -> "ImageClassifierCore":
+                    threads: int | None = None, machine: MachineProfile | None = None,
+                    policy: ServingPolicy | None = None) -> "ImageClassifierCore":
         """Serve the first of the export's gated candidates this machine meets (`machine`: a simulated profile,
-        for tests), after checking its sha256. `settings` is model-config.yaml's handler section; `threads` what
-        the engine offers (the archive's pin wins)."""
+        for tests), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the
+        serving policy the engine resolved (its threads run the model); without one, in_process_policy (the
+        archive's threads pin, else `threads`, else this machine's)."""
         folder = Path(folder)
         manifest = Manifest.read(folder)
         choice = choose_on(manifest, machine or this_machine_profile(str(device)))
@@ -154,7 +156,8 @@ class ImageClassifierCore:
         manifest.input.image_contract()  # a model without an image contract is refused before opening anything
         config = HandlerConfig.from_dict(settings)
         labels = labels_of(folder, manifest)
-        threads = worker_threads(config.threads, threads)
+        policy = policy or in_process_policy(settings, threads)
+        threads = policy.threads_per_worker
         # torch's own pool runs the tensor work (softmax, a GPU decoder's resize) even when ONNX Runtime runs the
         # model; left at every core it competes with the other workers' inference, so it is pinned to the
         # worker's share (measured: docs/benchmarks.md).
@@ -162,19 +165,21 @@ class ImageClassifierCore:
         precision = run_precision(record, config, device)
         backend = open_artifact(record.format, folder / record.path,
                                 RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
-        core = cls(manifest, record, backend, labels, config, str(device), threads, choice)
+        core = cls(manifest, record, backend, labels, config, str(device), policy, choice)
         logger.info(choice.line())
+        logger.info("serving policy: %s", policy.reason)
         logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s, "
                     "decode %s", manifest.model.name, record.kind, device, threads, precision, core.contract.resize,
                     "x".join(map(str, core.contract.crop)), core.decode_mode())
         return core
 
     def describe(self) -> dict:
-        """The model description engines show: what is served here, on which machine profile, and why."""
+        """The model description engines show: what is served here, on which machine profile, and why; the
+        serving policy it runs under, each value with its reason."""
         return {"model": self.manifest.model.name, "artifact": self.record.kind, "format": self.record.format,
                 "precision": self.record.precision, "choice": self.choice.as_dict() if self.choice else None,
                 "why": self.choice.line() if self.choice else "chosen by the caller, not by the machine rule",
-                "backend": self.backend.describe()}
+                "backend": self.backend.describe(), "policy": self.policy.describe()}
 
     # ------------------------------------------------------------ the request's life
     def decode(self, image: bytes) -> Image.Image:

@@ -1,14 +1,14 @@
 """The TorchServe adapter: maps TorchServe's context onto ImageClassifierCore (handlers/core.py).
 
 What is TorchServe's lives here: the model folder and GPU from system_properties, model-config.yaml's
-`handler:` section, the request rows and their headers, per-row status codes, and the stage times as
-TorchServe metrics. Everything else (which artifact, its sha256, preprocessing, the request's life) is the core's.
+`handler:` section, the serving policy `python -m serving` wrote in TorchServe's run config (handlers/policy.py),
+the request rows and their headers, per-row status codes, and the stage times as TorchServe metrics.
+Everything else (which artifact, its sha256, preprocessing, the request's life) is the core's.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -16,7 +16,7 @@ import torch
 
 from contract.errors import VisionExportError
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # measure reads STAGES here
-from handlers.policy import THREADS_ENV
+from handlers.policy import worker_policy
 from handlers.request_body import image_bytes, requested_topk
 from handlers.request_error import RequestError
 from runtime import IntegrityError
@@ -34,12 +34,6 @@ def select_device(system_properties: dict, cuda_available: Callable[[], bool] | 
     if gpu_id is not None and (cuda_available or torch.cuda.is_available)():
         return torch.device(f"cuda:{int(gpu_id)}")
     return torch.device("cpu")
-
-
-def offered_threads(environ: dict | None = None) -> int | None:
-    """The thread count `python -m serving` decided for each worker (THREADS_ENV), if it set one."""
-    value = (os.environ if environ is None else environ).get(THREADS_ENV)
-    return int(value) if value else None
 
 
 class ImageClassifier:
@@ -62,9 +56,11 @@ class ImageClassifier:
     def _core(context) -> ImageClassifierCore:
         properties = context.system_properties
         config = getattr(context, "model_yaml_config", None) or {}
+        policy, source = worker_policy(context.model_name, config)
+        logger.info("serving policy of %s from %s", context.model_name, source)
         return ImageClassifierCore.from_folder(Path(properties.get("model_dir", ".")),
                                                device=str(select_device(properties)),
-                                               settings=config.get("handler"), threads=offered_threads())
+                                               settings=config.get("handler"), policy=policy)
 
     def handle(self, data: list, context) -> list:
         if _header(context, 0, DESCRIBE_HEADER) == "True":

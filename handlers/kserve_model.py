@@ -26,7 +26,8 @@ import numpy as np
 from kserve import Model
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
-from handlers.batching import Batcher, BatchPolicy
+from contract.policy import ServingPolicy
+from handlers.batching import Batcher
 from handlers.core import ImageClassifierCore, ImageRequest
 from handlers.request_body import checked_topk, from_base64, image_bytes, requested_topk
 from handlers.request_error import RequestError
@@ -46,15 +47,15 @@ OUTPUT_METADATA = [{"name": LABELS, "datatype": "BYTES", "shape": [-1, -1]},
 
 
 class ImageClassifierModel(Model):
-    """One model of the store, served from its unpacked archive (the folder TorchServe's worker would run in)."""
+    """One model of the store, served from its unpacked archive (the folder TorchServe's worker would run in),
+    under the serving policy the server process read from its run config (threads, batching)."""
 
-    def __init__(self, name: str, folder: Path, threads: int, batching: BatchPolicy, device: str = "cpu",
+    def __init__(self, name: str, folder: Path, policy: ServingPolicy, device: str = "cpu",
                  settings: dict | None = None):
         super().__init__(name)
         self.folder = Path(folder)
         self.settings = settings  # model-config.yaml's handler section
-        self.threads = threads
-        self.batching = batching
+        self.policy = policy
         self.device = device
         self.core: ImageClassifierCore | None = None
         self.batcher: Batcher | None = None
@@ -62,8 +63,8 @@ class ImageClassifierModel(Model):
     def load(self) -> bool:
         """Open the archive's served artifact after checking its sha256; a refusal raises (HandlerSetupError,
         IntegrityError) and the server does not start."""
-        self.core = ImageClassifierCore.from_folder(self.folder, self.device, self.settings, self.threads)
-        self.batcher = Batcher(self.core, self.batching)
+        self.core = ImageClassifierCore.from_folder(self.folder, self.device, self.settings, policy=self.policy)
+        self.batcher = Batcher(self.core, self.policy)
         self.ready = True
         return self.ready
 
@@ -87,7 +88,8 @@ class ImageClassifierModel(Model):
 
     def describe(self) -> dict:
         """Which form serves here and why (serving/kserve/app.py answers it at DESCRIPTION_ROUTE)."""
-        return self.core.describe() if self.core else {"model": self.name, "ready": False}
+        return self.core.describe() if self.core else {"model": self.name, "ready": False,
+                                                       "policy": self.policy.describe()}
 
     def get_input_types(self) -> list[dict]:
         return INPUT_METADATA

@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 from contract.cli import moved, run_command
+from contract.policy import PolicyChoices, add_policy_options
 from serving import engine as engines
 from serving.engine import DEFAULT_ENGINE, Engine
 from serving.processes import serve_until_stopped, sigterm_interrupts, start_until_ready
-from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models, decide_policy
+from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models
 
 PROG = "python -m serving"
 DEPLOY = "deploy"  # a command of its own: python -m serving deploy kserve|triton|ray OUT
@@ -80,12 +81,7 @@ def parser_for(engine_type: type[Engine]) -> argparse.ArgumentParser:
                         help="seconds to wait until every model has answered a real prediction")
     parser.add_argument("--detach", action="store_true", help="leave the server running and return")
     engine_type.add_arguments(parser.add_argument_group(f"the {engine_type.name} engine's options"))
-    policy = parser.add_argument_group("serving policy (default: decided for this machine; pinned archive values win)")
-    policy.add_argument("--workers", type=int, default=None, help="worker processes (default: 1 per GPU, else 1 per "
-                        "core up to 4)")
-    policy.add_argument("--batch-size", type=int, default=None, help="rows per batch (default: 8 on GPU, 1 on CPU)")
-    policy.add_argument("--max-batch-delay", type=int, default=None, help="ms a batch waits (default: 50 on GPU)")
-    policy.add_argument("--threads", type=int, default=None, help="CPU threads per worker (default: cores / workers)")
+    add_policy_options(parser)
     return parser
 
 
@@ -94,14 +90,14 @@ def serve(engine_type: type[Engine], args: argparse.Namespace) -> int:
         return stop_every_engine(args.run_dir)
     settings = engine_type.settings_from(args)
     settings.models = choose_models(args.model_store, args.models)
-    settings.policy = decide_policy(args)
+    settings.flags = PolicyChoices.from_flags(args)
     engine = engine_type(settings)
     if args.action != "start":
         return engine.run_extra_action(args.action, args)
     sigterm_interrupts()  # a stop while models load stops the server too
     process, answers = start_until_ready(engine.start,
                                          lambda process: engine.wait_until_ready(process, timeout=args.timeout),
-                                         engine.stop, engine.title, engine.announcement())
+                                         engine.stop, engine.title, engine.announcement)
     print_serving(engine, answers)
     if args.detach:
         print(f"stop with: {engine.stop_command()}")

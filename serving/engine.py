@@ -75,7 +75,8 @@ class Engine(ABC):
     # ---------------------------------------------------------------- its server process
     @abstractmethod
     def launch(self) -> subprocess.Popen:
-        """The server process, in its own session (see popen); the archives are there, the log folder exists."""
+        """The server process, in its own session (see popen); the archives are there, the log folder exists, each
+        model's policy is resolved (settings.policies): write them in the run config the server reads."""
 
     @abstractmethod
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
@@ -96,7 +97,7 @@ class Engine(ABC):
     # ---------------------------------------------------------------- what a user is told
     @abstractmethod
     def announcement(self) -> str:
-        """The line printed once the server started, before its models answered."""
+        """The line printed once the server started, before its models answered (the policies resolved)."""
 
     @abstractmethod
     def urls(self, model: str) -> dict[str, str]:
@@ -140,6 +141,7 @@ class Engine(ABC):
             raise ServingError(f"{self.title} started from {self.settings.run_dir.absolute()} is still running: "
                                f"`{self.stop_command()}` first")
         self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.resolve_policies()  # once per start: launch writes them in the run config
         process = self.launch()
         self.pid_file.write_text(str(process.pid))
         return process

@@ -150,12 +150,12 @@ def signal_leader(pid: int, sig: int, name: str) -> None:
 
 def start_until_ready(start: Callable[[], subprocess.Popen], wait: Callable[[subprocess.Popen], T],
                       stop: Callable[[subprocess.Popen], object], name: str,
-                      announcement: str) -> tuple[subprocess.Popen, T]:
+                      announcement: Callable[[], str]) -> tuple[subprocess.Popen, T]:
     """Start a server, say so (once it started: a refused start says only why), and wait until it is ready;
     whatever stops the wait (an error, Ctrl-C) stops the server."""
     process = start()
     try:
-        print(announcement, flush=True)
+        print(announcement(), flush=True)
         return process, wait(process)
     except BaseException as error:
         stop(process)

@@ -1,16 +1,19 @@
 """What every engine of `python -m serving` shares, defined once: the address and folders it serves from, its
-timeouts, the serving policy decided from this machine and the command line, the model store's archives, the
-error it raises, and the settings record each engine's own settings extend."""
+timeouts, each model's serving policy (resolved once from this machine, the archive's pins and the command's
+flags by contract/policy.py's resolve_policy), the model store's archives, the error it raises, and the settings
+record each engine's own settings extend."""
 
 from __future__ import annotations
 
 import json
 import socket
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from contract.errors import VisionExportError
-from handlers.policy import ServingPolicy, machine_policy, this_machine, with_overrides
+from contract.policy import NOTHING_CHOSEN, Machine, PolicyChoices, ServingPolicy, resolve_policy
+from handlers.policy import this_machine
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_IMAGE = PROJECT_ROOT / "examples" / "cat.jpg"
@@ -40,11 +43,32 @@ class ServingSettings:
     models: tuple[str, ...] = ()  # NAME for NAME.mar of the store; python -m serving: every archive there
     host: str = HOST
     run_dir: Path = DEFAULT_RUN_DIR
-    policy: ServingPolicy | None = None  # None: decided for this machine when the server starts
+    policy: ServingPolicy | None = None  # given whole (a test, a measurement): every model's, as it is
     extra_env: dict = field(default_factory=dict)  # added to the server's environment
+    flags: PolicyChoices = NOTHING_CHOSEN  # the command's --workers ...: resolved with each archive's pins
+    # Each served model's policy as resolved for this start: what the run config carries, read as it is.
+    policies: dict[str, ServingPolicy] = field(default_factory=dict)
+
+    def resolve_policies(self, machine: Machine | None = None) -> dict[str, ServingPolicy]:
+        """Each served model's policy, resolved (resolve_policy: this machine, its archive's pins, the command's
+        flags) unless given whole, and kept for the run config."""
+        machine = machine or this_machine()
+        self.policies = {name: self.policy or resolve_policy(machine, self.pins_of(name), self.flags)
+                         for name in self.served_models()}
+        return self.policies
+
+    def model_policies(self) -> dict[str, ServingPolicy]:
+        """The policies resolved for the served models (resolved now if they were not)."""
+        if set(self.policies) != set(self.served_models()):
+            return self.resolve_policies()
+        return self.policies
+
+    def pins_of(self, name: str) -> PolicyChoices:
+        return archive_pins(Path(self.model_store) / f"{name}.mar")
 
     def effective_policy(self) -> ServingPolicy:
-        return self.policy or machine_policy(*this_machine())
+        """The first served model's policy (a measurement serves one model)."""
+        return next(iter(self.model_policies().values()))
 
     def served_models(self) -> tuple[str, ...]:
         return tuple(self.models)
@@ -54,21 +78,24 @@ class ServingSettings:
         return self.run_dir.absolute() / "logs"
 
     def write_file(self, name: str) -> Path:
-        """These settings as RUN_DIR/name, with the policy decided here, for a server process to read (an engine
-        whose server cannot take them as flags)."""
+        """These settings as RUN_DIR/name with each model's policy as resolved here (the flags and a policy given
+        whole are in it), the run config of a server process that cannot take them as flags."""
         path = self.run_dir.absolute() / name
         record = {**asdict(self), "model_store": str(Path(self.model_store).absolute()),
                   "run_dir": str(self.run_dir.absolute()), "models": list(self.models),
-                  "policy": asdict(self.effective_policy())}
+                  "policies": {model: policy.to_dict() for model, policy in self.model_policies().items()}}
+        for resolved in ("policy", "flags"):
+            del record[resolved]
         path.write_text(json.dumps(record, indent=2))
         return path
 
     @classmethod
     def read(cls, path: Path):
-        """The settings write_file wrote."""
+        """The settings write_file wrote, each model's policy as it was resolved."""
         record = json.loads(Path(path).read_text())
         return cls(**{**record, "model_store": Path(record["model_store"]), "run_dir": Path(record["run_dir"]),
-                      "models": tuple(record["models"]), "policy": ServingPolicy(**record["policy"])})
+                      "models": tuple(record["models"]),
+                      "policies": {model: ServingPolicy.from_dict(data) for model, data in record["policies"].items()}})
 
 
 def archives_in(model_store: Path) -> list[str]:
@@ -96,20 +123,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def decide_policy(flags) -> ServingPolicy:
-    """This machine's policy (handlers/policy.py) with what --workers, --batch-size, --max-batch-delay and
-    --threads (flags.workers ... flags.threads, None when not given) override."""
-    return policy_with(flags.workers, flags.batch_size, flags.max_batch_delay, flags.threads)
+def archive_config(archive: Path) -> dict:
+    """The archive's model-config.yaml (TorchServe's per-model settings and the core's `handler:` section)."""
+    import yaml
+    try:
+        with zipfile.ZipFile(archive) as members:
+            if "model-config.yaml" not in members.namelist():
+                return {}
+            return yaml.safe_load(members.read("model-config.yaml")) or {}
+    except zipfile.BadZipFile:
+        raise ServingError(f"{archive} is not a model archive (not a zip file): export it again with "
+                           "`python -m export`") from None
+
+
+def archive_pins(archive: Path) -> PolicyChoices:
+    """The serving policy's values the archive pins (python -m export --workers ...)."""
+    return PolicyChoices.pinned_in(archive_config(archive))
 
 
 def policy_with(workers: int | None = None, batch_size: int | None = None, max_batch_delay: int | None = None,
                 threads: int | None = None) -> ServingPolicy:
-    """This machine's policy with the choices given (None: the policy's own), each checked as its flag is."""
-    chosen = {"workers": workers, "batch_size": batch_size, "threads": threads}
-    for flag, value in chosen.items():
-        if value is not None and value < 1:
-            raise ServingError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
-    if max_batch_delay is not None and max_batch_delay < 0:
-        raise ServingError(f"--max-batch-delay must be 0 or more, got {max_batch_delay}")
-    gpus, cores = this_machine()
-    return with_overrides(machine_policy(gpus, cores), workers, batch_size, max_batch_delay, threads, cores)
+    """This machine's policy with the choices given as flags (None: not given), no archive's pins."""
+    return resolve_policy(this_machine(), flags=PolicyChoices(workers, batch_size, max_batch_delay, threads))
+
+
+def policies_text(policies: dict[str, ServingPolicy]) -> str:
+    """The policies in one line: the one reason all models share, else each model's."""
+    reasons = {policy.reason for policy in policies.values()}
+    if len(reasons) == 1:
+        return reasons.pop()
+    return "; ".join(f"{name}: {policy.reason}" for name, policy in policies.items())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path, PurePosixPath
 
+from contract.policy import PolicyChoices, add_policy_options
 from contract.records import Manifest
 from serving.deploy.common import DEFAULT_EXPORT_DIR
 from serving.deploy.kserve import STORAGE_URI_PLACEHOLDER as KSERVE_URI
@@ -23,7 +24,6 @@ from serving.deploy.kserve import write_kserve
 from serving.deploy.ray import CLAIM_NAME, CLUSTER_MODEL_STORE, storage_folder, write_ray
 from serving.deploy.triton import STORAGE_URI_PLACEHOLDER as TRITON_URI
 from serving.deploy.triton import write_triton
-from serving.settings import policy_with
 
 TARGETS = {"kserve": "KServe: storage layouts + InferenceServices for its TorchServe runtime and for our image "
                      "with the kserve engine",
@@ -52,9 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ray.add_argument("--cluster-model-store", type=PurePosixPath, default=CLUSTER_MODEL_STORE,
                      help=f"where the pods read the archive (the claim's folder is mounted there; default: "
                           f"{CLUSTER_MODEL_STORE})")
-    ray.add_argument("--workers", type=int, default=None,
-                     help="replicas per pod (default: this machine's serving policy, as `python -m serving`)")
-    ray.add_argument("--threads", type=int, default=None, help="CPU threads per replica (default: the policy's)")
+    add_policy_options(ray, ("workers", "threads_per_worker"))  # a pod is the machine the policy is resolved for
     return parser.parse_args(argv)
 
 
@@ -63,9 +61,8 @@ def deploy(argv: list[str]) -> int:
     manifest = Manifest.read(args.export_dir)
     name = args.model_name or manifest.model.name
     if args.target == "ray":
-        policy = policy_with(workers=args.workers, threads=args.threads)
-        out = write_ray(args.out, args.export_dir, args.model_store, name, policy, args.cluster_model_store,
-                        args.force)
+        out = write_ray(args.out, args.export_dir, args.model_store, name, PolicyChoices.from_flags(args),
+                        args.cluster_model_store, args.force)
         print(f"wrote {out}/: rayservice.yaml (KubeRay RayService, serveConfigV2 validated with Ray's schema), "
               f"storage/model-store/{name}.mar, storage-pvc.yaml (claim {CLAIM_NAME}: kubectl cp storage/. "
               f"{CLAIM_NAME}-upload:/pv/{storage_folder(name)})")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.errors import VisionExportError
-from handlers.policy import GPU_BATCH_SIZE
+from contract.policy import GPU_BATCH_SIZE
 from models.resnet import DEFAULT_ARCH
 
 DEFAULT_EXPORT_DIR = Path("artifacts") / DEFAULT_ARCH  # where `python -m export resnet` writes by default

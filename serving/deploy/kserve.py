@@ -15,7 +15,7 @@ import math
 import shutil
 from pathlib import Path
 
-from handlers.policy import GPU_BATCH_DELAY_MS
+from contract.policy import Machine, PolicyChoices, ServingPolicy, resolve_policy
 from serving.deploy.common import (
     API_VERSION,
     READINESS_SCRIPT,
@@ -35,16 +35,23 @@ PVC_NAME = "vision-export-models"
 KSERVE_PORT = 8085  # TorchServe's port behind KServe's wrapper (KServe's documented layout)
 
 
+def pod_policy(device: str) -> ServingPolicy:
+    """The serving policy of the pod RESOURCES requests for device (GPU: one worker; CPU: a worker per core of
+    the request), without batching: KServe's envelope takes one request per call."""
+    requests = RESOURCES[device]["requests"]
+    return resolve_policy(Machine(int(requests.get("nvidia.com/gpu", 0)), int(requests["cpu"])),
+                          flags=PolicyChoices(batch_size=1, why="KServe's envelope takes one request per call"))
+
+
 def kserve_config_properties(model_name: str, mar_name: str, device: str) -> str:
     """TorchServe's config for KServe: env-var overrides, the v1 envelope, and the model's startup settings
-    (GPU: one batching worker; CPU: a worker per core of the 2-CPU request, no batching: KServe's
-    envelope takes one request per call)."""
-    workers, batch, delay = (1, 1, GPU_BATCH_DELAY_MS) if device == "gpu" else (2, 1, 5)
+    (pod_policy)."""
+    policy = pod_policy(device)
     snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {"1.0": {
-        "defaultVersion": True, "marName": mar_name, "minWorkers": workers, "maxWorkers": workers,
-        "batchSize": batch, "maxBatchDelay": delay, "responseTimeout": 120}}}}
+        "defaultVersion": True, "marName": mar_name, **policy.model_config(), "responseTimeout": 120}}}}
     return "\n".join([
         "# TorchServe config for KServe's pytorch (TorchServe) runtime, written by `python -m serving deploy kserve`.",
+        *(f"# Serving policy of the pod: {line}" for line in policy.lines()),
         f"inference_address=http://0.0.0.0:{KSERVE_PORT}",
         f"management_address=http://0.0.0.0:{KSERVE_PORT + 1}",
         "metrics_address=http://0.0.0.0:8082",

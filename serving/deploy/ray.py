@@ -11,10 +11,10 @@ Written into OUT:
   version, a head pod that runs Serve's controller and a proxy but no replica, and one worker group that
   KubeRay's autoscaler grows when Serve asks for replicas that do not fit.
 
-Every pod is the machine the serving policy was decided for (handlers/policy.py; --workers / --threads override
-it): its CPUs are the policy's workers x threads (a GPU per worker on a GPU machine), its memory per CPU the
-kserve material's (common.RESOURCES). One worker pod holds the policy's replicas; Serve may ask for up to
-MAX_REPLICAS pods' worth, the worker group's maximum.
+Every pod is the machine the archive's serving policy was resolved for (contract/policy.py: this machine, the
+archive's pins, --workers / --threads): its CPUs are the policy's workers x threads (a GPU per worker on a GPU
+machine), its memory per CPU the kserve material's (common.RESOURCES). One worker pod holds the policy's
+replicas; Serve may ask for up to MAX_REPLICAS pods' worth, the worker group's maximum.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path, PurePosixPath
 
-from handlers.policy import ServingPolicy
+from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
+from handlers.policy import this_machine
 from serving.deploy.common import (
     MAX_REPLICAS,
     RESOURCES,
@@ -35,6 +36,7 @@ from serving.deploy.common import (
 from serving.deploy.kserve import PVC_NAME, storage_upload_objects
 from serving.deploy.kserve_predictor import IMAGE_PLACEHOLDER, MOUNT
 from serving.ray.config import HTTP_PORT, OBJECT_STORE_BYTES
+from serving.settings import archive_pins
 
 API_VERSION = "ray.io/v1"  # KubeRay's RayService (validated against KubeRay v1.7.0's CRD in the tests)
 CLUSTER_MODEL_STORE = PurePosixPath(MOUNT) / "model-store"  # where the pods read the archives, as kserve-engine/
@@ -104,7 +106,7 @@ def cluster_serve_config(model_store: Path, model_name: str, policy: ServingPoli
     and initial replicas are the policy's (one worker pod's worth); at most MAX_REPLICAS pods' worth, the worker
     group's maximum, so that Serve asks for the pods KubeRay's autoscaler may add."""
     from serving.ray.serve_config import serve_config, validated
-    config = serve_config(model_store, (model_name,), policy, Path(cluster_model_store))
+    config = serve_config(model_store, {model_name: policy}, Path(cluster_model_store))
     for application in config["applications"]:
         for deployment in application["deployments"]:
             deployment["autoscaling_config"]["max_replicas"] = policy.workers * MAX_REPLICAS
@@ -188,11 +190,13 @@ def installed_ray_version() -> str:
     return ray.__version__
 
 
-def write_ray(out: Path, export_dir: Path, model_store: Path, model_name: str | None, policy: ServingPolicy,
+def write_ray(out: Path, export_dir: Path, model_store: Path, model_name: str | None, flags: PolicyChoices,
               cluster_model_store: PurePosixPath = CLUSTER_MODEL_STORE, force: bool = False) -> Path:
-    """storage/model-store/NAME.mar, storage-pvc.yaml and rayservice.yaml (model_name: default the model's)."""
+    """storage/model-store/NAME.mar, storage-pvc.yaml and rayservice.yaml (model_name: default the model's), the
+    pods the machine of the archive's policy as resolved here (this machine, its pins, the flags)."""
     version = installed_ray_version()
     manifest, model_name, archive = exported_archive(export_dir, model_store, model_name)
+    policy = resolve_policy(this_machine(), archive_pins(archive), flags)
     cluster_model_store = PurePosixPath(cluster_model_store)
     if not cluster_model_store.is_absolute():
         raise DeployError(f"--cluster-model-store {cluster_model_store}: give an absolute path inside the pods")
@@ -210,5 +214,6 @@ def write_ray(out: Path, export_dir: Path, model_store: Path, model_name: str | 
         "(written by `python -m serving deploy ray`).\n"
         f"# The image must carry Ray {version}: docker build --build-arg EXTRAS=serving,ray (docs/scaling.md).\n"
         f"# The archive is read from the claim {CLAIM_NAME} ({folder}/model-store) at {cluster_model_store}.\n"
-        f"# Serving policy of the pods: {policy.reason}.\n")))
+        f"# Serving policy of the pods: {policy.reason}.\n"
+        + "".join(f"#   {line}\n" for line in policy.lines()))))
     return publish(staging, Path(out))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from contract.policy import GPU_BATCH_DELAY_MS, GPU_BATCH_SIZE
 from contract.records import ArtifactRecord, Manifest
-from handlers.policy import GPU_BATCH_DELAY_MS, GPU_BATCH_SIZE
 from runtime.integrity import verify_file
 from serving.deploy.common import DeployError, autoscaling, dump_yaml, fresh_output, publish, replica_numbers
 

@@ -1,12 +1,13 @@
 """How a KServe ModelServer of ours is configured: the shared serving settings (serving/settings.py) and its HTTP
-port, written to one JSON file the server process reads with the policy decided (KServe's own module parses the
-command line at import, so the settings do not travel as flags)."""
+port, written to one JSON file, its run config, that the server process reads with each model's policy as
+resolved here (KServe's own module parses the command line at import, so the settings do not travel as flags)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from contract.policy import PolicyChoices
 from serving.settings import ServingSettings
 
 HTTP_PORT = 8080  # KServe's default (kserve.constants DEFAULT_HTTP_PORT): what an InferenceService's container serves
@@ -39,6 +40,15 @@ class KServeSettings(ServingSettings):
     def unpacked(self, model: str) -> Path:
         return self.run_dir.absolute() / MODELS_DIR / model
 
+    def pins_of(self, name: str) -> PolicyChoices:
+        """The archive's pins but its workers: KServe's worker processes serve every model of the server at once
+        (an archive's pinned workers hold under TorchServe and Ray)."""
+        return replace(super().pins_of(name), workers=None)
+
+    def server_workers(self) -> int:
+        """KServe's --workers: every model's policy has the same (pins_of), a policy given whole its own."""
+        return max(policy.workers for policy in self.model_policies().values())
+
     def write(self) -> Path:
-        """The settings file the server process reads, with the policy decided here."""
+        """The run config the server process reads, each model's policy resolved here."""
         return self.write_file(SETTINGS_FILE)

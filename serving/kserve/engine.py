@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from serving.engine import Engine, register
 from serving.kserve.config import HTTP_PORT, REFUSAL, KServeSettings
-from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError
+from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
 
 if TYPE_CHECKING:
     import requests
@@ -51,7 +51,8 @@ class KServe(Engine):
         return {"host": args.host, "http_port": args.http_port}
 
     def launch(self) -> subprocess.Popen:
-        """`python -m serving.kserve.worker SETTINGS_FILE`: the settings travel as a file, the policy decided."""
+        """`python -m serving.kserve.worker SETTINGS_FILE`: the settings travel as a file, each model's policy
+        resolved."""
         self.settings.log_file.unlink(missing_ok=True)
         config = self.settings.write()
         return self.popen([sys.executable, "-m", "serving.kserve.worker", str(config)], self.settings.log_file,
@@ -75,10 +76,11 @@ class KServe(Engine):
         return " | ".join(text.strip().splitlines()[-LOG_TAIL_LINES:]) or f"see {log_file}"
 
     def announcement(self) -> str:
-        policy = self.settings.effective_policy()
+        policies = self.settings.model_policies()
+        threads = "/".join(sorted({str(policy.threads_per_worker) for policy in policies.values()}))
         return (f"KServe ModelServer starting with {', '.join(self.settings.models)} (log: {self.settings.log_file}; "
-                f"policy: {policy.reason}, {policy.workers} worker(s) x {policy.threads_per_worker} thread(s)); "
-                "waiting for a real prediction from each model ...")
+                f"policy: {policies_text(policies)}, {self.settings.server_workers()} worker(s) x {threads} "
+                "thread(s)); waiting for a real prediction from each model ...")
 
     def urls(self, model: str) -> dict[str, str]:
         return {"v1": self.settings.predict_url(model), "v2": self.settings.infer_url(model)}

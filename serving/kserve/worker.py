@@ -1,7 +1,8 @@
 """The KServe server process: `python -m serving.kserve.worker RUN_DIR/kserve-settings.json` (started by
 server.py). Each archive of the store is unpacked as TorchServe unpacks it (manifest, artifact, labels,
-model-config.yaml, handlers/), opened through the same core after its sha256 check, and served by KServe's
-ModelServer with the policy's worker processes (KServe's --workers: each spawned worker opens its own copy).
+model-config.yaml, handlers/), opened through the same core after its sha256 check under the policy the run
+config holds for it, and served by KServe's ModelServer with the policy's worker processes (KServe's --workers:
+each spawned worker opens its own copy).
 A model that cannot be served stops the start with the core's reason (logged, exit 1).
 """
 
@@ -16,9 +17,7 @@ from pathlib import Path
 import yaml
 
 from contract.errors import VisionExportError
-from handlers.batching import BatchPolicy
 from handlers.kserve_model import ImageClassifierModel
-from handlers.policy import ServingPolicy
 from serving.kserve import app
 from serving.kserve.config import REFUSAL, KServeSettings
 
@@ -40,33 +39,23 @@ def model_config(folder: Path) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
-def batching(config: dict, policy: ServingPolicy) -> BatchPolicy:
-    """The policy's batching, unless the archive pins TorchServe's batchSize / maxBatchDelay (they win there too).
-    Workers are the server's (KServe's --workers), the policy's for every model."""
-    return BatchPolicy(int(config.get("batchSize", policy.batch_size)),
-                       int(config.get("maxBatchDelay", policy.max_batch_delay_ms)))
-
-
 def model_of(name: str, settings: KServeSettings) -> ImageClassifierModel:
-    policy = settings.effective_policy()
+    """The model under its policy as the run config holds it (its archive's pins applied where it was resolved)."""
+    policy = settings.policies[name]
     folder = unpack(Path(settings.model_store) / f"{name}.mar", settings.unpacked(name))
-    config = model_config(folder)
     device = "cuda:0" if policy.device == "gpu" else "cpu"
-    model = ImageClassifierModel(name, folder, policy.threads_per_worker, batching(config, policy), device,
-                                 config.get("handler"))
+    model = ImageClassifierModel(name, folder, policy, device, model_config(folder).get("handler"))
     model.load()
     return model
 
 
 def serve(settings: KServeSettings) -> None:
     from kserve import ModelServer
-    policy = settings.effective_policy()
     models = [model_of(name, settings) for name in settings.models]
-    logger.info("serving %s on %s with KServe's ModelServer: %s; %d worker(s) x %d thread(s), batch %d within %d ms",
-                ", ".join(settings.models), settings.url, policy.reason, policy.workers, policy.threads_per_worker,
-                policy.batch_size, policy.max_batch_delay_ms)
+    for name, policy in settings.policies.items():
+        logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
     app.install(settings.host)
-    server = ModelServer(http_port=settings.http_port, workers=policy.workers, enable_grpc=False)
+    server = ModelServer(http_port=settings.http_port, workers=settings.server_workers(), enable_grpc=False)
     server.dataplane = app.RawBytesDataPlane(model_registry=server.registered_models)
     server.start(models)
 

@@ -1,6 +1,7 @@
 """How a Ray Serve engine of ours is configured: the shared serving settings (serving/settings.py), Serve's HTTP
-port, the cluster it joins (or the head node it starts), written to one JSON file the server process reads with
-the policy decided; and what the serving policy becomes in Ray (deployment_options)."""
+port, the cluster it joins (or the head node it starts), written to one JSON file, its run config, that the server
+process reads with each model's policy as resolved here; and what a serving policy becomes in Ray
+(deployment_options)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from handlers.policy import ServingPolicy
+from contract.policy import ServingPolicy
 from serving.settings import ServingSettings
 
 HTTP_PORT = 8000  # Ray Serve's default (ray.serve.config.DEFAULT_HTTP_PORT)
@@ -56,7 +57,7 @@ class RaySettings(ServingSettings):
         return link.resolve()
 
     def write(self) -> Path:
-        """The settings file the server process reads, with the policy decided here."""
+        """The run config the server process reads, each model's policy resolved here."""
         return self.write_file(SETTINGS_FILE)
 
 
@@ -86,7 +87,7 @@ def deployment_options(policy: ServingPolicy) -> dict:
                                    **AUTOSCALING_PACE}}
 
 
-def head_cpus(policy: ServingPolicy, cores: int) -> int:
+def head_cpus(policies: dict[str, ServingPolicy], cores: int) -> int:
     """The CPUs our own head node offers Ray: the machine's cores, as `ray start` offers by default, or every
-    replica's at the policy's largest when the policy asks for more (--workers, --threads)."""
-    return max(cores, policy.workers * policy.threads_per_worker)
+    replica's of a model at its policy's largest when a policy asks for more (--workers, --threads, pins)."""
+    return max(cores, *(policy.workers * policy.threads_per_worker for policy in policies.values()))

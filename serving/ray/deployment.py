@@ -2,7 +2,7 @@
 artifact (sha256-checked by the core, as under TorchServe and KServe) and answers POST /predictions/NAME as
 TorchServe does: the same bodies (a raw image, JSON {"data": base64, "topk": k}, a form file; the X-TopK
 header), the same JSON answer, the same 4xx {"code", "error"} for a bad request. Concurrent requests share a
-batch as the policy says (handlers/batching.py). Each answer names the Ray node and replica that served it in
+batch as the model's policy says (handlers/batching.py). Each answer names the Ray node and replica that served it in
 its SERVED_BY header, so a client sees where its request ran.
 
 Every node reads the archive from the model store's path: on one machine the store itself, across machines a
@@ -17,16 +17,16 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import yaml
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from handlers.batching import Batcher, BatchPolicy
+from contract.policy import ServingPolicy
+from handlers.batching import Batcher
 from handlers.core import ImageClassifierCore, ImageRequest
-from handlers.policy import ServingPolicy
 from handlers.request_body import image_bytes, requested_topk
 from handlers.request_error import RequestError
+from serving.settings import archive_config
 
 logger = logging.getLogger("serving.ray")
 
@@ -37,52 +37,37 @@ FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 
 
-def archive_config(archive: Path) -> dict:
-    """The archive's model-config.yaml (TorchServe's per-model settings and the core's `handler:` section)."""
-    with zipfile.ZipFile(archive) as members:
-        if "model-config.yaml" not in members.namelist():
-            return {}
-        return yaml.safe_load(members.read("model-config.yaml")) or {}
-
-
-def batching(config: dict, policy: ServingPolicy) -> BatchPolicy:
-    """The policy's batching, unless the archive pins TorchServe's batchSize / maxBatchDelay (they win there too)."""
-    return BatchPolicy(int(config.get("batchSize", policy.batch_size)),
-                       int(config.get("maxBatchDelay", policy.max_batch_delay_ms)))
-
-
 def application(args: dict):
     """One archive's Serve application: what server.py deploys, and the import_path of the Serve config a
-    cluster deploys (serve_config.py). args: archive (its path on every node), name, threads, batch_size,
-    max_batch_delay_ms, device ("cpu" or "cuda"), and options, the deployment's options (config.py
-    deployment_options); a Serve config gives those in its `deployments:` entry instead, where operators
-    tune them."""
-    batch = BatchPolicy(int(args["batch_size"]), int(args["max_batch_delay_ms"]))
+    cluster deploys (serve_config.py). args: archive (its path on every node), name, policy (the model's serving
+    policy as resolved, a ServingPolicy's to_dict(): the replica reads it as it is), and options, the
+    deployment's options (config.py deployment_options); a Serve config gives those in its `deployments:` entry
+    instead, where operators tune them."""
+    policy = ServingPolicy.from_dict(args["policy"])
     return ImageClassifierDeployment.options(name=args["name"], **args.get("options", {})).bind(
-        str(args["archive"]), int(args["threads"]), batch, args.get("device", "cpu"))
+        str(args["archive"]), policy)
 
 
 def application_args(archive: Path, policy: ServingPolicy) -> dict:
-    """application()'s args for archive under the policy (the archive's pinned batching wins)."""
-    batch = batching(archive_config(archive), policy)
-    return {"archive": str(archive), "name": archive.stem, "threads": policy.threads_per_worker,
-            "batch_size": batch.size, "max_batch_delay_ms": batch.delay_ms,
-            "device": "cuda" if policy.device == "gpu" else "cpu"}
+    """application()'s args for archive under its resolved policy."""
+    return {"archive": str(archive), "name": archive.stem, "policy": policy.to_dict()}
 
 
 @serve.deployment
 class ImageClassifierDeployment:
-    def __init__(self, archive: str, threads: int, batch: BatchPolicy, device: str = "cpu"):
-        """Unpack the archive into a folder of this replica's own and open its artifact through the core: an
-        archive that fails its sha256 check raises here, and Serve marks the application failed with it."""
+    def __init__(self, archive: str, policy: ServingPolicy):
+        """Unpack the archive into a folder of this replica's own and open its artifact through the core under
+        the model's policy: an archive that fails its sha256 check raises here, and Serve marks the application
+        failed with it."""
         import ray
         configure_logging()
         self.folder = tempfile.TemporaryDirectory(prefix=f"{Path(archive).stem}-")
         with zipfile.ZipFile(archive) as members:
             members.extractall(self.folder.name)
-        config = archive_config(Path(archive))
-        self.core = ImageClassifierCore.from_folder(self.folder.name, device, config.get("handler"), threads)
-        self.batcher = Batcher(self.core, batch)
+        handler = archive_config(Path(archive)).get("handler")
+        device = "cuda" if policy.device == "gpu" else "cpu"
+        self.core = ImageClassifierCore.from_folder(self.folder.name, device, handler, policy=policy)
+        self.batcher = Batcher(self.core, policy)
         context = serve.get_replica_context()
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
 

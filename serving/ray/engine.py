@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from serving.engine import Engine, register
 from serving.ray.config import HTTP_PORT, REFUSAL, RaySettings, deployment_options
-from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError
+from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
 
 if TYPE_CHECKING:
     import requests
@@ -66,14 +66,15 @@ class RayServe(Engine):
         if importlib.util.find_spec("ray") is None:
             raise ServingError(f"Ray is not installed in {sys.prefix} (its schema validates the config): {INSTALL}")
         from serving.ray import serve_config
-        config = serve_config.serve_config(self.settings.model_store, self.settings.models,
-                                           self.settings.effective_policy(), args.cluster_model_store)
-        serve_config.write(args.out, config)
-        print(f"{args.out}: {', '.join(self.settings.models)}; {self.settings.effective_policy().reason}")
+        policies = self.settings.model_policies()
+        serve_config.write(args.out, serve_config.serve_config(self.settings.model_store, policies,
+                                                               args.cluster_model_store))
+        print(f"{args.out}: {', '.join(self.settings.models)}; {policies_text(policies)}")
         return 0
 
     def launch(self) -> subprocess.Popen:
-        """`python -m serving.ray.server SETTINGS_FILE`: the settings travel as a file, the policy decided."""
+        """`python -m serving.ray.server SETTINGS_FILE`: the settings travel as a file, each model's policy
+        resolved."""
         if importlib.util.find_spec("ray") is None:
             raise ServingError(f"Ray is not installed in {sys.prefix}: {INSTALL}")
         self.settings.log_file.unlink(missing_ok=True)
@@ -102,12 +103,11 @@ class RayServe(Engine):
                                        or f"see {self.settings.log_file}")
 
     def announcement(self) -> str:
-        policy = self.settings.effective_policy()
+        policies = self.settings.model_policies()
         where = f"the cluster at {self.settings.address}" if self.settings.address else "a Ray head node of its own"
-        scaling = deployment_options(policy)["autoscaling_config"]
+        replicas = ", ".join(sorted({replicas_said(policy) for policy in policies.values()}))
         return (f"Ray Serve starting on {where} with {', '.join(self.settings.models)} (log: {self.settings.log_file};"
-                f" policy: {policy.reason}, {scaling['min_replicas']}-{scaling['max_replicas']} replica(s) x "
-                f"{policy.threads_per_worker} CPU(s)); waiting for a real prediction from each model ...")
+                f" policy: {policies_text(policies)}, {replicas}); waiting for a real prediction from each model ...")
 
     def notes(self) -> list[str]:
         address = self.settings.address_file
@@ -122,3 +122,8 @@ class RayServe(Engine):
 
     def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:
         return f"curl -sS -X POST {self.settings.predictions_url(model)} -H 'Content-Type: image/jpeg' --data-binary @{image}"
+
+
+def replicas_said(policy) -> str:
+    scaling = deployment_options(policy)["autoscaling_config"]
+    return f"{scaling['min_replicas']}-{scaling['max_replicas']} replica(s) x {policy.threads_per_worker} CPU(s)"

@@ -1,7 +1,8 @@
 """The Serve config a Ray cluster deploys our archives from (`serve deploy CONFIG`, or a KubeRay RayService's
 `serveConfigV2`): `python -m serving --engine ray serve-config --out serve.yaml`. One application per archive,
 the same builder the ray engine deploys (serving/ray/deployment.py application), each deployment's options
-from this machine's serving policy (config.py deployment_options) where operators tune them. The archives'
+from its model's serving policy, resolved on this machine (config.py deployment_options), where operators tune
+them. The archives'
 path is the one every node reads (--cluster-model-store: the image's or a shared volume's). Validated against
 Ray's own schema (ray.serve.schema.ServeDeploySchema) before it is written."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from handlers.policy import ServingPolicy
+from contract.policy import ServingPolicy
 from serving.ray.config import HTTP_PORT, deployment_options
 from serving.ray.deployment import application_args
 
@@ -21,18 +22,17 @@ CLUSTER_HOST = "0.0.0.0"  # in a cluster the proxies serve the pod's or node's a
 CLUSTER_PROXY_LOCATION = "EveryNode"
 
 
-def serve_config(model_store: Path, models: tuple[str, ...], policy: ServingPolicy,
+def serve_config(model_store: Path, policies: dict[str, ServingPolicy],
                  cluster_model_store: Path | None = None) -> dict:
-    """The Serve config (ServeDeploySchema) for models of model_store, read on the cluster's nodes from
-    cluster_model_store (default: model_store's absolute path)."""
+    """The Serve config (ServeDeploySchema) for the models of model_store, each under its resolved policy
+    ({name: policy}), read on the cluster's nodes from cluster_model_store (default: model_store's absolute
+    path)."""
     where = Path(cluster_model_store) if cluster_model_store else Path(model_store).absolute()
-    options = deployment_options(policy)
     applications = []
-    for name in models:
-        args = application_args(Path(model_store) / f"{name}.mar", policy)
+    for name, policy in policies.items():
+        args = application_args(where / f"{name}.mar", policy)
         applications.append({"name": name, "route_prefix": f"/predictions/{name}", "import_path": IMPORT_PATH,
-                             "args": {**args, "archive": str(where / f"{name}.mar")},
-                             "deployments": [{"name": name, **options}]})
+                             "args": args, "deployments": [{"name": name, **deployment_options(policy)}]})
     return {"proxy_location": CLUSTER_PROXY_LOCATION, "http_options": {"host": CLUSTER_HOST, "port": HTTP_PORT},
             "applications": applications}
 

@@ -1,7 +1,8 @@
 """The Ray Serve server process: `python -m serving.ray.server RUN_DIR/ray-settings.json` (started by the engine,
 in a session of its own). It starts a head node of its own (`ray start --head`, its processes in this session)
 or joins the cluster at settings.address, deploys one Serve application per archive at /predictions/NAME with
-the policy's replicas, and stays until SIGTERM: then it removes its applications, and ends its own head node.
+the replicas of its policy as the run config holds it, and stays until SIGTERM: then it removes its
+applications, and ends its own head node.
 An application that cannot be deployed (an archive failing its sha256 check) stops the start with its reason
 (logged after REFUSAL, exit 1).
 """
@@ -37,7 +38,7 @@ def start_head(settings: RaySettings):
     """Our own head node, its processes in this process's session; (its `ray start` process, its address)."""
     port = settings.gcs_port or free_port()
     temp_dir = settings.temp_dir()
-    command = cluster.node_command(temp_dir, head_cpus(settings.effective_policy(), this_machine()[1]), head_port=port)
+    command = cluster.node_command(temp_dir, head_cpus(settings.policies, this_machine().cores), head_port=port)
     node = cluster.start_node(command, settings.log_dir / "ray-head.log")
     address = f"{settings.host}:{port}"
     cluster.wait_for_gcs(address, node, settings.log_dir / "ray-head.log")
@@ -52,13 +53,12 @@ def deploy(settings: RaySettings) -> None:
     from ray import serve
 
     from serving.ray.deployment import application, application_args
-    policy = settings.effective_policy()
-    options = deployment_options(policy)
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
-    logger.info("deploying %s on %s: %s; replicas %s, %d CPU(s) each, batch %d within %d ms",
-                ", ".join(settings.models), settings.url, policy.reason, options["autoscaling_config"],
-                policy.threads_per_worker, policy.batch_size, policy.max_batch_delay_ms)
     for name in settings.models:
+        policy = settings.policies[name]
+        options = deployment_options(policy)
+        logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
+                    options["autoscaling_config"])
         archive = Path(settings.model_store).absolute() / f"{name}.mar"
         verify_archive(archive)
         app = application({**application_args(archive, policy), "options": options})

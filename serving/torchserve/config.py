@@ -1,5 +1,6 @@
-"""How a TorchServe of ours is configured: its ports, its folders and the config.properties it reads (the shipped
-base plus the serving policy for each model). What every engine shares (address, run dir, timeouts, policy) is in
+"""How a TorchServe of ours is configured: its ports, its folders and the config.properties it reads, its run
+config (the shipped base plus each model's serving policy: TorchServe's `models=` keys, and the policy records
+our handler reads as they are). What every engine shares (address, run dir, timeouts, policies) is in
 serving/settings.py; what only TorchServe has is defined here, once."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from handlers.policy import ServingPolicy
+from handlers.policy import POLICIES_PROPERTY, policies_line
 from serving.settings import ServingSettings, free_port
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -100,22 +101,24 @@ def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:
                           grpc_inference_port=free_port(), grpc_management_port=free_port())
 
 
-def jvm_flags(base: dict[str, str], policy: ServingPolicy) -> str:
+def jvm_flags(base: dict[str, str], device: str) -> str:
     """TorchServe's vmargs: the base config's own, or CPU_JVM_FLAGS on a CPU host; plus our log configuration
     unless the flags name one."""
-    flags = base["vmargs"].split() if "vmargs" in base else list(CPU_JVM_FLAGS if policy.device == "cpu" else ())
+    flags = base["vmargs"].split() if "vmargs" in base else list(CPU_JVM_FLAGS if device == "cpu" else ())
     if LOG_CONFIG.is_file() and not any(flag.startswith(LOG_CONFIG_FLAG) for flag in flags):
         flags.append(f"{LOG_CONFIG_FLAG}{LOG_CONFIG.as_uri()}")
     return " ".join(flags)
 
 
-def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
-    """The base config.properties plus this machine's serving policy for each model (TorchServe's per-model
-    `models=` settings; values pinned in the archive's model-config.yaml take precedence over them) and the
-    JVM's flags (jvm_flags; a vmargs line of the base is replaced by the one written here)."""
+def run_config_text(settings: ServerSettings) -> str:
+    """The base config.properties plus each model's serving policy (settings.model_policies()): TorchServe's
+    per-model `models=` keys (values pinned in the archive's model-config.yaml are the same: the policy applied
+    them), the POLICIES_PROPERTY line our handler reads, and the JVM's flags (jvm_flags; a vmargs line of the base
+    is replaced by the one written here)."""
+    policies = settings.model_policies()
     models = {name: {settings.model_version: {
         "defaultVersion": True, "marName": f"{name}.mar",
-        **policy.model_config(), "responseTimeout": settings.response_timeout_s}} for name in settings.served_models()}
+        **policy.model_config(), "responseTimeout": settings.response_timeout_s}} for name, policy in policies.items()}
     store = Path(settings.model_store).absolute()
     allowed = (f"\n# Registration (if ever switched on) only from this model store: no URL downloads.\n"
                f"allowed_urls=file://{store}/[^/]*[.]mar\n")
@@ -123,16 +126,23 @@ def run_config_text(settings: ServerSettings, policy: ServingPolicy) -> str:
              f"{TOKEN_SWITCH}=false\n") if settings.token_auth else ""
     load = ",".join(f"{name}={name}.mar" for name in settings.served_models())
     base = Path(settings.config).read_text()
-    flags = jvm_flags(read_properties(settings.config), policy)
+    flags = jvm_flags(read_properties(settings.config), next(iter(policies.values())).device)
     jvm = f"\n# The frontend's JVM (config.py: jvm_flags).\nvmargs={flags}\n" if flags else ""
-    return ("\n".join(line for line in base.splitlines() if not line.lstrip().startswith("vmargs=")).rstrip("\n")
-            + f"\n\n# Serving policy decided on this machine by `python -m serving`: {policy.reason};"
-            + f" {policy.threads_per_worker} thread(s) per worker.\nmodels={json.dumps(models)}\n"
+    ours = ("vmargs=", POLICIES_PROPERTY)  # lines of the base written here instead
+    return ("\n".join(line for line in base.splitlines() if not line.lstrip().startswith(ours)).rstrip("\n")
+            + "\n\n" + policy_comments(policies) + f"models={json.dumps(models)}\n"
             + f"# Registered at start (TorchServe reads them from model_store).\nload_models={load}\n"
             + allowed + token + jvm)
 
 
-def write_run_config(settings: ServerSettings, policy: ServingPolicy) -> Path:
+def policy_comments(policies: dict) -> str:
+    """Each model's policy with the reason of every value, as comments, then the line the handler reads."""
+    reasons = "".join(f"#   {name}: {line}\n" for name, policy in policies.items() for line in policy.lines())
+    return (f"# Serving policy resolved on this machine by `python -m serving` (contract/policy.py):\n{reasons}"
+            f"# Each model's policy as the handler reads it (handlers/policy.py).\n{policies_line(policies)}\n")
+
+
+def write_run_config(settings: ServerSettings) -> Path:
     path = settings.run_dir.absolute() / RUN_CONFIG
-    path.write_text(run_config_text(settings, policy))
+    path.write_text(run_config_text(settings))
     return path

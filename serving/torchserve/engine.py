@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from handlers.policy import THREADS_ENV, ServingPolicy
+from handlers.policy import RUN_CONFIG_ENV
 from serving.engine import Engine, await_prediction, register
-from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, ServingError
+from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, ServingError, policies_text
 from serving.torchserve import config as ts
 from serving.torchserve.config import ServerSettings, token_auth_switched_on, write_run_config
 from serving.torchserve.logs import exit_reason, load_failure
@@ -40,7 +40,7 @@ class KeysNotWritten(ServingError):
 class TorchServe(Engine):
     name = "torchserve"
     title = "TorchServe"
-    description = """Workers, batching and threads are decided for the machine that serves (handlers/policy.py):
+    description = """Workers, batching and threads are decided for the machine that serves (contract/policy.py):
 one batching worker per GPU; on a CPU, a worker per core (at most 4), no batching, cores / workers threads.
 Token authorisation: --token-auth, or TorchServe's own switch (disable_token_authorization=false in the
 config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys are in RUN_DIR/key_file.json."""
@@ -77,10 +77,8 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         if args.out is None:
             raise ServingError("`python -m serving config` needs --out PATH for the config.properties it writes")
         from contract.files import atomic_write_text
-        policy = self.settings.policy
-        atomic_write_text(args.out, ts.run_config_text(self.settings, policy))
-        print(f"{args.out}: {', '.join(self.settings.served_models())}; {policy.reason}; "
-              f"{policy.threads_per_worker} thread(s) per worker")
+        atomic_write_text(args.out, ts.run_config_text(self.settings))
+        print(f"{args.out}: {', '.join(self.settings.served_models())}; {self.policies_said()}")
         return 0
 
     def launch(self) -> subprocess.Popen:
@@ -90,10 +88,9 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         settings.token_auth = token_auth_switched_on(settings, os.environ)
         for old in [*settings.log_dir.glob("*.log"), settings.key_file]:
             old.unlink(missing_ok=True)  # a previous run's key file would not open this run's server
-        policy = settings.effective_policy()
-        config = write_run_config(settings, policy)
+        config = write_run_config(settings)
         return self.popen(torchserve_command(settings, config), settings.log_dir / "console.log",
-                          server_env(settings, policy))
+                          server_env(settings, config))
 
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         url, body = self.settings.predictions_url(model), Path(image).read_bytes()
@@ -106,10 +103,13 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         return exit_reason(self.settings.log_dir)
 
     def announcement(self) -> str:
-        policy = self.settings.effective_policy()
         return (f"TorchServe starting with {', '.join(self.settings.served_models())} (logs: {self.settings.log_dir}; "
-                f"policy: {policy.reason}, {policy.threads_per_worker} thread(s) per worker); waiting for a real "
-                "prediction from each model ...")
+                f"policy: {self.policies_said()}); waiting for a real prediction from each model ...")
+
+    def policies_said(self) -> str:
+        policies = self.settings.model_policies()
+        threads = sorted({policy.threads_per_worker for policy in policies.values()})
+        return f"{policies_text(policies)}; {'/'.join(map(str, threads))} thread(s) per worker"
 
     def urls(self, model: str) -> dict[str, str]:
         return {"predictions": self.settings.predictions_url(model)}
@@ -153,11 +153,11 @@ def java_temp_dir(run_dir: Path) -> Path:
     return folder
 
 
-def server_env(settings: ServerSettings, policy: ServingPolicy) -> dict:
+def server_env(settings: ServerSettings, run_config: Path) -> dict:
     run_dir = settings.run_dir.absolute()
     return {
         **os.environ,
-        THREADS_ENV: str(policy.threads_per_worker),  # workers inherit it; the handler reads it
+        RUN_CONFIG_ENV: str(run_config),  # workers inherit it: the handler reads its model's policy there
         "TS_INFERENCE_ADDRESS": settings.inference_url,
         "TS_MANAGEMENT_ADDRESS": settings.management_url,
         "TS_METRICS_ADDRESS": settings.metrics_url,

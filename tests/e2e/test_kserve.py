@@ -18,8 +18,8 @@ import pytest
 import requests
 import tritonclient.http as triton
 
+from contract.policy import PolicyChoices
 from contract.records import Manifest
-from handlers.policy import ServingPolicy
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
 from serving.processes import group_alive
@@ -33,8 +33,7 @@ from tests.e2e.test_bad_input import CASES, JPEG, OK
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
 # One worker that batches: concurrent requests share a batch (the archive pins the delay, 40 ms).
-BATCHING = ServingPolicy(workers=1, batch_size=4, max_batch_delay_ms=40, threads_per_worker=2, device="cpu",
-                         reason="tests: one batching worker")
+BATCHING = PolicyChoices(workers=1, batch_size=4, threads_per_worker=2)
 # Where KServe's wire differs from TorchServe's for the same body (TorchServe decodes text/* bodies to text).
 KSERVE_OUTCOMES = {"text/html": (415, "not an image")}
 
@@ -42,7 +41,7 @@ KSERVE_OUTCOMES = {"text/html": (415, "not an image")}
 @pytest.fixture(scope="module")
 def served(resnet18_export, tmp_path_factory):
     settings = KServeSettings(resnet18_export["model_store"], (resnet18_export["model_name"],),
-                              http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve"), policy=BATCHING)
+                              http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve"), flags=BATCHING)
     with KServe(settings).running(CAT) as process:
         yield settings, process
     assert not group_alive(process.pid), "KServe processes survived stop()"
@@ -172,6 +171,10 @@ def test_the_model_description_says_which_form_serves_here_and_why(settings, res
     described = requests.get(f"{settings.url}/v2/models/resnet18/description", timeout=10)
     assert described.status_code == 200, described.text
     assert described.json()["artifact"] == served and described.json()["why"].startswith(f"serving {served} on ")
+    # the model's serving policy as resolved by the engine and read from its run config, each value's reason
+    assert described.json()["policy"] == settings.policies["resnet18"].describe()
+    assert {"workers 1: --workers", "batch size 4: --batch-size", "batch delay 40 ms: the archive pins it",
+            "threads 2: --threads"} == set(described.json()["policy"]["why"])
     assert requests.get(f"{settings.url}/v2/models/nothing/description", timeout=10).status_code == 404
 
 

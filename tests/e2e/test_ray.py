@@ -99,6 +99,8 @@ def test_the_model_description_says_which_form_serves_here_and_why(settings, res
     described = requests.get(settings.predictions_url("resnet18") + "/description", timeout=60)
     assert described.status_code == 200, described.text
     assert described.json()["artifact"] == served and described.json()["why"].startswith(f"serving {served} on ")
+    assert described.json()["policy"] == ONE_REPLICA.describe()  # as the run config holds it, its reasons too
+    assert described.json()["policy"]["why"][0] == "workers 1: tests: one replica"
 
 
 def test_bad_and_good_requests_interleaved_and_the_replica_survives(settings, expect):

@@ -20,7 +20,9 @@ from PIL import Image
 
 from contract.records import Manifest
 from export.package.archive import build_archive
+from handlers.policy import policies_in
 from serving.torchserve import server
+from serving.torchserve.config import RUN_CONFIG
 from serving.torchserve.server import free_port
 from tests.answers import assert_same_answer
 from tests.conftest import ROOT
@@ -137,6 +139,10 @@ def test_the_model_description_says_which_form_serves_here_and_why(serving, resn
     metadata = described.json()[0]["customizedMetadata"]
     assert metadata["artifact"] == served and metadata["choice"]["served"] == served
     assert metadata["why"].startswith(f"serving {served} on ") and metadata["backend"]
+    # and the serving policy as `python -m serving` resolved it and wrote it in the run config, with its reasons
+    (policy,) = policies_in(serving.run_dir.absolute() / RUN_CONFIG).values()
+    assert metadata["policy"] == policy.describe() and "batch delay 40 ms: the archive pins it" in policy.lines()
+    assert metadata["policy"]["workers"] == len(_worker_pids(serving))
 
 
 def _worker_pids(settings) -> list:

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 import models
+from contract.policy import Machine, PolicyChoices, resolve_policy
 from contract.records import MANIFEST_NAME, ContractError, Manifest
 from export.package.selection import redecide
 from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
@@ -136,6 +137,9 @@ def test_settings_threads_and_labels(unpacked, editable):
     try:
         assert ImageClassifierCore.from_folder(unpacked, settings={"threads": 1}, threads=2).threads == 1
         assert ImageClassifierCore.from_folder(unpacked, threads=2).threads == 2
+        given = resolve_policy(Machine(0, 4), flags=PolicyChoices(workers=2))  # an engine's, read from its run config
+        core = ImageClassifierCore.from_folder(unpacked, settings={"threads": 1}, threads=3, policy=given)
+        assert core.threads == 2 and core.describe()["policy"] == given.describe()  # taken as it is
     finally:
         torch.set_num_threads(before)
     labels = Manifest.read(editable).output.labels

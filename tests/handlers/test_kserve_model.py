@@ -13,7 +13,8 @@ import pytest
 import tritonclient.http as triton
 from kserve.protocol.infer_type import InferInput, InferRequest
 
-from handlers.batching import Batcher, BatchPolicy
+from contract.policy import Machine, PolicyChoices, resolve_policy
+from handlers.batching import Batcher
 from handlers.kserve_model import ImageClassifierModel, answered, v1_rows, v2_rows
 from handlers.request_error import RequestError
 from serving.kserve.app import binary_request
@@ -22,11 +23,12 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the session's resnet18 export
 CAT = (ROOT / "examples" / "cat.jpg").read_bytes()
+BATCHING = resolve_policy(Machine(0, 1), flags=PolicyChoices(batch_size=4, max_batch_delay_ms=300))
 
 
 @pytest.fixture(scope="module")
 def model(resnet18_unpacked) -> ImageClassifierModel:
-    model = ImageClassifierModel("resnet18", resnet18_unpacked, threads=1, batching=BatchPolicy(4, 300))
+    model = ImageClassifierModel("resnet18", resnet18_unpacked, BATCHING)
     model.load()
     return model
 
@@ -104,9 +106,16 @@ def test_concurrent_requests_share_a_batch(model, caplog):
 
 
 def test_batch_size_one_answers_at_once(model):
-    batcher = Batcher(model.core, BatchPolicy(1, 0))
+    unbatched = resolve_policy(Machine(0, 1), flags=PolicyChoices(batch_size=1, max_batch_delay_ms=0))
+    batcher = Batcher(model.core, unbatched)
     (answer,) = asyncio.run(batcher.answer(v1_rows(CAT)))
     assert answer["model"] == "resnet18"
+
+
+def test_the_model_runs_and_describes_the_policy_it_was_given(model):
+    assert model.core.policy == BATCHING and model.core.threads == 1
+    assert model.describe()["policy"]["why"] == BATCHING.lines()
+    assert (model.batcher.size, model.batcher.delay_ms) == (4, 300)
 
 
 def test_a_pickled_model_opens_its_own_copy(model):

@@ -20,7 +20,8 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install
 import jsonschema
 import ray
 
-from handlers.policy import machine_policy, with_overrides
+from contract.policy import Machine, PolicyChoices, resolve_policy
+from handlers.policy import machine_policy
 from serving.cli import main
 from serving.deploy import ray as deploy_ray
 from serving.deploy.common import MAX_REPLICAS, RESOURCES
@@ -34,6 +35,7 @@ from tests.serving.schemas import validate_kubernetes
 CRD = ROOT / "tests" / "data" / "kuberay" / "ray.io_rayservices-v1.7.0.yaml.gz"
 CPU_2_CORES = machine_policy(gpus=0, cores=2)
 ONE_GPU = machine_policy(gpus=1, cores=8)
+THREE_BY_TWO = resolve_policy(Machine(0, 2), flags=PolicyChoices(workers=3, threads_per_worker=2))
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,7 @@ def test_a_serve_config_rays_schema_refuses_is_not_written(store):
         service(store, dataclasses.replace(CPU_2_CORES, batch_size=0))
 
 
-@pytest.mark.parametrize("policy", [CPU_2_CORES, ONE_GPU, with_overrides(CPU_2_CORES, workers=3, threads=2)],
+@pytest.mark.parametrize("policy", [CPU_2_CORES, ONE_GPU, THREE_BY_TWO],
                          ids=["cpu", "gpu", "3x2"])
 def test_pods_are_the_machine_of_the_serving_policy(store, policy):
     cluster = service(store, policy)["spec"]["rayClusterConfig"]
@@ -237,6 +239,8 @@ def test_the_command_writes_the_service_the_storage_and_the_claim(store, tmp_pat
     assert document["metadata"]["name"] == "resnet18-ray"
     deployment = yaml.safe_load(document["spec"]["serveConfigV2"])["applications"][0]["deployments"][0]
     assert deployment["autoscaling_config"]["initial_replicas"] == 3
+    said = (out / "rayservice.yaml").read_text()
+    assert "#   workers 3: --workers" in said and "#   threads 1: --threads" in said  # each value's reason
     for object_ in yaml.safe_load_all((out / "storage-pvc.yaml").read_text()):
         validate_kubernetes(object_)
     assert "kubectl cp storage/. vision-export-models-ray-upload:/pv/resnet18-ray" in capsys.readouterr().out

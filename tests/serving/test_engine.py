@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -33,11 +34,12 @@ def fake():
 
 @pytest.fixture
 def store(tmp_path):
-    """A model store of two archives: the fake engine only needs them to be there."""
+    """A model store of two archives: the fake engine only needs them to be there, and readable (every engine's
+    start resolves each model's serving policy with what its archive pins: nothing, here)."""
     folder = tmp_path / "store"
     folder.mkdir()
     for name in ("a", "b"):
-        (folder / f"{name}.mar").write_bytes(b"")
+        zipfile.ZipFile(folder / f"{name}.mar", "w").close()
     return folder
 
 

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import zipfile
+
+import yaml
+
+from contract.policy import Machine, PolicyChoices
 from handlers.policy import machine_policy
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
@@ -13,10 +18,25 @@ def test_settings_travel_to_the_server_process_whole(tmp_path):
                               policy=machine_policy(0, 2))
     settings.run_dir.mkdir()
     again = KServeSettings.read(settings.write())
+    both = {"a": machine_policy(0, 2), "b": machine_policy(0, 2)}  # resolved here, read there as they are
     assert again == KServeSettings(settings.model_store.absolute(), ("a", "b"), http_port=9999,
-                                   run_dir=settings.run_dir.absolute(), policy=machine_policy(0, 2))
+                                   run_dir=settings.run_dir.absolute(), policies=both)
+    assert again.model_policies() == both and again.server_workers() == 2
     assert again.predict_url("a") == "http://127.0.0.1:9999/v1/models/a:predict"
     assert again.infer_url("a") == "http://127.0.0.1:9999/v2/models/a/infer"
+
+
+def test_an_archives_pinned_workers_do_not_split_kserves_workers_but_its_other_pins_hold(tmp_path):
+    """KServe's worker processes serve every model at once: an archive's pinned workers are TorchServe's and Ray's."""
+    store = tmp_path / "store"
+    store.mkdir()
+    for name, config in (("plain", {}), ("pinned", {"minWorkers": 1, "maxWorkers": 1, "batchSize": 4})):
+        with zipfile.ZipFile(store / f"{name}.mar", "w") as archive:
+            archive.writestr("model-config.yaml", yaml.safe_dump(config))
+    settings = KServeSettings(store, ("plain", "pinned"), flags=PolicyChoices(threads_per_worker=1))
+    policies = settings.resolve_policies(Machine(0, 4))
+    assert {policy.workers for policy in policies.values()} == {4} and settings.server_workers() == 4
+    assert (policies["plain"].batch_size, policies["pinned"].batch_size) == (1, 4)
 
 
 def test_a_user_is_given_the_v1_and_v2_urls_a_curl_line_and_the_stop_command(tmp_path):

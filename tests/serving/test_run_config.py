@@ -1,20 +1,29 @@
-"""`python -m serving` decides the policy for the machine it runs on (serving/settings.py) and writes it into
-TorchServe's config (`python -m serving config`)."""
+"""`python -m serving` resolves each model's policy for the machine it runs on, with its archive's pins and the
+command's flags (serving/settings.py, contract/policy.py), and writes it into TorchServe's config, its run config
+(`python -m serving config`): TorchServe's `models=` keys and the line the handler reads as it is."""
 
 import json
+import zipfile
 
 import pytest
 import torch
+import yaml
 
-from handlers.policy import GPU_BATCH_SIZE, machine_policy
+from contract.policy import GPU_BATCH_SIZE, PINNED, PolicyChoices, PolicyError
+from handlers.policy import machine_policy, policies_in
 from serving import cli
-from serving.settings import ServingError, decide_policy
 from serving.torchserve.config import CPU_JVM_FLAGS, LOG_CONFIG, LOG_CONFIG_FLAG, ServerSettings, run_config_text
 from serving.torchserve.engine import TorchServe
 
 
 def parse(argv: list[str]):
     return cli.parser_for(TorchServe).parse_args(argv)
+
+
+def resolved(argv: list[str], store, *models: str):
+    """The policies `python -m serving ARGV` resolves for models of store."""
+    settings = ServerSettings(model_store=store, models=models, flags=PolicyChoices.from_flags(parse(argv)))
+    return settings.resolve_policies()
 
 
 def models_setting(text: str) -> dict:
@@ -24,32 +33,50 @@ def models_setting(text: str) -> dict:
 
 def test_the_config_carries_the_policy_for_the_model():
     policy = machine_policy(gpus=0, cores=2)
-    text = run_config_text(ServerSettings(model_name="resnet"), policy)
+    text = run_config_text(ServerSettings(model_name="resnet", policy=policy))
     setting = models_setting(text)["resnet"]["1.0"]
     assert setting["marName"] == "resnet.mar" and setting["defaultVersion"] is True
     assert (setting["minWorkers"], setting["maxWorkers"], setting["batchSize"]) == (2, 2, 1)
     assert "inference_address=http://127.0.0.1:8080" in text  # the base config is kept
 
 
-def test_a_gpu_host_gets_the_gpu_policy_whatever_machine_exported(monkeypatch):
+def test_the_config_holds_each_policy_with_its_reasons_for_the_handler(tmp_path):
+    policy = machine_policy(gpus=0, cores=2)
+    run_config = tmp_path / "config.properties"
+    run_config.write_text(run_config_text(ServerSettings(model_name="resnet", policy=policy)))
+    assert policies_in(run_config) == {"resnet": policy}  # what the handler reads, as it is
+    assert "#   resnet: workers 2: one per CPU core, 2 cores" in run_config.read_text().splitlines()
+
+
+def test_a_gpu_host_gets_the_gpu_policy_whatever_machine_exported(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    policy = decide_policy(parse([]))
+    policy = resolved([], store_with(tmp_path / "store", "resnet"), "resnet")["resnet"]
     assert policy.device == "gpu" and policy.batch_size == GPU_BATCH_SIZE and policy.workers == 1
 
 
-def test_command_line_overrides_and_their_validation():
-    policy = decide_policy(parse(["--workers", "1", "--batch-size", "4"]))
-    assert (policy.workers, policy.batch_size) == (1, 4)
-    with pytest.raises(ServingError, match="--workers must be at least 1, got 0"):
-        decide_policy(parse(["--workers", "0"]))
+def test_command_line_overrides_and_their_validation(tmp_path):
+    policy = resolved(["--workers", "1", "--batch-size", "4"], store_with(tmp_path / "store", "resnet"), "resnet")
+    assert (policy["resnet"].workers, policy["resnet"].batch_size) == (1, 4)
+    assert policy["resnet"].reasons["workers"] == "--workers"
+    with pytest.raises(PolicyError, match="--workers must be at least 1, got 0"):
+        PolicyChoices.from_flags(parse(["--workers", "0"]))
 
 
-def store_with(folder, *names: str):
-    """A model store holding NAME.mar files: `config` only lists the store, it does not open the archives."""
+def test_an_archives_pins_win_over_the_command_line_for_that_model_only(tmp_path):
+    store = store_with(tmp_path / "store", "plain", pinned={"batchSize": 2, "handler": {"threads": 1}})
+    policies = resolved(["--batch-size", "4"], store, "plain", "pinned")
+    assert (policies["plain"].batch_size, policies["pinned"].batch_size) == (4, 2)
+    assert policies["pinned"].reasons["batch_size"] == PINNED and policies["pinned"].threads_per_worker == 1
+
+
+def store_with(folder, *names: str, **pinned: dict):
+    """A model store of NAME.mar archives holding only a model-config.yaml (`config` reads their pins there);
+    pinned: NAME=model-config of an archive that pins values."""
     folder.mkdir()
-    for name in names:
-        (folder / f"{name}.mar").write_bytes(b"")
+    for name, config in {**{name: {} for name in names}, **pinned}.items():
+        with zipfile.ZipFile(folder / f"{name}.mar", "w") as archive:
+            archive.writestr("model-config.yaml", yaml.safe_dump(config))
     return folder
 
 
@@ -63,6 +90,18 @@ def test_config_action_writes_every_archive_of_the_store_and_needs_out(tmp_path,
     assert "load_models=resnet18=resnet18.mar,resnet50=resnet50.mar" in out.read_text().splitlines()
     assert cli.main(["config", "--model-store", str(store)]) == 1
     assert "error: `python -m serving config` needs --out PATH" in capsys.readouterr().err
+
+
+def test_config_action_applies_each_archives_pins_and_names_an_archive_it_cannot_read(tmp_path, capsys):
+    store, out = store_with(tmp_path / "store", "plain", pinned={"minWorkers": 1}), tmp_path / "config.properties"
+    assert cli.main(["config", "--model-store", str(store), "--threads", "1", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "pinned: " in said and "workers 1: the archive pins it" in said and "threads 1: --threads" in said
+    assert models_setting(out.read_text())["pinned"]["1.0"]["minWorkers"] == 1
+    assert policies_in(out)["pinned"].reasons["workers"] == PINNED
+    (store / "plain.mar").write_bytes(b"not a zip")
+    assert cli.main(["config", "--model-store", str(store), "--out", str(out)]) == 1
+    assert "plain.mar is not a model archive" in capsys.readouterr().err
 
 
 def test_models_chooses_among_the_archives_and_names_the_missing_one(tmp_path, capsys):
@@ -91,18 +130,18 @@ def vmargs(text: str) -> str:
 
 
 def test_a_cpu_host_gets_the_lean_jvm_and_our_log_configuration():
-    text = run_config_text(ServerSettings(model_name="resnet"), machine_policy(gpus=0, cores=2))
+    text = run_config_text(ServerSettings(model_name="resnet", policy=machine_policy(gpus=0, cores=2)))
     flags = vmargs(text).split()
     assert set(CPU_JVM_FLAGS) <= set(flags)
     assert f"{LOG_CONFIG_FLAG}{LOG_CONFIG.as_uri()}" in flags and LOG_CONFIG.is_file()
 
 
 def test_a_gpu_host_keeps_the_jvm_defaults_and_a_config_of_its_own_wins(tmp_path):
-    assert vmargs(run_config_text(ServerSettings(model_name="resnet"), machine_policy(gpus=1, cores=8))) == \
+    assert vmargs(run_config_text(ServerSettings(model_name="resnet", policy=machine_policy(gpus=1, cores=8)))) == \
         f"{LOG_CONFIG_FLAG}{LOG_CONFIG.as_uri()}"
     own = tmp_path / "config.properties"
     own.write_text("inference_address=http://127.0.0.1:8080\nvmargs=-Xmx2g -Dlog4j.configurationFile=mine.xml\n")
-    text = run_config_text(ServerSettings(model_name="resnet", config=own), machine_policy(gpus=0, cores=2))
+    text = run_config_text(ServerSettings(model_name="resnet", config=own, policy=machine_policy(gpus=0, cores=2)))
     assert vmargs(text) == "-Xmx2g -Dlog4j.configurationFile=mine.xml"
 
 

@@ -15,10 +15,11 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install
 from pydantic import ValidationError  # noqa: E402  (after the skip: Ray Serve brings it)
 from ray.serve.deployment import Application  # noqa: E402
 
+from contract.policy import PINNED, Machine, ServingPolicy  # noqa: E402
 from handlers.policy import machine_policy  # noqa: E402
 from serving.cli import main  # noqa: E402
 from serving.ray import serve_config  # noqa: E402
-from serving.ray.config import REPLICA_ENV, deployment_options  # noqa: E402
+from serving.ray.config import REPLICA_ENV, RaySettings, deployment_options  # noqa: E402
 
 CPU_2_CORES = machine_policy(gpus=0, cores=2)
 ONE_GPU = machine_policy(gpus=1, cores=8)
@@ -35,8 +36,13 @@ def store(tmp_path):
     return folder
 
 
+def policies(store, *models: str) -> dict[str, ServingPolicy]:
+    """Each model's policy as the ray engine resolves it on a 2-core CPU machine (its archive's pins applied)."""
+    return RaySettings(store, models).resolve_policies(Machine(0, 2))
+
+
 def test_the_config_passes_rays_schema_and_a_wrong_type_does_not(store):
-    config = serve_config.serve_config(store, ("plain", "pinned"), CPU_2_CORES, "/mnt/models/model-store")
+    config = serve_config.serve_config(store, policies(store, "plain", "pinned"), "/mnt/models/model-store")
     assert serve_config.validated(config) is config
     config["applications"][0]["deployments"][0]["max_ongoing_requests"] = "lots"
     with pytest.raises(ValidationError, match="max_ongoing_requests"):
@@ -44,7 +50,7 @@ def test_the_config_passes_rays_schema_and_a_wrong_type_does_not(store):
 
 
 def test_a_misspelled_field_which_rays_schema_ignores_is_refused(store):
-    config = serve_config.serve_config(store, ("plain",), CPU_2_CORES)
+    config = serve_config.serve_config(store, policies(store, "plain"))
     config["applications"][0]["deployments"][0]["max_ongoing_request"] = 2
     from ray.serve.schema import ServeDeploySchema
     ServeDeploySchema.model_validate(config)  # Ray's own models drop it silently
@@ -53,16 +59,20 @@ def test_a_misspelled_field_which_rays_schema_ignores_is_refused(store):
 
 
 def test_each_archive_is_an_application_at_its_route_read_from_the_clusters_store(store):
-    config = serve_config.serve_config(store, ("plain", "pinned"), CPU_2_CORES, "/mnt/models/model-store")
+    config = serve_config.serve_config(store, policies(store, "plain", "pinned"), "/mnt/models/model-store")
     assert [(a["name"], a["route_prefix"]) for a in config["applications"]] == [
         ("plain", "/predictions/plain"), ("pinned", "/predictions/pinned")]
     plain, pinned = (a["args"] for a in config["applications"])
     assert plain["archive"] == "/mnt/models/model-store/plain.mar"
-    assert (plain["batch_size"], pinned["batch_size"], pinned["max_batch_delay_ms"]) == (1, 4, 40)
+    plain, pinned = ServingPolicy.from_dict(plain["policy"]), ServingPolicy.from_dict(pinned["policy"])
+    assert (plain.batch_size, pinned.batch_size, pinned.max_batch_delay_ms) == (1, 4, 40)
+    assert pinned.reasons["batch_size"] == PINNED  # the replica reads it as it is, reasons included
+    pinned_deployment = config["applications"][1]["deployments"][0]
+    assert pinned_deployment["autoscaling_config"]["target_ongoing_requests"] == 4  # the pinned batch
 
 
 def test_the_import_path_is_the_builder_the_engine_deploys(store):
-    config = serve_config.serve_config(store, ("plain",), CPU_2_CORES)
+    config = serve_config.serve_config(store, policies(store, "plain"))
     module, function = config["applications"][0]["import_path"].split(":")
     builder = getattr(importlib.import_module(module), function)
     from serving.ray.deployment import application
