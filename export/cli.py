@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from contract.cli import run_command
+from contract.policy import add_policy_options
 from contract.records import DECODE_MODES
 from export.forms import exporters, kinds
 
@@ -113,13 +114,7 @@ def _archive_options(sub) -> None:
                      help="archive and URL name: NAME.mar, /predictions/NAME (default: the arch, e.g. resnet50); "
                           "exporting another model into the same store never overwrites it")
     _serve_option(sub)
-    sub.add_argument("--workers", type=int, default=None,
-                     help="pin TorchServe workers in the archive (default: not pinned; decided where it is "
-                          "served: a worker per GPU, or per CPU core up to 4; threads = cores / workers)")
-    sub.add_argument("--batch-size", type=int, default=None,
-                     help="pin TorchServe batchSize (default: not pinned; 8 on a GPU host, 1 on CPU)")
-    sub.add_argument("--max-batch-delay", type=int, default=None,
-                     help="pin TorchServe maxBatchDelay in ms (default: not pinned; 50 on a GPU host)")
+    add_policy_options(sub, ("workers", "batch_size", "max_batch_delay_ms"), pinned=True)
 
 
 def _formats_option(sub) -> None:

@@ -199,7 +199,8 @@ def main(argv: list[str]) -> int:
     parser = ray_command_parser("ray-autoscale", __doc__)
     parser.add_argument("--clients", type=int, default=4, help="hey's connections during the step")
     parser.add_argument("--step", type=float, default=STEP_S, help="seconds of the load step")
-    parser.add_argument("--workers", type=int, default=None, help="the most replicas (default: the policy's)")
+    from contract.policy import add_policy_options
+    add_policy_options(parser, ("workers",))  # the most replicas
     args = parser.parse_args(argv)
     from contract.cli import run_command
     return run_command(lambda: run(args))
