@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 RUN_CONFIG_ENV = "VISION_EXPORT_RUN_CONFIG"  # the run config's path, for TorchServe's workers
 POLICIES_PROPERTY = "vision_export_policies"  # config.properties: {model: its policy} as JSON, for the handler
-RESOLVED_HERE = "resolved in this worker (no run config names this model)"
+RESOLVED_HERE = "this worker's own resolution (no run config names this model)"
 
 
 def this_machine() -> Machine:
