@@ -19,7 +19,7 @@ from typing import Any
 
 from contract.errors import VisionExportError
 
-SCHEMA_VERSION = 3  # 3: refused kinds are Refusal records (were strings)
+SCHEMA_VERSION = 4  # 4: the task, every output, the resize rule of whole-image models; 3: refused kinds are Refusals
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "index_to_name.json"
 INPUT_NAME = "input"  # the artifacts' input and output tensor names (ONNX graphs, Triton, v2 clients)
@@ -28,6 +28,9 @@ OUTPUT_NAME = "output"
 # a reduced scale in the DCT domain, recorded by the export only when its decode check passed
 # (export/checks/decode.py); the handler setting `decode: exact` turns it off.
 DECODE_MODES = ("exact", "draft")
+# What a model answers; each task has its own request core (handlers/), which refuses another task's archive.
+CLASSIFICATION, DETECTION, SEGMENTATION = "classification", "detection", "segmentation"
+TASKS = (CLASSIFICATION, DETECTION, SEGMENTATION)
 
 
 class ContractError(VisionExportError):
@@ -103,6 +106,41 @@ class ImageContract:
         return _from_dict(cls, data, "manifest input.preprocessing")
 
 
+@dataclass(frozen=True)
+class ResizeRule:
+    """How a whole-image model (a detector, a segmenter) wants its image: the shorter side to `min_side` unless
+    the longer one would then pass `max_side` (torchvision's GeneralizedRCNNTransform), aspect kept; `fixed`
+    (height, width): the model squeezes any image to it, so the image is only fitted within it. The handler
+    sends images at this size, so the model's own resize changes nothing and a 12 MP photo is not copied whole
+    into the graph; its answers are scaled back to the photo's pixels."""
+
+    min_side: int
+    max_side: int
+    fixed: tuple[int, int] | None = None
+    source: str = ""  # where these numbers come from (the model's transform)
+
+    def __post_init__(self):
+        if self.fixed is not None:
+            object.__setattr__(self, "fixed", tuple(int(v) for v in self.fixed))
+        if self.min_side < 1 or self.max_side < self.min_side:
+            raise ContractError(f"resize rule: min_side {self.min_side} and max_side {self.max_side} must be "
+                                "positive, max_side at least min_side")
+
+    def scale(self, height: int, width: int) -> float:
+        if self.fixed is not None:
+            return min(self.fixed[0] / height, self.fixed[1] / width)
+        return min(self.min_side / min(height, width), self.max_side / max(height, width))
+
+    def size(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) an image of this size is sent at."""
+        factor = self.scale(height, width)
+        return max(1, round(height * factor)), max(1, round(width * factor))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ResizeRule":
+        return _from_dict(cls, data, "manifest input.resize_rule")
+
+
 @dataclass
 class InputRecord:
     example_shape: tuple[int, ...]  # batch first
@@ -115,12 +153,15 @@ class InputRecord:
     resizes_in_graph: bool = False  # any spatial size at or above min_size is resized in the graph
     min_size: int = 0
     preprocessing: ImageContract | None = None  # None: not an image model the handler can serve
+    resize_rule: ResizeRule | None = None  # whole-image models (detection, segmentation): the image's size
 
     def __post_init__(self):
         self.example_shape = tuple(int(d) for d in self.example_shape)
         self.value_range = tuple(float(v) for v in self.value_range)
         if isinstance(self.preprocessing, dict):
             self.preprocessing = ImageContract.from_dict(self.preprocessing)
+        if isinstance(self.resize_rule, dict):
+            self.resize_rule = ResizeRule.from_dict(self.resize_rule)
 
     def handler_input(self) -> tuple[int, ...] | None:
         """(C, H, W) of the rows the handler sends, or None when the model takes no image."""
@@ -247,6 +288,8 @@ class Manifest:
     refused: dict = field(default_factory=dict)  # kind -> Refusal: why it could not be made (or kept)
     files: dict = field(default_factory=dict)  # other files (labels, reports) -> FileRecord
     serving: ServingDecision | None = None
+    task: str = CLASSIFICATION  # one of TASKS: which request core serves it
+    outputs: list = field(default_factory=list)  # every output, in order (OutputRecord); output is the first
     parity: dict = field(default_factory=dict)
     trace_vs_script: dict = field(default_factory=dict)
     precision: dict = field(default_factory=dict)  # reduced-precision variants: calibration, gate, choice
@@ -266,9 +309,12 @@ class Manifest:
         if data.get("schema") != SCHEMA_VERSION:
             raise SchemaVersionError(where, data.get("schema"))
         data = dict(data)
+        if data.get("task", CLASSIFICATION) not in TASKS:
+            raise ContractError(f"{where}: task {data.get('task')!r} is not one of {', '.join(TASKS)}; re-run the export")
         data["model"] = _from_dict(ModelInfo, data.get("model"), f"{where} model")
         data["input"] = _from_dict(InputRecord, data.get("input"), f"{where} input")
         data["output"] = _from_dict(OutputRecord, data.get("output"), f"{where} output")
+        data["outputs"] = [_from_dict(OutputRecord, o, f"{where} outputs[{i}]") for i, o in enumerate(data.get("outputs") or [])]
         data["artifacts"] = {k: _from_dict(ArtifactRecord, v, f"{where} artifacts.{k}")
                              for k, v in (data.get("artifacts") or {}).items()}
         data["refused"] = {k: _from_dict(Refusal, v, f"{where} refused.{k}")

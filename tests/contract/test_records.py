@@ -111,3 +111,22 @@ def test_labels_are_read_as_integer_keys_or_refused(tmp_path):
     (tmp_path / "broken.json").write_text("[1, 2]")
     with pytest.raises(ContractError, match="cannot be read"):
         read_labels(tmp_path / "broken.json")
+
+
+def test_the_resize_rule_keeps_the_aspect_and_fits_within_its_sides():
+    from contract.records import ResizeRule
+    rcnn = ResizeRule(min_side=800, max_side=1333)
+    assert rcnn.size(3024, 4032) == (800, 1067)  # a 12 MP photo: the shorter side to 800
+    assert rcnn.size(400, 2000) == (267, 1333)  # a panorama: the longer side stops at 1333
+    assert rcnn.size(10, 10) == (800, 800)  # small images are enlarged, as the model's transform does
+    ssd = ResizeRule(min_side=320, max_side=320, fixed=(320, 320))
+    assert ssd.size(3024, 4032) == (240, 320) and ssd.fixed == (320, 320)
+    assert ResizeRule.from_dict({"min_side": 520, "max_side": 4096}) == ResizeRule(520, 4096)
+    with pytest.raises(ContractError, match="max_side at least min_side"):
+        ResizeRule(min_side=800, max_side=100)
+
+
+def test_a_manifest_names_its_task_and_refuses_one_it_does_not_know():
+    assert Manifest.__dataclass_fields__["task"].default == "classification"
+    with pytest.raises(ContractError, match="task 'captioning' is not one of classification, detection, segmentation"):
+        Manifest.from_dict({"schema": SCHEMA_VERSION, "task": "captioning", "model": {}, "input": {}, "output": {}})
