@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from contract.records import Manifest
 from contract.files import atomic_write_text
+from contract.records import Manifest
 from export.atomic import ensure_writable_dir
 from export.checks.parity import Candidate, parity_inputs, report_json, report_markdown, run_parity
 from export.checks.trace_vs_script import CONCLUSION, MATCHES, REJECTED, TraceVsScript
@@ -18,8 +18,10 @@ from export.package.archive import ArchiveRequest
 from export.package.manifest import verify_hashes
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
 from export.pipeline import ExportOptions, Progress, export_model
+from export.precision.request import PrecisionRequest, check_hardware, parse_precisions, target_precisions
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
+from runtime.machine import PROFILES, MachineProfile, Needs, this_machine
 
 CONTROLFLOW_MODELS = ("cf-branch", "cf-loop", "cf-repeat", "resnet18")
 
@@ -57,14 +59,14 @@ def module_command(args) -> int:
 
 def _options(args, out: Path, device: str, archive: ArchiveRequest | None) -> ExportOptions:
     """The export options of the family and module commands."""
+    target = target_profile(args)
     return ExportOptions(out=out, weights=args.weights, opset=args.opset, device=device, archive=archive,
-                         precision=precision_request(args), serve=args.serve, decode=args.decode,
-                         formats=args.formats, target=target_profile(args))
+                         precision=precision_request(args, device, target), serve=args.serve, decode=args.decode,
+                         formats=args.formats, target=target)
 
 
-def target_profile(args):
+def target_profile(args) -> MachineProfile | None:
     """--target PROFILE -> the profile (None: this machine, decided at the serving step)."""
-    from runtime.machine import PROFILES
     return PROFILES[args.target] if getattr(args, "target", None) else None
 
 
@@ -145,44 +147,33 @@ def _same_weights(manifest: Manifest, module, progress: Progress) -> None:
         progress.step(f"rebuilt weights are the exported ones (state_dict sha256 {recorded[:16]})")
 
 
-def precision_request(args):
-    """--precision/--calibration/--validation/--gate -> export.precision.request.PrecisionRequest (checked here)."""
-    from export.precision.request import PrecisionRequest, check_hardware, parse_precisions
+def precision_request(args, device: str, target: MachineProfile | None) -> PrecisionRequest:
+    """--precision/--calibration/--validation/--gate -> the request, checked against this machine now, not after
+    a minute of exporting."""
     for name in ("calibration", "validation"):
         folder = getattr(args, name)
         if folder is not None and not folder.is_dir():
             raise ExportError(f"--{name} {folder}: not a folder; give an ImageFolder layout DIR/<class>/<image>")
     if args.calibration_samples < 1:
         raise ExportError("--calibration-samples must be at least 1")
-    precisions = (target_precisions(target_profile(args), _device(args.device)) if args.precision == "target"
+    precisions = (_target_precisions(target, device) if args.precision == "target"
                   else parse_precisions(args.precision))
     if "int8" not in precisions and args.calibration is not None:
         raise ExportError("--calibration is for int8: add int8 to --precision (e.g. --precision fp32,int8)")
-    check_hardware(precisions, _device(args.device))  # now, not after a minute of exporting
-    target = target_profile(args)
+    check_hardware(precisions, device)
     return PrecisionRequest(precisions=precisions, calibration=args.calibration, validation=args.validation,
                             calibration_samples=args.calibration_samples, gate=args.gate,
                             target_flags=target.flags if target else None)
 
 
-def target_precisions(target, device: str) -> tuple[str, ...]:
-    """--precision target: fp32 and every precision with a kind fast on the target, that this machine can build
-    and gate (a bf16 form is gated only where the CPU computes in bf16); what is left out is said."""
-    from export.precision.request import PrecisionError, check_hardware
-    from runtime.machine import this_machine
+def _target_precisions(target: MachineProfile | None, device: str) -> tuple[str, ...]:
+    """--precision target, saying what is left out and why."""
     target = target or this_machine()
-    wanted = [p for p in kinds.precisions() if p == kinds.FP32 or any(
-        k.runs_on.unmet(target) is None and k.fast_on.unmet(target) is None for k in kinds.variants(p))]
-    chosen = []
-    for precision in wanted:
-        try:
-            check_hardware((precision,), device)
-            chosen.append(precision)
-        except PrecisionError as error:
-            print(f"--precision target: {precision} is fast on {target.name} but left out here: {error}",
-                  file=sys.stderr)
+    chosen, left_out = target_precisions(target, device)
+    for precision, why in left_out.items():
+        print(f"--precision target: {precision} is fast on {target.name} but left out here: {why}", file=sys.stderr)
     print(f"--precision target ({target.name}): {','.join(chosen)}", file=sys.stderr)
-    return tuple(chosen)
+    return chosen
 
 
 def _config_overrides(args) -> dict:
@@ -239,7 +230,6 @@ def _print_serving(result, progress: Progress) -> None:
 
 
 def _needs_words(candidate: dict) -> str:
-    from runtime.machine import Needs
     runs, fast = Needs.from_dict(candidate["runs_on"]), Needs.from_dict(candidate["fast_on"])
     return f"runs on {runs.words() if runs != Needs() else 'any machine'}" + (
         f", fast on {fast.words()}" if fast != Needs() else "")

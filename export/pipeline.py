@@ -30,7 +30,7 @@ from export.package.reports import write_reports
 from export.package.selection import Candidate, artifact_needs, decide
 from export.precision.gate import GATE_ENFORCE, GATE_REPORT, render_table
 from export.precision.request import PrecisionRequest
-from export.precision.variants import PrecisionReport, VariantSources, build_variants, requested_variant_kinds
+from export.precision.variants import PrecisionReport, VariantSources, build_variants
 from export.refusals import Refusals
 from export.steps import build_artifacts, inspect_artifacts, open_artifacts, parity_step, require_servable
 from export.warnings_log import WarningLog
@@ -279,7 +279,7 @@ def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: Tr
         try:
             variants = build_variants(sources, request, run.options.device, run.progress, run.refusals)
         except VisionExportError as error:
-            for kind in requested_variant_kinds(request.precisions):
+            for kind in request.variant_kinds:
                 run.refusals.refuse(kind, "precision", error)
             return None
         _print_gate(variants, request.gate, run.progress)

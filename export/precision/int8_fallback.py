@@ -15,9 +15,9 @@ Ranking: each node's damage is the logit error of a model where only that node i
 measured on every RANKING_STRIDE-th calibration image (never the held-out ones). The opposite test ("all int8
 but this node") misses interactions: on lite0 the stem convolution looked harmless that way (the error left
 behind by the others hid it) while alone it is among the most damaging (docs/int8-efficientnet.md).
-Why not the cheaper SQNR ranking (export/divergence/int8.py): on lite0 its top 8 overlap this one's in 6 of 8, but
-SQNR is energy-weighted and cumulative, so it misses the small-channel damage of the depthwise convolutions; with
-its top 4/8/12 in fp32 the held-out gate failed each time, with this ranking's top 8 it passed (same document).
+Why not the cheaper SQNR ranking (export/divergence/int8.py): on lite0 the two mostly agree, but SQNR is
+energy-weighted and cumulative, so it misses the small-channel damage of the depthwise convolutions: with its top
+nodes in fp32 the held-out gate failed at every count tried, with this ranking's it passed (same document).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ MAX_FP32_NODES = 12
 RANKING_STRIDE = 4  # every 4th calibration image: ranking runs every node, so it sees a quarter of them
 FP32_SUFFIX = "_fp32"
 # The nodes are ranked and counted on the calibration images, so a pass on them is optimistic: a count that only
-# just passed them (top-5 99.0 %, one miss in 100) passed the held-out images on one CPU and failed them on
-# another (98.4 %; CI, 2026-11-24). So the fallback aims at SELECTION_SHARE of each allowed disagreement, error
-# and drop on the calibration images, and the held-out images keep the gate's full tolerance.
+# just passed them passed the held-out images on one CPU and failed them on another (docs/int8-efficientnet.md).
+# So the fallback aims at SELECTION_SHARE of each allowed disagreement, error and drop on the calibration images,
+# and the held-out images keep the gate's full tolerance.
 SELECTION_SHARE = 0.5
 
 

@@ -19,10 +19,12 @@ import torch
 
 from export.checks.agreement import agreement_metrics
 from export.errors import ExportError
+from export.forms import kinds
 from export.forms.openvino_ir import save_ir
+from export.precision.builder import Variant, VariantContext
 from export.precision.gate import INT8_TOLERANCE, gated_top1
+from export.precision.held_out import run_batches
 from export.precision.int8_fallback import MAX_FP32_NODES, RANKING_STRIDE, selection_tolerance
-from export.precision.running import run_batches
 from runtime import RunOptions, open_artifact
 from runtime.openvino import INSTALL, import_openvino
 from runtime.signal_stack import keep_signal_stack
@@ -31,7 +33,7 @@ from runtime.signal_stack import keep_signal_stack
 # of the gate's allowed disagreement, so that both fallbacks aim at the same target and are comparable.
 MAX_DROP = round(1.0 - selection_tolerance(INT8_TOLERANCE).min_top1_agreement, 6)
 # ... and the same budget: at most MAX_FP32_NODES layers reverted, ranked on every RANKING_STRIDE-th calibration
-# image. Uncapped, NNCF reverts layer after layer (on a 2-core machine it had not finished after 10 minutes).
+# image. Uncapped, NNCF reverts layer after layer and did not finish on a small CPU (docs/openvino.md).
 COMPUTE_OPS = ("Convolution", "GroupConvolution", "MatMul")  # the ops whose int8 kernels carry the speed-up
 QUANTIZE_OPS = ("FakeQuantize", "FakeConvert")
 
@@ -44,9 +46,9 @@ def import_nncf():
     return nncf
 
 
-def build_openvino_int8(stage: Path, kind, source, calibration, held_out, progress) -> tuple[dict, object, float]:
-    """The int8 IR in the stage (kind.file_name and its weights), gated; plain quantization first.
-    Returns how it was made, its gate result and its batch-1 images/s."""
+def build_openvino_int8(context: VariantContext, kind, source) -> Variant:
+    """The int8 IR in the stage (kind.file_name and its weights), gated; plain quantization first."""
+    stage, calibration, held_out, progress = context.stage, context.calibration, context.held_out, context.progress
     openvino, nncf = import_openvino(), import_nncf()
     fp32_ir = openvino.Core().read_model(str(source.path))
     images = [image[None].numpy() for image in calibration.images]  # batches of one: NNCF counts items
@@ -73,7 +75,9 @@ def build_openvino_int8(stage: Path, kind, source, calibration, held_out, progre
     made_by = {"tool": "nncf.quantize" + (" + nncf.quantize_with_accuracy_control" if restored else ""),
                "nncf": nncf.__version__, "openvino": openvino.get_version(), "calibration_images": len(images),
                "plain_quantization": plain, "accuracy_control": restored, "timings": timings}
-    return made_by, gate, held_out.speed(backend)
+    return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
+                   run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate,
+                   images_per_s=held_out.speed(backend))
 
 
 def accuracy_controlled(nncf, fp32_ir, images: list, reference: torch.Tensor):

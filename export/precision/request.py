@@ -1,5 +1,5 @@
-"""What reduced precisions were asked for, and whether this machine can build and gate them (checked by the
-command line before any work; export.precision.variants builds them)."""
+"""What reduced precisions were asked for, and whether this machine can build and gate them: the command line
+makes the request and checks it once, before any work; export.precision.variants builds the kinds it names."""
 
 from __future__ import annotations
 
@@ -10,13 +10,34 @@ from export.errors import ExportError
 from export.forms import kinds
 from export.precision.calibration import DEFAULT_CALIBRATION_SAMPLES
 from export.precision.gate import GATE_ENFORCE
-from runtime.machine import BF16_FLAGS, cpu_flags
+from runtime.machine import BF16_FLAGS, MachineProfile, cpu_flags
 
 PRECISIONS = kinds.precisions()
 DEFAULT_PRECISIONS = (kinds.FP32,)
 
+
 class PrecisionError(ExportError):
     """A precision cannot be built as asked (unknown name, no GPU for fp16, no image contract)."""
+
+
+@dataclass(frozen=True)
+class PrecisionRequest:
+    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
+    calibration: Path | None = None
+    validation: Path | None = None
+    calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
+    gate: str = GATE_ENFORCE  # one of export.precision.gate.GATE_MODES
+    loader_workers: int | None = None
+    target_flags: frozenset | None = None  # --target's CPU flags: int8 weights it must run exactly (None: this CPU)
+
+    @property
+    def wanted(self) -> bool:
+        return any(p != kinds.FP32 for p in self.precisions)
+
+    @property
+    def variant_kinds(self) -> list[str]:
+        """The variant kinds the requested precisions make, in table order."""
+        return [k.name for k in kinds.all_kinds() if k.is_variant and k.precision in self.precisions]
 
 
 def parse_precisions(text: str) -> tuple[str, ...]:
@@ -31,33 +52,37 @@ def parse_precisions(text: str) -> tuple[str, ...]:
     return names
 
 
-@dataclass
-class PrecisionRequest:
-    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
-    calibration: Path | None = None
-    validation: Path | None = None
-    calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
-    gate: str = GATE_ENFORCE  # one of export.precision.gate.GATE_MODES
-    loader_workers: int | None = None
-    target_flags: frozenset | None = None  # --target's CPU flags: int8 weights it must run exactly (None: this CPU)
-
-    @property
-    def wanted(self) -> bool:
-        return any(p != kinds.FP32 for p in self.precisions)
+def target_precisions(target: MachineProfile, device: str,
+                      flags: frozenset[str] | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """--precision target: fp32 and every precision with a kind fast on the target that this machine (its CPU's
+    `flags`; default: read here) can build and gate (a bf16 form is gated only where the CPU computes in bf16);
+    and why each precision fast on the target is left out."""
+    fast = [p for p in kinds.precisions() if p == kinds.FP32 or any(
+        k.runs_on.unmet(target) is None and k.fast_on.unmet(target) is None for k in kinds.variants(p))]
+    left_out = {p: why for p in fast if (why := hardware_refusal(p, device, flags))}
+    return tuple(p for p in fast if p not in left_out), left_out
 
 
 def check_hardware(precisions: tuple[str, ...], device: str, flags: set[str] | frozenset[str] | None = None) -> None:
     """Refuse, before any work, a variant this machine (its CPU's `flags`; default: read here) cannot build and
     gate at a useful speed."""
+    for precision in precisions:
+        why = hardware_refusal(precision, device, flags)
+        if why:
+            raise PrecisionError(why)
+
+
+def hardware_refusal(precision: str, device: str, flags: set[str] | frozenset[str] | None = None) -> str | None:
+    """Why this machine cannot build and gate `precision` at a useful speed, or None when it can."""
     on_gpu = device.startswith("cuda")
-    if "fp16" in precisions and not on_gpu:
-        raise PrecisionError("fp16 variants are for GPUs and are gated on one: add --device cuda, or leave fp16 "
-                             "out of --precision on a CPU-only machine")
-    if "bf16" in precisions and not on_gpu and not cpu_has_native_bf16(flags):
-        raise PrecisionError("bf16 on this CPU would be emulated: it has no native bf16 (" +
-                             " / ".join(BF16_FLAGS) + "), and emulated bf16 is many times slower than fp32 "
-                             "(docs/precision.md); use int8 on this machine, or export bf16 where the CPU has it "
-                             "(or on a GPU with --device cuda)")
+    if precision == "fp16" and not on_gpu:
+        return ("fp16 variants are for GPUs and are gated on one: add --device cuda, or leave fp16 out of "
+                "--precision on a CPU-only machine")
+    if precision == "bf16" and not on_gpu and not cpu_has_native_bf16(flags):
+        return ("bf16 on this CPU would be emulated: it has no native bf16 (" + " / ".join(BF16_FLAGS) + "), and "
+                "emulated bf16 is many times slower than fp32 (docs/precision.md); use int8 on this machine, or "
+                "export bf16 where the CPU has it (or on a GPU with --device cuda)")
+    return None
 
 
 def cpu_has_native_bf16(flags: set[str] | frozenset[str] | None = None) -> bool:

@@ -18,8 +18,8 @@ from export.precision.gate import (
     label_targets,
     render_table,
 )
+from export.precision.onnx_int8 import choose_activation_type
 from export.precision.request import PrecisionError, parse_precisions
-from export.precision.variants import choose_activation_type
 
 SIZE = (3, 224, 224)
 

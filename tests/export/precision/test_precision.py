@@ -17,13 +17,14 @@ from contract.records import MANIFEST_NAME, Manifest
 from export.errors import ExportError
 from export.forms import kinds
 from export.pipeline import Progress
+from export.precision.onnx_int8 import RANGES_FILE
 from export.precision.request import (
     PrecisionError,
     PrecisionRequest,
     check_hardware,
     cpu_has_native_bf16,
 )
-from export.precision.variants import RANGES_FILE, VariantSources, build_variants
+from export.precision.variants import VariantSources, build_variants
 from export.refusals import Refusals
 from runtime.machine import BF16_FLAGS, PROFILES
 from tests.conftest import run_export
