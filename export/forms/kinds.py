@@ -82,27 +82,25 @@ ONNX_RUNTIME_FIRST = "ONNX Runtime is ahead of TorchScript in CPU throughput (do
 ONNX_SOURCES = ("onnx-traced", "onnx-dynamo", "onnx-scripted")  # an ONNX variant's sources, in preference order
 _TABLE: dict[str, ArtifactKind] = {}
 
-# OpenVINO's rows (docs/openvino.md has the measurements behind each reason).
+# A row's rank_reason and fast_why say why in words; the measurements behind the ranks and the needs of the reduced
+# precision and OpenVINO rows (`python -m measure inprocess`, the forms taking turns, on CPUs with and without VNNI
+# and native bf16, at the CPU serving policy's own setting and at 2 threads, batch 8) are in one document:
+MEASURED = "docs/hardware-choice.md"
 OPENVINO_IR, OPENVINO_WEIGHTS = "model.openvino.xml", "model.openvino.bin"
 OPENVINO_INT8_IR, OPENVINO_INT8_WEIGHTS = "model.int8.openvino.xml", "model.int8.openvino.bin"
-# The OpenVINO rows' places, from `python -m measure inprocess --rounds N` (docs/hardware-choice.md): the forms taking
-# turns; AVX2 EPYC (no VNNI), the issue's Zen 4 (VNNI, BF16) and a Zen 5 (VNNI, BF16), where the order was checked at
-# the CPU serving policy's own setting (one thread per worker, batch 1) as well as at 2 threads, batch 8.
-OPENVINO_FP32_RANK = ("just after onnx-dynamo: slower than ONNX Runtime fp32 on an AVX2 EPYC (ResNet-50 16.4 vs 18.0 "
-                      "img/s, EfficientNet-Lite0 110 vs 130) and on a Zen 4 (24.2 vs 25.1), 3 to 5 % ahead on a Zen 5 "
-                      "at one thread: within what a new rank would need to be worth it; CPU only")
+OPENVINO_FP32_RANK = ("just after onnx-dynamo: slower than ONNX Runtime fp32 on two of the three CPUs measured, a "
+                      "little ahead on the third, by less than a new rank would need to be worth; CPU only "
+                      f"({MEASURED})")
 OPENVINO_FP32_WHY = "OpenVINO's CPU plugin; its GPU plugin is for Intel GPUs, so a CUDA machine serves other forms"
-OPENVINO_INT8_RANK = ("first: the fastest int8 wherever measured, AVX2 EPYC without VNNI (ResNet-50 1.56x onnx-int8, "
-                      "EfficientNet-Lite0 1.23x), Zen 4 with VNNI (ResNet-50 1.05x) and Zen 5 (ResNet-50 1.27x, "
-                      "Lite0 1.07x at one thread, batch 1); served only within the gate")
-OPENVINO_INT8_WHY = ("OpenVINO's int8 CPU kernels: 1.46x ONNX Runtime fp32 on ResNet-50 even without VNNI (AVX2 EPYC), "
-                     "3.7x with it (Zen 4), 2.6x at one thread on a Zen 5")
-OPENVINO_BF16_RANK = ("after the int8 forms and before fp32: at the CPU policy's one thread per worker, batch 1, a "
-                      "Zen 5 ran it 0.97x onnx-int8 on ResNet-50 and 0.96x on EfficientNet-Lite0 (faster than both "
-                      "int8 forms only at 2 threads, batch 8); chosen only on a CPU that computes in bf16")
-OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an "
-                     "AVX2 EPYC); with them 2.0x fp32 (Zen 4, the issue's 50.5 vs 24.2 img/s; Zen 5, ResNet-50 at "
-                     "one thread 1.98x)")
+OPENVINO_INT8_RANK = ("first: the fastest int8 on every CPU measured, with VNNI or without; served only within the "
+                      f"gate ({MEASURED})")
+OPENVINO_INT8_WHY = ("OpenVINO's int8 CPU kernels: ahead of ONNX Runtime fp32 even without VNNI, further with it "
+                     f"({MEASURED})")
+OPENVINO_BF16_RANK = ("after the int8 forms and before fp32: at the CPU policy's one thread per worker, batch 1, it "
+                      "ran a little behind onnx-int8 (ahead of both int8 forms only at 2 threads, batch 8); chosen "
+                      f"only on a CPU that computes in bf16 ({MEASURED})")
+OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an AVX2 "
+                     f"CPU); with them it runs well ahead of fp32 ({MEASURED})")
 
 
 def register(kind: ArtifactKind) -> ArtifactKind:
@@ -172,18 +170,19 @@ for _kind in (
         tolerance=OPENVINO_TOLERANCE, build=openvino_ir.ir_from_onnx, needs=("onnx-traced",), runs_on=Needs(CPU),
         fast_why=OPENVINO_FP32_WHY,
         off_by_default="behind ONNX Runtime's fp32 forms in the serving order, so never served as fp32 when they "
-                       "are, and its int8 with NNCF's accuracy control takes minutes on 2 cores: built when named "
-                       "(its int8 and bf16 variants come with it under --precision)"),
+                       "are, and its int8 with NNCF's accuracy control is the slowest variant to make "
+                       "(docs/openvino.md): built when named (its int8 and bf16 variants come with it under "
+                       "--precision)"),
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=5,
-        rank_reason="after openvino-int8 (slower where both were measured), before openvino-bf16 (ahead of it at one "
-                    "thread, batch 1 on a Zen 5) and every fp32 form: 3.5x ONNX Runtime fp32 with VNNI (Zen 4, "
-                    "ResNet-50), 2.05x at one thread (Zen 5); served only within the accuracy gate",
+        rank_reason="after openvino-int8 (slower wherever both were measured), before openvino-bf16 (ahead of it at "
+                    "one thread, batch 1) and every fp32 form (well ahead of ONNX Runtime fp32 with VNNI); served "
+                    f"only within the accuracy gate ({MEASURED})",
         precision="int8", sources=ONNX_SOURCES, fast_on=Needs(CPU),
         fast_why="ONNX Runtime's int8 QDQ kernels are its CPU ones (on a GPU the fp32 forms run on CUDA instead); "
-                 "without VNNI the gain depends on the model: on an AVX2 EPYC 1.19x fp32 on EfficientNet-Lite0 but "
-                 "0.94x on ResNet-50, where openvino-int8 (1.46x) is the int8 to build"),
+                 "without VNNI the gain depends on the model (ahead of fp32 on EfficientNet-Lite0, behind it on "
+                 f"ResNet-50), where openvino-int8 is the int8 to build ({MEASURED})"),
     ArtifactKind(
         name="openvino-int8", file_name=OPENVINO_INT8_IR, companions=(OPENVINO_INT8_WEIGHTS,), format=OPENVINO,
         exporter="nncf.quantize of the openvino IR (post-training, the calibration images)", input_sizes=SOURCE_SIZES,
@@ -259,7 +258,7 @@ def chosen_formats(requested: list[str] | None, also: str | None = None) -> list
 
 def opt_in_source_missing(kind: ArtifactKind, built) -> bool:
     """A variant made only from kinds that are off by default (the OpenVINO IR: its int8 with accuracy control
-    takes minutes on 2 cores), none of which was built: not made, and not a refusal either."""
+    is slow to make), none of which was built: not made, and not a refusal either."""
     return not set(kind.sources) & set(built) and all(_TABLE[s].off_by_default for s in kind.sources)
 
 

@@ -3,21 +3,18 @@
 Why the traced file: it holds the one path the example took, without If nodes. The torch.export-based file keeps
 the in-graph resize as an If, which OpenVINO does not fold and which NNCF calibrates body by body: the untaken
 body gets no samples and int8 is refused ("Calibration dataset must not be empty"), on ResNet and EfficientNet-Lite
-alike; from the traced file NNCF quantizes EfficientNet-Lite0 in 4 s. The IR takes only the example's size (as
-below), and trace vs script probes it like every form, so a model whose path depends on its data is caught
-there and not served. Measured before that choice, against the ExportedProgram route:
+alike; from the traced file NNCF quantizes them. The IR takes only the example's size (as below), and trace vs
+script probes it like every form, so a model whose path depends on its data is caught there and not served.
 
-Why from the ONNX file and not from the ExportedProgram (openvino.convert_model accepts both; measured with
-OpenVINO 2026.4.1, 2026-11-25): from the ExportedProgram, EfficientNet-Lite0's IR is wrong (logits off by up to
-5.8 against eager, on the example and at 320 x 320) and cf-loop's torch.while_loop does not convert at all
-(OpConversionFailure on `ge`); from onnx-dynamo's file both match eager (lite0 1.4e-5, cf-loop and cf-branch
-exactly, both branches and both trip counts), ResNet-50 matches either way (3.6e-5), and conversion is faster
-(2 s vs 8 s for ResNet-50). The ONNX file has also passed its own structural checks and parity by then.
+Why from an ONNX file and not from the ExportedProgram (openvino.convert_model accepts both): from the
+ExportedProgram, EfficientNet-Lite0's IR computed wrong logits and cf-loop's torch.while_loop did not convert at
+all (OpConversionFailure on `ge`); from the ONNX file both match eager on every path, ResNet-50 either way, and
+conversion is faster. The ONNX file has also passed its own structural checks and parity by then.
 
 The IR takes exactly the example's height x width (any batch): with height and width left dynamic, OpenVINO's
-CPU plugin computes EfficientNet-Lite0 wrong at 224 x 224 (logits off by up to 8.6; right at 320 x 288, and
-ONNX Runtime is right on the same file), while with them fixed at conversion it matches eager (1.3e-5). The
-handler sends the example's size anyway (the crop of the image contract).
+CPU plugin computed EfficientNet-Lite0 wrong at its own example size (ONNX Runtime is right on the same file),
+while with them fixed at conversion it matches eager. The handler sends the example's size anyway (the crop of
+the image contract). The measurements behind each choice: docs/openvino.md.
 
 Weights are saved in fp32 (`compress_to_fp16=False`): save_model's default fp16 weight compression would break
 fp32 parity. Both files are written under temporary names and renamed into place, the weights first: the .xml

@@ -40,7 +40,7 @@ def exported_program(context: BuildContext, kind) -> Artifact:
 
 def aot_inductor(context: BuildContext, kind) -> Artifact:
     """Compiled for context.device from the program with a dynamic batch; the C++ compile is the slow part
-    (up to a minute for a ResNet on 2 cores), so the kind is built only when asked for (--formats)."""
+    (docs/aotinductor.md), so the kind is built only when asked for (--formats)."""
     program = context.program(kind.spatial_dynamic(context.resizes_in_graph), device=context.device)
     package = compile_package(program, context.device)
     artifact = context.artifact(kind, loaded=program)
