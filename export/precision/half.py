@@ -1,9 +1,10 @@
-"""The 16-bit variants (export.precision.builder's builders):
+"""The builders of the 16-bit variants (each `build(context, kind, source)`, export.precision.builder):
 
-  scripted-bf16, scripted-fp16, openvino-bf16  the fp32 source's own file run in another precision
-                 (torch.autocast around the scripted module; OpenVINO's inference precision hint): no new file
-  onnx-fp16      the fp32 ONNX converted to float16 (inputs and outputs stay float32) for ONNX Runtime's CUDA
-                 provider
+  run_in_precision  scripted-bf16, scripted-fp16, openvino-bf16: the fp32 source's own file run in another
+                    precision (torch.autocast around the scripted module; OpenVINO's inference precision hint),
+                    no new file
+  onnx_fp16         onnx-fp16: the fp32 ONNX converted to float16 (inputs and outputs stay float32) for ONNX
+                    Runtime's CUDA provider
 """
 
 from __future__ import annotations
