@@ -141,6 +141,19 @@ class ResizeRule:
         return _from_dict(cls, data, "manifest input.resize_rule")
 
 
+@dataclass(frozen=True)
+class DetectionLimits:
+    """Where a detector stops keeping boxes: its score threshold and its cap on detections per image (parity
+    excuses a box at that edge; a request may ask for a higher threshold or fewer boxes, never more)."""
+
+    score_threshold: float
+    max_detections: int
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DetectionLimits":
+        return _from_dict(cls, data, "manifest limits")
+
+
 @dataclass
 class InputRecord:
     example_shape: tuple[int, ...]  # batch first
@@ -290,6 +303,7 @@ class Manifest:
     serving: ServingDecision | None = None
     task: str = CLASSIFICATION  # one of TASKS: which request core serves it
     outputs: list = field(default_factory=list)  # every output, in order (OutputRecord); output is the first
+    limits: DetectionLimits | None = None  # detection: the model's score threshold and cap on boxes
     parity: dict = field(default_factory=dict)
     trace_vs_script: dict = field(default_factory=dict)
     precision: dict = field(default_factory=dict)  # reduced-precision variants: calibration, gate, choice
@@ -314,6 +328,8 @@ class Manifest:
         data["model"] = _from_dict(ModelInfo, data.get("model"), f"{where} model")
         data["input"] = _from_dict(InputRecord, data.get("input"), f"{where} input")
         data["output"] = _from_dict(OutputRecord, data.get("output"), f"{where} output")
+        if data.get("limits") is not None:
+            data["limits"] = DetectionLimits.from_dict(data["limits"])
         data["outputs"] = [_from_dict(OutputRecord, o, f"{where} outputs[{i}]") for i, o in enumerate(data.get("outputs") or [])]
         data["artifacts"] = {k: _from_dict(ArtifactRecord, v, f"{where} artifacts.{k}")
                              for k, v in (data.get("artifacts") or {}).items()}

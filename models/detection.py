@@ -15,15 +15,15 @@ each box's scores and torchvision's own score thresholds keep some boxes and dro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torchvision
 from torch import nn
 
+from contract.errors import VisionExportError
+from contract.records import DETECTION, SEGMENTATION, DetectionLimits, ResizeRule
 from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from models.probes import photo_like
-from models.registry import WeightsInfo
+from models.registry import BuiltModel, Family, InputSpec, ModelEntry, WeightsInfo, register, register_family
 from models.weights import (
     RANDOM_NOTE,
     RANDOM_SEED,
@@ -88,27 +88,11 @@ class SegmenterOutputs(nn.Module):
         return self.model((image - self.mean) / self.std)["out"]
 
 
-@dataclass(frozen=True)
-class ResizeRule:
-    """How the model's own transform sizes an image: shorter side to `min_side` unless the longer one would pass
-    `max_side` (torchvision's GeneralizedRCNNTransform), or exactly `fixed` (SSD). The handler sends images already
-    at that size, so the model's resize changes nothing and a 12 MP photo is not copied whole into the graph."""
-
-    min_side: int
-    max_side: int
-    fixed: tuple[int, int] | None = None
-
-    def scale(self, height: int, width: int) -> float:
-        """The factor the model's transform would apply (for a fixed size: to fit the larger side)."""
-        if self.fixed is not None:
-            return min(self.fixed[0] / height, self.fixed[1] / width)
-        return min(self.min_side / min(height, width), self.max_side / max(height, width))
-
-    @classmethod
-    def of(cls, model: nn.Module) -> ResizeRule:
-        transform = model.transform
-        fixed = tuple(transform.fixed_size) if transform.fixed_size is not None else None
-        return cls(int(transform.min_size[-1]), int(transform.max_size), fixed)
+def resize_rule(model: nn.Module) -> ResizeRule:
+    """The detector's own transform as a contract record: the handler sends images at that size."""
+    transform = model.transform
+    fixed = tuple(transform.fixed_size) if transform.fixed_size is not None else None
+    return ResizeRule(int(transform.min_size[-1]), int(transform.max_size), fixed)
 
 
 def decisive_heads(model: nn.Module) -> None:
@@ -215,17 +199,18 @@ def random_detector(build, choice: str) -> tuple[nn.Module, WeightsInfo]:
                                                source=f"classification layers scaled to {CANDIDATES} candidate boxes on a seeded image")
 
 
-def torchvision_weights(arch: str, choice: str) -> tuple[nn.Module, WeightsInfo]:
+def torchvision_weights(arch: str, choice: str, random=None) -> tuple[nn.Module, WeightsInfo]:
     """--weights for a torchvision detector or segmenter: `coco` (its trained weights, downloaded into or read
     from the torch hub cache), `random`, `auto` (trained when cached or downloadable, else random, with the
     warning), or a state_dict PATH."""
     build = torchvision.models.get_model_builder(arch)
+    random = random or random_detector
     trained = torchvision.models.get_model_weights(arch).DEFAULT
     if choice == "auto":
         cached = cached_weights_path(trained.url)
         unreachable = None if cached.exists() else download_unreachable_reason(trained.url)
         if unreachable is not None:
-            model, info = random_detector(build, choice)
+            model, info = random(build, choice)
             info.note = (f"trained weights {trained} are not cached ({cached}) and {trained.url} is unreachable "
                          f"({unreachable}): using seeded RANDOM weights, so the boxes are meaningless")
             return model, info
@@ -234,6 +219,135 @@ def torchvision_weights(arch: str, choice: str) -> tuple[nn.Module, WeightsInfo]
         model = load_torchvision_pretrained(lambda weights: build(weights=weights, weights_backbone=None), trained)
         return model, WeightsInfo(TRAINED, choice, source=f"{trained} {trained.url}")
     if choice == "random":
-        return random_detector(build, choice)
+        return random(build, choice)
     model = seeded(lambda: build(weights=None, weights_backbone=None))
     return model, load_state_dict_file(model, choice)
+
+
+# ---------------------------------------------------------------- the families
+
+# arch -> torchvision's defaults: (min side, max side, fixed size, score threshold, detections per image, masks).
+# Read from the built models by a test (tests/models/test_detection.py), so the registry need not build 12
+# detectors to list them.
+DETECTORS = {
+    "fasterrcnn_mobilenet_v3_large_320_fpn": (320, 640, None, 0.05, 100, False),
+    "fasterrcnn_mobilenet_v3_large_fpn": (800, 1333, None, 0.05, 100, False),
+    "fasterrcnn_resnet50_fpn": (800, 1333, None, 0.05, 100, False),
+    "fasterrcnn_resnet50_fpn_v2": (800, 1333, None, 0.05, 100, False),
+    "retinanet_resnet50_fpn": (800, 1333, None, 0.05, 300, False),
+    "retinanet_resnet50_fpn_v2": (800, 1333, None, 0.05, 300, False),
+    "fcos_resnet50_fpn": (800, 1333, None, 0.2, 100, False),
+    "ssdlite320_mobilenet_v3_large": (320, 320, (320, 320), 0.001, 300, False),
+    "ssd300_vgg16": (300, 300, (300, 300), 0.01, 200, False),
+    "maskrcnn_resnet50_fpn": (800, 1333, None, 0.05, 100, True),
+    "maskrcnn_resnet50_fpn_v2": (800, 1333, None, 0.05, 100, True),
+    "keypointrcnn_resnet50_fpn": (800, 1333, None, 0.05, 100, False),
+}
+DETECTION_ARCHS = tuple(DETECTORS)
+NOT_SERVED = {"keypointrcnn_resnet50_fpn": "its keypoints are an output this tool neither proves nor serves (boxes "
+                                           "and masks are); export it with `python -m export module` for its boxes"}
+SEGMENTATION_ARCHS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50",
+                      "deeplabv3_resnet101", "fcn_resnet50", "fcn_resnet101")
+WEIGHTS_HELP = f"auto | {TRAINED} | random | PATH to a state_dict (.pt/.pth)"
+EXAMPLE_ASPECT = (3, 4)  # the tracing example is a landscape photo of this height : width
+SEGMENTATION_SIDE = 520  # torchvision's segmentation weights: transforms() resizes the shorter side to 520
+SEGMENTATION_MAX_SIDE = 4 * SEGMENTATION_SIDE  # a panorama stops here
+
+
+def categories(arch: str) -> list[str]:
+    """Category names from torchvision's weights metadata (shipped with torchvision, no download)."""
+    return list(torchvision.models.get_model_weights(arch).DEFAULT.meta["categories"])
+
+
+def _shape_for(rule: ResizeRule) -> tuple[int, int, int, int]:
+    height, width = rule.size(EXAMPLE_ASPECT[0] * 100, EXAMPLE_ASPECT[1] * 100)
+    return (1, 3, height, width)
+
+
+def _resized(image: torch.Tensor, rule: ResizeRule) -> torch.Tensor:
+    size = rule.size(*image.shape[-2:])
+    return nn.functional.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False).clamp(0, 1)
+
+
+def whole_image_probes(rule: ResizeRule) -> dict[str, torch.Tensor]:
+    """Images whose paths through a detector differ: the traced size, another size and aspect, an image with
+    nothing in it, and real photographs (another content, another number of objects)."""
+    from skimage import data  # scikit-image's sample photographs (the dev extra); read here only
+    generator = torch.Generator().manual_seed(1)
+    shape = _shape_for(rule)
+    photo = lambda array: _resized(torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255, rule)  # noqa: E731
+    return {"like the tracing example": photo_like(1, shape[2], shape[3], generator),
+            "portrait (another size and aspect)": _resized(photo_like(1, 400, 300, generator), rule),
+            "blank grey (nothing in it)": torch.full(shape, 0.5),
+            "astronaut (a photograph)": photo(data.astronaut()),
+            "coffee (a photograph)": photo(data.coffee())}
+
+
+def _example(rule: ResizeRule):
+    return lambda: photo_like(1, *_shape_for(rule)[2:], torch.Generator().manual_seed(0))
+
+
+def _detector_builder(arch: str):
+    def build(weights: str) -> BuiltModel:
+        if arch in NOT_SERVED:
+            raise VisionExportError(f"{arch}: {NOT_SERVED[arch]}")
+        model, info = torchvision_weights(arch, weights)
+        return BuiltModel(flat_outputs(model.eval()), info, categories(arch))
+    return build
+
+
+def _detector_entry(arch: str) -> ModelEntry:
+    min_side, max_side, fixed, threshold, cap, masks = DETECTORS[arch]
+    rule = ResizeRule(min_side, max_side, fixed, source=f"torchvision {arch}'s transform")
+    return ModelEntry(
+        name=arch, family=DETECTION, task=DETECTION,
+        description=f"torchvision {arch}: one image in, boxes, labels and scores{', masks' if masks else ''} out",
+        input_spec=InputSpec(shape=_shape_for(rule), resizes_in_graph=True, min_size=32, resize_rule=rule,
+                             dynamic_batch=False),
+        build=_detector_builder(arch), probe_inputs=lambda: whole_image_probes(rule), example=_example(rule),
+        source={"registry": arch}, outputs=DETECTION_OUTPUTS + ((MASK_OUTPUT,) if masks else ()),
+        limits=DetectionLimits(threshold, cap))
+
+
+def _segmenter_builder(arch: str):
+    def build(weights: str) -> BuiltModel:
+        model, info = segmenter_weights(arch, weights)
+        return BuiltModel(SegmenterOutputs(model.eval()), info, categories(arch))
+    return build
+
+
+def segmenter_weights(arch: str, choice: str) -> tuple[nn.Module, WeightsInfo]:
+    return torchvision_weights(arch, choice, random=random_segmenter)
+
+
+def random_segmenter(build, choice: str) -> tuple[nn.Module, WeightsInfo]:
+    def build_and_draw() -> nn.Module:
+        model = build(weights=None, weights_backbone=None, aux_loss=False)
+        draw_norm_statistics(SegmenterOutputs(model), STATISTICS_SIZE)
+        return model
+    return seeded(build_and_draw), WeightsInfo("random", choice, seed=RANDOM_SEED, note=RANDOM_NOTE)
+
+
+SEGMENTATION_RULE = ResizeRule(SEGMENTATION_SIDE, SEGMENTATION_MAX_SIDE,
+                               source="torchvision's segmentation weights: transforms() resize_size 520")
+
+
+def _segmenter_entry(arch: str) -> ModelEntry:
+    return ModelEntry(
+        name=arch, family=SEGMENTATION, task=SEGMENTATION,
+        description=f"torchvision {arch} with in-graph ImageNet normalisation: per-class logits at the input's size",
+        input_spec=InputSpec(shape=_shape_for(SEGMENTATION_RULE), resizes_in_graph=True, min_size=32,
+                             resize_rule=SEGMENTATION_RULE),
+        build=_segmenter_builder(arch), probe_inputs=lambda: whole_image_probes(SEGMENTATION_RULE),
+        example=_example(SEGMENTATION_RULE), source={"registry": arch})
+
+
+for _arch in DETECTION_ARCHS:
+    register(_detector_entry(_arch))
+for _arch in SEGMENTATION_ARCHS:
+    register(_segmenter_entry(_arch))
+register_family(Family(DETECTION, "a torchvision detector: one image in, boxes, labels and scores out (COCO weights "
+                                  "when they can be downloaded)", DETECTION_ARCHS, DETECTION_ARCHS[0], WEIGHTS_HELP))
+register_family(Family(SEGMENTATION, "a torchvision segmenter: one image in, per-class logits out (COCO weights with "
+                                     "VOC's classes when they can be downloaded)", SEGMENTATION_ARCHS,
+                       SEGMENTATION_ARCHS[0], WEIGHTS_HELP))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from contract.errors import VisionExportError
-from contract.records import ImageContract, InputRecord
+from contract.records import CLASSIFICATION, DetectionLimits, ImageContract, InputRecord, ResizeRule
 
 
 class UnknownModelError(VisionExportError, LookupError):
@@ -36,12 +36,15 @@ class InputSpec:
     resizes_in_graph: bool = False
     min_size: int = 0
     preprocessing: ImageContract | None = None  # None: not an image model the handler can serve
+    resize_rule: ResizeRule | None = None  # whole-image models: one image of any size, sized by this rule
+    dynamic_batch: bool = True  # False: one image per call (a detector takes a list of images, exported as one)
 
     def record(self) -> InputRecord:
         """The manifest's `input`: what every artifact of this model takes."""
         return InputRecord(example_shape=self.shape, dtype=self.dtype, layout=self.layout, color=self.color,
-                           value_range=self.value_range, resizes_in_graph=self.resizes_in_graph,
-                           min_size=self.min_size, preprocessing=self.preprocessing)
+                           value_range=self.value_range, dynamic_batch=self.dynamic_batch,
+                           resizes_in_graph=self.resizes_in_graph, min_size=self.min_size,
+                           preprocessing=self.preprocessing, resize_rule=self.resize_rule)
 
 
 @dataclass
@@ -89,8 +92,14 @@ class ModelEntry:
     reference_check: bool = False
     # A user's own model: a traced artifact silently diverging from eager is a prominent warning, not a note.
     warn_on_divergence: bool = False
+    task: str = CLASSIFICATION  # contract.records.TASKS: what it answers, so how parity compares and who serves
+    outputs: tuple[str, ...] = ("output",)  # the names of its outputs, in order
+    limits: DetectionLimits | None = None  # detection: its score threshold and cap on boxes
+    example: Callable[[], torch.Tensor] | None = None  # the tracing example, when uniform noise is not one
 
     def example_input(self) -> torch.Tensor:
+        if self.example is not None:
+            return self.example()
         generator = torch.Generator().manual_seed(0)
         low, high = self.input_spec.value_range
         return low + (high - low) * torch.rand(self.input_spec.shape, generator=generator)

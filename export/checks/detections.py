@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torchvision.ops import box_iou
 
+from contract.records import DetectionLimits as Limits
+
 MASK_THRESHOLD = 0.5  # torchvision's convention: a mask pixel belongs to the object above this probability
 
 
@@ -26,14 +28,6 @@ class SetTolerance:
     score_atol: float  # matched scores differ by at most this
     edge: float  # an unmatched box scoring within this of the other side's cut is excused (see the module doc)
     mask_iou: float = 0.0  # matched masks (binarised) overlap at least this much; 0: no masks
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Where a detector stops keeping boxes: its score threshold and its cap on detections per image."""
-
-    score_threshold: float
-    max_detections: int
 
 
 @dataclass(frozen=True)
