@@ -120,15 +120,16 @@ def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) ->
 
 class ImageClassifierCore:
     def __init__(self, manifest: Manifest, record: ArtifactRecord, backend: Backend, labels: dict[int, str],
-                 config: HandlerConfig, device: str, policy: ServingPolicy, choice: Choice | None = None):
+                 config: HandlerConfig, device: str, threads: int, choice: Choice | None = None,
+                 policy: ServingPolicy | None = None):
         self.manifest = manifest
         self.record = record
         self.backend = backend
         self.labels = labels
         self.config = config
         self.device = device
-        self.policy = policy  # as the engine resolved it (handlers/policy.py): the threads are its
-        self.threads = policy.threads_per_worker
+        self.threads = threads
+        self.policy = policy  # the serving policy it runs under (from_folder); None: its caller chose the threads
         self.choice = choice  # how from_folder chose the record on this machine (None: the caller chose)
         self.contract = manifest.input.image_contract()
         self.draft_floor = draft_floor(self.contract, config.decode)  # None: every pixel decoded
@@ -165,7 +166,7 @@ class ImageClassifierCore:
         precision = run_precision(record, config, device)
         backend = open_artifact(record.format, folder / record.path,
                                 RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
-        core = cls(manifest, record, backend, labels, config, str(device), policy, choice)
+        core = cls(manifest, record, backend, labels, config, str(device), threads, choice, policy)
         logger.info(choice.line())
         logger.info("serving policy: %s", policy.reason)
         logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s, "
@@ -179,7 +180,7 @@ class ImageClassifierCore:
         return {"model": self.manifest.model.name, "artifact": self.record.kind, "format": self.record.format,
                 "precision": self.record.precision, "choice": self.choice.as_dict() if self.choice else None,
                 "why": self.choice.line() if self.choice else "chosen by the caller, not by the machine rule",
-                "backend": self.backend.describe(), "policy": self.policy.describe()}
+                "backend": self.backend.describe(), "policy": self.policy.describe() if self.policy else None}
 
     # ------------------------------------------------------------ the request's life
     def decode(self, image: bytes) -> Image.Image:

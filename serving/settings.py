@@ -67,7 +67,7 @@ class ServingSettings:
         return archive_pins(Path(self.model_store) / f"{name}.mar")
 
     def effective_policy(self) -> ServingPolicy:
-        """The first served model's policy (a measurement serves one model)."""
+        """The first served model's policy (what measure/ reads: a measurement serves one model)."""
         return next(iter(self.model_policies().values()))
 
     def served_models(self) -> tuple[str, ...]:
@@ -78,8 +78,8 @@ class ServingSettings:
         return self.run_dir.absolute() / "logs"
 
     def write_file(self, name: str) -> Path:
-        """These settings as RUN_DIR/name with each model's policy as resolved here (the flags and a policy given
-        whole are in it), the run config of a server process that cannot take them as flags."""
+        """These settings as RUN_DIR/name with each model's policy as resolved here (the flags, or a policy given
+        whole, went into it): the run config of a server process that cannot take them as flags."""
         path = self.run_dir.absolute() / name
         record = {**asdict(self), "model_store": str(Path(self.model_store).absolute()),
                   "run_dir": str(self.run_dir.absolute()), "models": list(self.models),
@@ -124,7 +124,9 @@ def free_port() -> int:
 
 
 def archive_config(archive: Path) -> dict:
-    """The archive's model-config.yaml (TorchServe's per-model settings and the core's `handler:` section)."""
+    """The archive's model-config.yaml (TorchServe's per-model settings and the core's `handler:` section); {}
+    from an archive that is not a zip file (truncated, damaged): it pins nothing, and the engine that opens it
+    refuses it with its own reason."""
     import yaml
     try:
         with zipfile.ZipFile(archive) as members:
@@ -132,8 +134,7 @@ def archive_config(archive: Path) -> dict:
                 return {}
             return yaml.safe_load(members.read("model-config.yaml")) or {}
     except zipfile.BadZipFile:
-        raise ServingError(f"{archive} is not a model archive (not a zip file): export it again with "
-                           "`python -m export`") from None
+        return {}
 
 
 def archive_pins(archive: Path) -> PolicyChoices:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from contract.policy import GPU_BATCH_SIZE, PINNED, PolicyChoices, PolicyError
+from contract.policy import GPU_BATCH_SIZE, PINNED, Machine, PolicyChoices, PolicyError
 from handlers.policy import machine_policy, policies_in
 from serving import cli
 from serving.torchserve.config import CPU_JVM_FLAGS, LOG_CONFIG, LOG_CONFIG_FLAG, ServerSettings, run_config_text
@@ -92,16 +92,21 @@ def test_config_action_writes_every_archive_of_the_store_and_needs_out(tmp_path,
     assert "error: `python -m serving config` needs --out PATH" in capsys.readouterr().err
 
 
-def test_config_action_applies_each_archives_pins_and_names_an_archive_it_cannot_read(tmp_path, capsys):
+def test_config_action_applies_each_archives_pins(tmp_path, capsys):
     store, out = store_with(tmp_path / "store", "plain", pinned={"minWorkers": 1}), tmp_path / "config.properties"
     assert cli.main(["config", "--model-store", str(store), "--threads", "1", "--out", str(out)]) == 0
     said = capsys.readouterr().out
     assert "pinned: " in said and "workers 1: the archive pins it" in said and "threads 1: --threads" in said
     assert models_setting(out.read_text())["pinned"]["1.0"]["minWorkers"] == 1
     assert policies_in(out)["pinned"].reasons["workers"] == PINNED
+
+
+def test_an_archive_that_is_not_a_zip_pins_nothing_and_is_left_to_the_engine_to_refuse(tmp_path):
+    """A truncated archive is TorchServe's to refuse, with its own reason (tests/e2e/test_integrity.py)."""
+    store = store_with(tmp_path / "store", "plain")
     (store / "plain.mar").write_bytes(b"not a zip")
-    assert cli.main(["config", "--model-store", str(store), "--out", str(out)]) == 1
-    assert "plain.mar is not a model archive" in capsys.readouterr().err
+    settings = ServerSettings(model_store=store, models=("plain",))
+    assert settings.resolve_policies(Machine(gpus=0, cores=2)) == {"plain": machine_policy(gpus=0, cores=2)}
 
 
 def test_models_chooses_among_the_archives_and_names_the_missing_one(tmp_path, capsys):
