@@ -9,6 +9,7 @@ from runtime.base import (
                           ArtifactError,
                           ArtifactRunError,
                           Backend,
+                          Outputs,
                           RunOptions,
                           UnknownFormatError,
                           available_formats,
@@ -16,5 +17,5 @@ from runtime.base import (
 )
 from runtime.integrity import IntegrityError, file_sha256, verify_file
 
-__all__ = ["ArtifactError", "ArtifactRunError", "Backend", "RunOptions", "UnknownFormatError", "available_formats",
+__all__ = ["ArtifactError", "ArtifactRunError", "Backend", "Outputs", "RunOptions", "UnknownFormatError", "available_formats",
            "open_artifact", "IntegrityError", "file_sha256", "verify_file"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.base import ArtifactError, ArtifactRunError, Backend, RunOptions
+from runtime.base import ArtifactError, ArtifactRunError, Backend, Outputs, RunOptions, host_outputs
 from runtime.machine import cpu_flags
 from runtime.torchscript import configure_torch
 
@@ -99,10 +99,10 @@ class AOTInductorBackend(Backend):
         index = self.device.index if self.device.index is not None else (0 if self.device.type == "cuda" else -1)
         self.runner = aoti_load_package(str(path), device_index=index)
 
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+    def predict(self, batch: torch.Tensor) -> Outputs:
         self.check_shape(batch)
         with torch.inference_mode():
-            return self.runner(batch.to(self.device, non_blocking=True).contiguous()).float().cpu()
+            return host_outputs(self.runner(batch.to(self.device, non_blocking=True).contiguous()))
 
     def check_shape(self, batch: torch.Tensor) -> None:
         """A package checks nothing about its inputs (unless AOTI_RUNTIME_CHECK_INPUTS is set) and computes

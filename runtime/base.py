@@ -1,8 +1,9 @@
 """The backend interface and the registry of backends, keyed by artifact format.
 
 A backend opens one artifact for a device, a CPU thread count and a run-time precision, and predicts a
-batch: float32 NCHW in, float32 logits on the CPU out. Adding a backend means one new file with a
-`Backend` subclass plus one line in `BACKENDS`.
+batch: float32 NCHW in, the model's outputs on the CPU out (`Outputs`: one tensor, or a tuple when the model has
+several, e.g. a detector's boxes, labels and scores), floating ones as float32. Adding a backend means one new
+file with a `Backend` subclass plus one line in `BACKENDS`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from contract.errors import VisionExportError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+Outputs = torch.Tensor | tuple[torch.Tensor, ...]  # a classifier's logits; a detector's (boxes, labels, scores)
 
 # format -> "module:Class"; imported on first use, so a missing optional library only matters to its format
 BACKENDS: dict[str, str] = {
@@ -83,10 +85,10 @@ class Backend(ABC):
         self.name = name or (self.path.name if self.path else self.format)
 
     @abstractmethod
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
-        """float32 batch (on the CPU) -> float32 output on the CPU."""
+    def predict(self, batch: torch.Tensor) -> Outputs:
+        """float32 batch (on the CPU) -> the outputs on the CPU (host_outputs)."""
 
-    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+    def __call__(self, batch: torch.Tensor) -> Outputs:
         """predict(), with a runtime's failure on this input as an ArtifactRunError (cause chained)."""
         try:
             return self.predict(batch)
@@ -101,6 +103,16 @@ class Backend(ABC):
         """What ran: for reports, logs and the benchmark's table."""
         return {"backend": type(self).__name__, "format": self.format, "name": self.name,
                 "path": str(self.path) if self.path else None, **asdict(self.options)}
+
+
+def host_outputs(outputs) -> Outputs:
+    """A runtime's outputs as backends return them: on the CPU, floating ones as float32 (an fp16/bf16 run's
+    too), integer ones (a detector's labels) as they are; one output alone, several as a tuple."""
+    if isinstance(outputs, (list, tuple)):
+        converted = tuple(host_outputs(o) for o in outputs)
+        return converted[0] if len(converted) == 1 else converted
+    tensor = torch.as_tensor(outputs)
+    return (tensor.float() if tensor.is_floating_point() else tensor).cpu()
 
 
 def backend_class(format: str) -> type[Backend]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.base import Backend, RunOptions
+from runtime.base import Backend, Outputs, RunOptions, host_outputs
 from runtime.torchscript import autocast_settings, configure_torch
 
 
@@ -21,6 +21,6 @@ class EagerBackend(Backend):
         self.module = module.to(self.device).eval()
         self.autocast = autocast_settings(options)
 
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+    def predict(self, batch: torch.Tensor) -> Outputs:
         with torch.inference_mode(), torch.autocast(**self.autocast):
-            return self.module(batch.to(self.device)).float().cpu()
+            return host_outputs(self.module(batch.to(self.device)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.base import ArtifactError, Backend, RunOptions
+from runtime.base import ArtifactError, Backend, Outputs, RunOptions, host_outputs
 
 
 class ReferenceBackend(Backend):
@@ -19,6 +19,6 @@ class ReferenceBackend(Backend):
         self.evaluator = ReferenceEvaluator(str(path))
         self.input_name = self.evaluator.input_names[0]
 
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
-        output = self.evaluator.run(None, {self.input_name: batch.detach().cpu().numpy()})[0]
-        return torch.from_numpy(np.asarray(output, dtype=np.float32))
+    def predict(self, batch: torch.Tensor) -> Outputs:
+        outputs = self.evaluator.run(None, {self.input_name: batch.detach().cpu().numpy()})
+        return host_outputs([torch.from_numpy(np.asarray(o)) for o in outputs])

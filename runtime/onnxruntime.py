@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from runtime.base import ArtifactError, Backend, RunOptions
+from runtime.base import ArtifactError, Backend, Outputs, RunOptions, host_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,9 @@ class OnnxRuntimeBackend(Backend):
         check_session_providers(options.torch_device, self.session.get_providers())
         self.input_name = self.session.get_inputs()[0].name
 
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+    def predict(self, batch: torch.Tensor) -> Outputs:
         array = np.ascontiguousarray(batch.detach().cpu().numpy())
-        return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])
+        return host_outputs([torch.from_numpy(o) for o in self.session.run(None, {self.input_name: array})])
 
     def describe(self) -> dict:
         return {**super().describe(), "providers": self.session.get_providers()}

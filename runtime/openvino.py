@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.base import ArtifactError, Backend, RunOptions
+from runtime.base import ArtifactError, Backend, Outputs, RunOptions, host_outputs
 from runtime.signal_stack import keep_signal_stack
 
 DEVICE = "CPU"  # OpenVINO's GPU plugin is for Intel GPUs; a CUDA machine serves other forms
@@ -64,10 +64,10 @@ class OpenVinoBackend(Backend):
         keep_signal_stack()  # the plugin's own dies with this model, maybe while the thread is still on it
         self.request = self.compiled.create_infer_request()  # one per backend: a worker calls it one batch at a time
 
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+    def predict(self, batch: torch.Tensor) -> Outputs:
         array = np.ascontiguousarray(batch.detach().cpu().numpy(), dtype=np.float32)
-        output = self.request.infer({0: array})[0]  # copied out of the request (share_outputs=False)
-        return torch.from_numpy(np.asarray(output, dtype=np.float32))
+        results = self.request.infer({0: array})  # copied out of the request (share_outputs=False)
+        return host_outputs([torch.from_numpy(np.asarray(results[i])) for i in range(len(results))])
 
     def actual_precision(self) -> str:
         """What the compiled model computes in (a bf16 hint runs as f32 on a CPU without native bf16)."""

@@ -6,7 +6,7 @@ from abc import abstractmethod
 
 import torch
 
-from runtime.base import Backend, RunOptions
+from runtime.base import Backend, Outputs, RunOptions, host_outputs
 
 
 class TorchModuleBackend(Backend):
@@ -26,9 +26,9 @@ class TorchModuleBackend(Backend):
     def load(self, path: str, device: torch.device):
         """The module in eval mode on `device`."""
 
-    def predict(self, batch: torch.Tensor) -> torch.Tensor:
+    def predict(self, batch: torch.Tensor) -> Outputs:
         with torch.inference_mode(), torch.autocast(**self.autocast):
-            return self.module(batch.to(self.device, non_blocking=True)).float().cpu()
+            return host_outputs(self.module(batch.to(self.device, non_blocking=True)))
 
 
 class TorchScriptBackend(TorchModuleBackend):

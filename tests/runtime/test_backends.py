@@ -149,3 +149,28 @@ def test_onnx_runtime_threads_stop_spinning_when_openmp_is_asked_to_wait_passive
             options.get_session_config_entry("session.intra_op.allow_spinning")
     else:
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == spinning
+
+
+class Boxes(nn.Module):
+    """Several outputs of several dtypes, as a detector answers: boxes (float), labels (int64), scores."""
+
+    def forward(self, image):
+        flat = image[0].mean(0)
+        scores = flat.flatten()[:5].sigmoid()
+        boxes = torch.stack([scores, scores, scores + 1, scores + 2], dim=1) * 10
+        return boxes, (scores * 10).long(), scores
+
+
+def test_every_output_comes_back_with_its_dtype(tmp_path):
+    image = torch.rand(1, 3, 8, 8)
+    traced = torch.jit.trace(Boxes(), image)
+    traced.save(str(tmp_path / "boxes.pt"))
+    torch.onnx.export(traced, (image,), str(tmp_path / "boxes.onnx"), dynamo=False, input_names=["input"],
+                      output_names=["boxes", "labels", "scores"])
+    eager = EagerBackend(Boxes())(image)
+    for format, name in (("torchscript", "boxes.pt"), ("onnx", "boxes.onnx")):
+        boxes, labels, scores = open_artifact(format, tmp_path / name)(image)
+        assert boxes.dtype == scores.dtype == torch.float32 and labels.dtype == torch.int64
+        assert torch.allclose(boxes, eager[0]) and torch.equal(labels, eager[1])
+    assert isinstance(open_artifact("torchscript", tmp_path / "boxes.pt", RunOptions(precision="bf16"))(image)[2],
+                      torch.Tensor)
