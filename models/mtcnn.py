@@ -423,13 +423,13 @@ def face_photos() -> dict[str, Tensor]:
     from skimage import data
     return {"astronaut (one face, as traced)": photo_tensor(data.astronaut()),
             "camera (one face, greyscale)": photo_tensor(data.camera()),
-            "lfw_subset's first 12 faces in a 3 x 4 grid (another size and count)": photo_tensor(face_grid()),
+            "lfw_subset's first 25 faces in a 5 x 5 grid (many faces)": photo_tensor(face_grid()),
             "coffee with the astronaut's face pasted at two sizes": photo_tensor(pasted_faces()),
             "coffee (no face)": photo_tensor(data.coffee()),
             "10 x 10 (under the smallest face)": photo_tensor(data.astronaut()[200:210, 200:210])}
 
 
-def face_grid(rows: int = 3, columns: int = 4, zoom: int = 4):
+def face_grid(rows: int = 5, columns: int = 5, zoom: int = 4):
     """scikit-image's Labeled Faces in the Wild crops (25 x 25 grey, faces first), enlarged and tiled."""
     import numpy as np
     from skimage import data

@@ -23,7 +23,7 @@ skimage_data = pytest.importorskip("skimage.data")
 
 # Against facenet-pytorch: the same algorithm on the same pixels, so the same boxes up to float rounding.
 AS_FACENET = SetTolerance(box_iou=0.9, score_atol=1e-3, edge=0.0, mask_iou=0.0)
-FACES = {"astronaut": 1, "camera": 1, "grid": 11, "pasted": 2}  # facenet-pytorch's own counts
+FACES = {"astronaut": 1, "camera": 1, "grid": 25, "pasted": 2}  # facenet-pytorch's own counts
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -94,7 +94,7 @@ def test_the_boxes_land_on_the_faces(photos, answers):
     pasted = torch.tensor([[x, y, x + w, y + h] for (w, h), (x, y) in mtcnn.PASTES], dtype=torch.float32)
     assert sorted(inside(answers["pasted"].boxes, pasted)) == [0, 1]
     tile = 25 * 4
-    tiles = [[c * tile, r * tile, (c + 1) * tile, (r + 1) * tile] for r in range(3) for c in range(4)]
+    tiles = [[c * tile, r * tile, (c + 1) * tile, (r + 1) * tile] for r in range(5) for c in range(5)]
     assert len(set(inside(answers["grid"].boxes, torch.tensor(tiles, dtype=torch.float32)))) == FACES["grid"]
     assert (answers["grid"].labels == mtcnn.FACE).all() and mtcnn.LABELS[mtcnn.FACE] == "face"
 
@@ -147,8 +147,8 @@ def assert_empty(outputs) -> None:
 
 
 def test_a_trace_freezes_the_cascade_to_its_image(detector, photos, answers):
-    """The trace unrolls the pyramid and the last NMS for the astronaut: another photo fails in the graph or
-    answers otherwise, which is why the cascade is scripted."""
+    """The trace unrolls the pyramid and the last NMS for the astronaut: another photo fails in the graph, or,
+    with more candidates than the astronaut's, answers wrong without a word. So the cascade is scripted."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(detector, mtcnn.photo_tensor(photos["astronaut"]), check_trace=False)
@@ -156,6 +156,7 @@ def test_a_trace_freezes_the_cascade_to_its_image(detector, photos, answers):
         assert torch.equal(traced(mtcnn.photo_tensor(photos["astronaut"]))[0], answers["astronaut"].boxes)
         with pytest.raises(RuntimeError, match="out of range"):
             traced(mtcnn.photo_tensor(photos["camera"]))
+        assert len(traced(mtcnn.photo_tensor(photos["grid"]))[2]) != len(answers["grid"])
 
 
 def test_pnet_exports_to_onnx_at_any_height_and_width():
