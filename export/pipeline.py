@@ -22,6 +22,7 @@ from export.checks.parity import ParityReport, parity_inputs
 from export.checks.second_opinion import reference_agreement
 from export.checks.trace_vs_script import ArtifactUnderTest, TraceVsScript, compare_paths
 from export.forms import exporters, kinds
+from export.forms.tolerances import held_to
 from export.interrupt import stop_if_interrupted
 from export.interrupt import watch as watch_interrupts
 from export.package.archive import ArchiveRequest, PendingArchive, prepare_archive
@@ -204,7 +205,8 @@ def _verified_context(run: ExportRun, module: torch.nn.Module) -> exporters.Buil
     run.progress.step("eval mode verified (module and its torch.export form): no submodule training, no grads, "
                       "repeatable outputs")
     return exporters.BuildContext(module, export_form, run.example, run.stage, run.options.opset,
-                                  run.entry.input_spec.resizes_in_graph, run.options.device)
+                                  run.entry.input_spec.resizes_in_graph, run.options.device,
+                                  exporters.GraphIO(run.entry.outputs, run.entry.input_spec.dynamic_batch))
 
 
 def formats_line(chosen: list[str]) -> str:
@@ -241,14 +243,16 @@ def explain_divergence(run: ExportRun, module: torch.nn.Module, checked: Checked
     with run.timed("divergence"):
         checked.parity.divergence = explain_failures(
             checked.parity, module, checked.artifacts, checked.backends,
-            parity_inputs(spec.shape, spec.value_range, spatial_dynamic=spec.resizes_in_graph), run.example)
+            parity_inputs(spec.shape, spec.value_range, spatial_dynamic=spec.resizes_in_graph,
+                          dynamic_batch=spec.dynamic_batch), run.example)
     run.progress.step("where the failing forms diverge:\n    " + "\n    ".join(checked.parity.divergence_lines()))
 
 
 def compare_trace_and_script(run: ExportRun, checked: Checked) -> TraceVsScript:
     """Every form against eager on the probe inputs that take other paths (export.checks.trace_vs_script)."""
     with run.timed("trace_vs_script"):
-        units = [ArtifactUnderTest(k, a.format, checked.backends[k], a.control_flow, kinds.get(k).tolerance)
+        units = [ArtifactUnderTest(k, a.format, checked.backends[k], a.control_flow,
+                                   held_to(kinds.get(k).tolerance, run.entry.task, run.entry.limits))
                  for k, a in checked.artifacts.items()]
         paths = compare_paths(checked.eager, units, run.entry.probe_inputs(), run.log.of_category("TracerWarning"),
                               missing={k: r.line() for k, r in run.refusals.records.items()})

@@ -13,6 +13,7 @@ from export.checks.parity import Candidate as ParityCandidate
 from export.checks.parity import ParityReport, parity_inputs, run_parity
 from export.errors import ExportError
 from export.forms import exporters, kinds
+from export.forms.tolerances import held_to
 from export.refusals import EXPORT_LOG, Refusals
 from models.registry import ModelEntry
 from runtime import RunOptions, open_artifact
@@ -65,9 +66,11 @@ def open_artifacts(artifacts: dict, device: str, refusals: Refusals) -> dict:
 def parity_step(entry: ModelEntry, eager, artifacts: dict, backends: dict, refusals: Refusals) -> ParityReport:
     """Every artifact against eager. One that cannot run a parity input at all (its runtime raises on a batch
     size, or a size its kind claims) is refused; one that runs and differs fails parity (export.checks.parity)."""
-    inputs = parity_inputs(entry.input_spec.shape, entry.input_spec.value_range,
-                           spatial_dynamic=entry.input_spec.resizes_in_graph)
-    parity = run_parity(eager, {k: ParityCandidate(backends[k], kinds.get(k).tolerance, a.spatial_dynamic)
+    spec = entry.input_spec
+    inputs = parity_inputs(spec.shape, spec.value_range, spatial_dynamic=spec.resizes_in_graph,
+                           dynamic_batch=spec.dynamic_batch)
+    parity = run_parity(eager, {k: ParityCandidate(backends[k], held_to(kinds.get(k).tolerance, entry.task,
+                                                                        entry.limits), a.spatial_dynamic)
                                 for k, a in artifacts.items()}, inputs)
     for kind, comparison in parity.unrunnable().items():
         parity.drop(kind)
@@ -91,7 +94,7 @@ def _drop(artifacts: dict, kind: str) -> None:
 def require_servable(entry: ModelEntry, parity: ParityReport, serving: ServingDecision, refusals: Refusals) -> None:
     """The export succeeds when a form passed parity and, for an image model, one may be served."""
     passed = [k for k in parity.summary() if parity.passed(k)]
-    image_model = entry.input_spec.preprocessing is not None
+    image_model = entry.input_spec.preprocessing is not None or entry.input_spec.resize_rule is not None
     if passed and (serving.served or not image_model):
         return
     lines = [f"  {k}: {r.line()}" for k, r in refusals.records.items()]

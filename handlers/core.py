@@ -25,7 +25,8 @@ import torch
 from PIL import Image
 
 from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
-from contract.records import ArtifactRecord, ContractError, HandlerConfig, ImageContract, Manifest, read_labels
+from contract.records import ArtifactRecord, ContractError, ImageContract, Manifest
+from contract.handler_config import HandlerConfig, read_labels
 from handlers.policy import this_machine
 from handlers.request_body import checked_topk
 from handlers.request_error import RequestError

@@ -18,16 +18,9 @@ import torch
 from torchvision.ops import box_iou
 
 from contract.records import DetectionLimits as Limits
+from export.forms.tolerances import SetTolerance
 
 MASK_THRESHOLD = 0.5  # torchvision's convention: a mask pixel belongs to the object above this probability
-
-
-@dataclass(frozen=True)
-class SetTolerance:
-    box_iou: float  # a candidate box matches a reference box of the same label from this IoU
-    score_atol: float  # matched scores differ by at most this
-    edge: float  # an unmatched box scoring within this of the other side's cut is excused (see the module doc)
-    mask_iou: float = 0.0  # matched masks (binarised) overlap at least this much; 0: no masks
 
 
 @dataclass(frozen=True)
@@ -75,6 +68,19 @@ class SetComparison:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "passed": self.passed}
+
+
+def compare_sets(reference, candidate, tolerance: SetTolerance) -> tuple[dict, bool]:
+    """Parity's comparison of two detectors' outputs (tuples of tensors): metrics in parity's shape (max_abs is
+    the largest matched-score difference) plus the set's own, and whether the candidate passed."""
+    found = compare_detections(Detections.of(reference), Detections.of(candidate), tolerance, tolerance.limits)
+    metrics = {"max_abs": found.worst_score_diff or 0.0, "max_rel": None, "cosine": None, "boxes": found.candidate_count,
+               "eager_boxes": found.reference_count, "matched": found.matched, "at_edge": found.at_edge,
+               "worst_box_iou": found.worst_box_iou, "worst_mask_iou": found.worst_mask_iou,
+               "missing": found.missing[:5], "extra": found.extra[:5]}
+    if not found.passed:
+        metrics["error"] = found.line()
+    return metrics, found.passed
 
 
 def compare_detections(reference: Detections, candidate: Detections, tolerance: SetTolerance,

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from export.errors import ParityError
 from export.forms.tolerances import OPENVINO_TOLERANCE as OPENVINO_TOLERANCE  # read here by tests/runtime
-from export.forms.tolerances import Tolerance
-from runtime.base import ArtifactRunError, Backend
+from export.checks.detections import compare_sets
+from export.forms.tolerances import SetTolerance, Tolerance
+from runtime.base import ArtifactRunError, Backend, Outputs
 
 OTHER_SPATIAL_SIZE = (320, 288)  # non-square, not the default: exercises the in-graph resize
 TOPK = (1, 5)
@@ -69,8 +70,8 @@ class ParityReport:
             out[artifact] = {
                 "passed": all(c.passed for c in mine),
                 "max_abs": max(c.metrics["max_abs"] for c in mine),
-                "max_rel": max(c.metrics["max_rel"] for c in mine),
-                "min_cosine": min(c.metrics["cosine"] for c in mine),
+                "max_rel": _max_or_none(c.metrics.get("max_rel") for c in mine),
+                "min_cosine": _min_or_none(c.metrics.get("cosine") for c in mine),
                 "top1_agreement": _min_or_none(c.metrics.get("top1_agreement") for c in mine),
                 "top5_agreement": _min_or_none(c.metrics.get("top5_agreement") for c in mine),
                 "tolerance": asdict(mine[0].tolerance),
@@ -109,6 +110,11 @@ def _min_or_none(values):
     return min(present) if present else None
 
 
+def _max_or_none(values):
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
 # ---------------------------------------------------------------- inputs
 
 def structured_images(count: int, channels: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -143,8 +149,9 @@ def structured_images(count: int, channels: int, height: int, width: int, seed: 
 
 
 def parity_inputs(example_shape: tuple[int, ...], value_range=(0.0, 1.0), seed: int = 0,
-                  spatial_dynamic: bool = False) -> list[InputBatch]:
-    """Seeded random inputs in the model's range and structured images, at batch 1, 2 and 8."""
+                  spatial_dynamic: bool = False, dynamic_batch: bool = True) -> list[InputBatch]:
+    """Seeded random inputs in the model's range and structured images, at batch 1, 2 and 8 (one image each
+    for a model that takes one)."""
     generator = torch.Generator().manual_seed(seed)
     low, high = value_range
     item = tuple(example_shape[1:])
@@ -167,7 +174,11 @@ def parity_inputs(example_shape: tuple[int, ...], value_range=(0.0, 1.0), seed: 
 
 # ---------------------------------------------------------------- metrics
 
-def compare_outputs(reference: torch.Tensor, candidate: torch.Tensor, tolerance: Tolerance) -> tuple[dict, bool]:
+def compare_outputs(reference: Outputs, candidate: Outputs, tolerance: Tolerance | SetTolerance) -> tuple[dict, bool]:
+    """Metrics and the verdict of one candidate output against eager's, as its tolerance says to compare them:
+    element-wise (a Tolerance), or as sets of boxes (a SetTolerance: a detector)."""
+    if isinstance(tolerance, SetTolerance):
+        return compare_sets(reference, candidate, tolerance)
     reference = reference.detach().double().cpu()
     candidate = candidate.detach().double().cpu()
     if reference.shape != candidate.shape:
@@ -190,6 +201,8 @@ def compare_outputs(reference: torch.Tensor, candidate: torch.Tensor, tolerance:
         metrics["error"] = "non-finite values in the artifact's output"
     for k in TOPK:
         metrics[f"top{k}_agreement"] = topk_agreement(reference, candidate, k)
+    if reference.dim() == 4:  # per-pixel class scores (a segmenter): how many pixels get the same class
+        metrics["pixel_agreement"] = (reference.argmax(1) == candidate.argmax(1)).double().mean().item()
     passed = "error" not in metrics and bool((diff <= tolerance.atol + tolerance.rtol * magnitude).all())
     return metrics, passed
 
@@ -239,6 +252,8 @@ def render_table(comparisons: list[Comparison]) -> str:
     for c in comparisons:
         m = c.metrics
         result = "pass" if c.passed else "FAIL" + (f" ({m['error']})" if "error" in m else "")
+        if c.passed and "boxes" in m:  # sets of boxes: how many, and how many were matched
+            result += f" ({m['boxes']} boxes, {m['matched']} matched, {m['at_edge']} at the edge)"
         lines.append(
             f"| {c.artifact} | {c.inputs} | {_g(m['max_abs'])} | {_g(m.get('mean_abs'))} | {_g(m.get('median_abs'))} "
             f"| {_g(m['max_rel'])} | {_cos(m['cosine'])} | {_pct(m.get('top1_agreement'))} "
@@ -252,7 +267,7 @@ def _g(value) -> str:
 
 
 def _cos(value) -> str:
-    return f"{value:.7f}"
+    return "-" if value is None else f"{value:.7f}"
 
 
 def _pct(value) -> str:

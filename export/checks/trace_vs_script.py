@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from export.checks.parity import compare_outputs
-from export.forms.tolerances import Tolerance
+from export.forms.tolerances import SetTolerance, Tolerance
 from runtime.base import ArtifactRunError, Backend
 
 SILENTLY_WRONG = "silently wrong"
@@ -30,7 +30,7 @@ class ArtifactUnderTest:
     format: str
     runner: Backend
     control_flow: dict
-    tolerance: Tolerance  # its kind's parity tolerance (export.forms.kinds)
+    tolerance: Tolerance | SetTolerance  # what parity holds it to (export.forms.tolerances.held_to)
 
 
 @dataclass
@@ -41,16 +41,19 @@ class ProbeResult:
     shape: list[int]
     eager_mean: float
     status: str  # MATCHES | SILENTLY_WRONG | REJECTED
+    measure: str = "mean"  # what eager_mean and output_mean are: an output's mean, or a detector's boxes
     max_abs: float | None = None  # ran: the largest difference from eager
     output_mean: float | None = None
     error: str | None = None  # REJECTED: the runtime's reason and traceback
     traceback: str | None = None
+    detail: str | None = None  # SILENTLY_WRONG: how it differs, when the comparison says (a detector's boxes)
 
     def as_dict(self) -> dict:
-        base = {"probe": self.probe, "shape": self.shape, "eager_mean": self.eager_mean, "status": self.status}
+        base = {"probe": self.probe, "shape": self.shape, "eager_mean": self.eager_mean, "status": self.status,
+                "measure": self.measure}
         if self.status == REJECTED:
             return {**base, "error": self.error, "traceback": self.traceback}
-        return {**base, "max_abs": self.max_abs, "output_mean": self.output_mean}
+        return {**base, "max_abs": self.max_abs, "output_mean": self.output_mean, "detail": self.detail}
 
 
 @dataclass
@@ -204,15 +207,23 @@ def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: di
     return TraceVsScript(list(expected), rows, skipped, dict(missing or {}), tracer_warnings or [])
 
 
-def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, reference: torch.Tensor) -> ProbeResult:
-    seen = {"probe": name, "shape": list(tensor.shape), "eager_mean": reference.double().mean().item()}
+def summary(outputs) -> float:
+    """One number per answer for the report: an output's mean, or a detector's count of boxes."""
+    if isinstance(outputs, tuple):
+        return float(outputs[0].shape[0])
+    return outputs.double().mean().item()
+
+
+def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, reference) -> ProbeResult:
+    seen = {"probe": name, "shape": list(tensor.shape), "eager_mean": summary(reference),
+            "measure": "boxes" if isinstance(reference, tuple) else "mean"}
     try:
         output = artifact.runner(tensor)
     except ArtifactRunError as error:  # refused loudly: the reason for the report, the traceback for report.json
         return ProbeResult(**seen, status=REJECTED, error=str(error)[:ERROR_CHARS], traceback=error.cause_traceback())
     metrics, passed = compare_outputs(reference, output, artifact.tolerance)
     return ProbeResult(**seen, status=MATCHES if passed else SILENTLY_WRONG, max_abs=metrics["max_abs"],
-                       output_mean=output.double().mean().item())
+                       output_mean=summary(output), detail=metrics.get("error"))
 
 
 def _cell(result: ProbeResult) -> str:
@@ -227,6 +238,9 @@ def _markdown_cell(result: ProbeResult) -> str:
     if result.status == REJECTED:
         return f"rejected: {result.error[:80]}"
     mark = "matches" if result.status == MATCHES else "**WRONG**"
+    if result.measure == "boxes":
+        return f"{mark} ({result.output_mean:.0f} boxes vs eager {result.eager_mean:.0f}" + (
+            f"; {result.detail})" if result.detail else ")")
     return (f"{mark} (mean {result.output_mean:.4g} vs eager {result.eager_mean:.4g}; "
             f"max abs diff {result.max_abs:.2g})")
 

@@ -23,6 +23,7 @@ from contract.records import INPUT_NAME, OUTPUT_NAME
 
 DEFAULT_OPSET = 18  # the torch.export-based exporter's floor; ONNX Runtime 1.2x runs it everywhere
 BATCH_DIM = "batch"
+DETECTIONS_DIM = "detections"  # a detector's outputs: one row per box found
 MAX_DIM = 4096  # largest batch and side the torch.export-based exporter is told to expect
 EXPORT_BATCH = 2  # torch.export specialises a dimension of size 1; its example has at least this many rows
 
@@ -45,6 +46,22 @@ class Artifact:
         return f"any batch; exactly {' x '.join(str(d) for d in example_shape[1:])}"
 
 
+@dataclass(frozen=True)
+class GraphIO:
+    """The names and dynamic dimensions an exported graph gets: a batch of images in and one output (a classifier,
+    a segmenter), or one image in and a detector's outputs, each as long as the detections it found."""
+
+    outputs: tuple[str, ...] = (OUTPUT_NAME,)
+    dynamic_batch: bool = True
+
+    def input_axes(self, spatial_dynamic: bool) -> dict[int, str]:
+        axes = {0: BATCH_DIM} if self.dynamic_batch else {}
+        return {**axes, 2: "height", 3: "width"} if spatial_dynamic else axes
+
+    def output_axes(self) -> dict[str, dict[int, str]]:
+        return {name: {0: BATCH_DIM if self.dynamic_batch else DETECTIONS_DIM} for name in self.outputs}
+
+
 @dataclass
 class BuildContext:
     """What every exporter function may use: the verified module, its torch.export form, the example input,
@@ -57,6 +74,7 @@ class BuildContext:
     opset: int
     resizes_in_graph: bool
     device: str = "cpu"
+    io: GraphIO = field(default_factory=GraphIO)
     built: dict = field(default_factory=dict)
     programs: dict = field(default_factory=dict)  # (spatial_dynamic, device) -> ExportedProgram, made once
 
@@ -68,7 +86,8 @@ class BuildContext:
         key = (spatial_dynamic, device)
         if key not in self.programs:
             try:
-                self.programs[key] = export_program(self.export_form, self.example, spatial_dynamic, device)
+                self.programs[key] = export_program(self.export_form, self.example, spatial_dynamic, device,
+                                                    self.io.dynamic_batch)
             except Exception as error:  # noqa: BLE001 - kept: every kind made from it is refused with it
                 self.programs[key] = error
         if isinstance(self.programs[key], BaseException):
@@ -104,11 +123,11 @@ def onnx_from_torchscript(context: BuildContext, kind) -> Artifact:
     and keeps its If/Loop."""
     source = context.built[kind.needs[0]]
     artifact = context.artifact(kind, source_dynamic=source.spatial_dynamic)
-    axes = {0: BATCH_DIM, 2: "height", 3: "width"} if artifact.spatial_dynamic else {0: BATCH_DIM}
     with torch.no_grad():
         torch.onnx.export(source.loaded, (context.example,), str(artifact.path), dynamo=False,
-                          opset_version=context.opset, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                          dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: {0: BATCH_DIM}})
+                          opset_version=context.opset, input_names=[INPUT_NAME], output_names=list(context.io.outputs),
+                          dynamic_axes={INPUT_NAME: context.io.input_axes(artifact.spatial_dynamic),
+                                        **context.io.output_axes()})
     return artifact
 
 
@@ -123,14 +142,14 @@ def onnx_dynamo(context: BuildContext, kind) -> Artifact:
     BuildContext.program)."""
     artifact = context.artifact(kind)
     program = torch.onnx.export(context.program(artifact.spatial_dynamic), dynamo=True, opset_version=context.opset,
-                                external_data=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                                dynamic_shapes=(dynamic_dims(artifact.spatial_dynamic),))  # names the ONNX dims
+                                external_data=False, input_names=[INPUT_NAME], output_names=list(context.io.outputs),
+                                dynamic_shapes=(dynamic_dims(artifact.spatial_dynamic, context.io.dynamic_batch),))
     program.save(str(artifact.path), external_data=False)
     return artifact
 
 
-def export_program(form: nn.Module, example: torch.Tensor, spatial_dynamic: bool,
-                   device: str = "cpu") -> torch.export.ExportedProgram:
+def export_program(form: nn.Module, example: torch.Tensor, spatial_dynamic: bool, device: str = "cpu",
+                   dynamic_batch: bool = True) -> torch.export.ExportedProgram:
     """torch.export of the module's torch.export form (see torch_export_form). The batch is a dynamic
     dimension, exported from an example of at least EXPORT_BATCH rows: from a batch of 1, torch.export
     specialises the batch to 1 in any model that reshapes with it (x.reshape(b, ...), flatten + attention) and
@@ -138,14 +157,15 @@ def export_program(form: nn.Module, example: torch.Tensor, spatial_dynamic: bool
     if device != "cpu":
         form = copy.deepcopy(form).to(device)
     argument = next(iter(_forward_argument_names(form)), "x")
-    return torch.export.export(form, (export_example(example).to(device),),
-                               dynamic_shapes={argument: dynamic_dims(spatial_dynamic)})
+    example = export_example(example) if dynamic_batch else example
+    return torch.export.export(form, (example.to(device),),
+                               dynamic_shapes={argument: dynamic_dims(spatial_dynamic, dynamic_batch)})
 
 
-def dynamic_dims(spatial_dynamic: bool) -> dict:
-    """The input's dynamic dimensions, named as the ONNX files name them: the batch, and height and width
-    when the model resizes in its graph."""
-    dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_DIM)}
+def dynamic_dims(spatial_dynamic: bool, dynamic_batch: bool = True) -> dict:
+    """The input's dynamic dimensions, named as the ONNX files name them: the batch (unless the model takes one
+    image), and height and width when the model resizes in its graph."""
+    dims = {0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_DIM)} if dynamic_batch else {}
     if spatial_dynamic:
         dims.update({2: torch.export.Dim("height", min=32, max=MAX_DIM),
                      3: torch.export.Dim("width", min=32, max=MAX_DIM)})

@@ -21,7 +21,8 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from contract.records import MANIFEST_NAME, TORCHSERVE_KEYS, HandlerConfig, Manifest
+from contract.records import MANIFEST_NAME, Manifest
+from contract.handler_config import TORCHSERVE_KEYS, HandlerConfig
 from export.atomic import ensure_writable_dir
 from export.errors import ExportError
 from export.package.selection import redecide

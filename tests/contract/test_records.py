@@ -4,21 +4,8 @@ import json
 
 import pytest
 
-from contract.records import (
-    MANIFEST_NAME,
-    SCHEMA_VERSION,
-    ArtifactRecord,
-    ContractError,
-    HandlerConfig,
-    ImageContract,
-    InputRecord,
-    Manifest,
-    ModelInfo,
-    OutputRecord,
-    SchemaVersionError,
-    ServingDecision,
-    read_labels,
-)
+from contract.records import MANIFEST_NAME, SCHEMA_VERSION, ArtifactRecord, ContractError, ImageContract, InputRecord, Manifest, ModelInfo, OutputRecord, SchemaVersionError, ServingDecision
+from contract.handler_config import HandlerConfig, read_labels
 
 
 def a_manifest(served="onnx-dynamo") -> Manifest:

@@ -9,7 +9,7 @@ import pytest
 import requests
 import torch
 
-from contract.records import read_labels
+from contract.handler_config import read_labels
 from runtime import RunOptions, open_artifact
 from runtime.images import decode_upright, preprocess
 from serving.torchserve import server

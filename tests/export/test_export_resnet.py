@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import models
-from contract.records import MANIFEST_NAME, SCHEMA_VERSION, HandlerConfig, Manifest, read_labels
+from contract.records import MANIFEST_NAME, SCHEMA_VERSION, Manifest
+from contract.handler_config import HandlerConfig, read_labels
 from export.forms import kinds
 from tests.conftest import ROOT
 

@@ -76,7 +76,7 @@ def test_the_resnet_family_lists_its_archs_and_defaults_to_resnet50():
     assert models.entry_of("resnet", "resnet34") is models.get("resnet34")
     with pytest.raises(UnknownModelError, match="unknown --arch 'cf-loop'; choose one of: resnet18, resnet34"):
         models.entry_of("resnet", "cf-loop")  # registered, but not an arch of this family
-    with pytest.raises(UnknownModelError, match="unknown model family 'vgg'; choose one of: efficientnet, resnet"):
+    with pytest.raises(UnknownModelError, match="unknown model family 'vgg'; choose one of: detection, segmentation, efficientnet, resnet"):
         models.entry_of("vgg", "vgg16")
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from export.checks.detections import Detections, Limits, SetTolerance, compare_detections, cut_score, mask_iou
+from export.checks.detections import Detections, Limits, compare_detections, cut_score, mask_iou
+from export.forms.tolerances import SetTolerance
 
 TOLERANCE = SetTolerance(box_iou=0.9, score_atol=1e-3, edge=1e-3, mask_iou=0.9)
 LIMITS = Limits(score_threshold=0.05, max_detections=100)

@@ -177,8 +177,10 @@ def test_report_json_and_the_manifest_record_keep_their_keys_and_say_who_diverge
     fixed, traced = record["rows"]
     assert list(traced) == ["artifact", "format", "control_flow", "probes", "verdict"]
     assert [p["status"] for p in traced["probes"]] == [MATCHES, SILENTLY_WRONG]
-    assert list(traced["probes"][1]) == ["probe", "shape", "eager_mean", "status", "max_abs", "output_mean"]
-    assert list(fixed["probes"][1]) == ["probe", "shape", "eager_mean", "status", "error", "traceback"]
+    assert list(traced["probes"][1]) == ["probe", "shape", "eager_mean", "status", "measure", "max_abs", "output_mean",
+                                         "detail"]
+    assert list(fixed["probes"][1]) == ["probe", "shape", "eager_mean", "status", "measure", "error",
+                                        "traceback"]
     assert record["diverging"] == [{"artifact": "traced", "probe": "bigger", "max_abs": 1.0}]
     assert result.diverging_probes() == {"traced": ["bigger"]}
     assert record["missing"] == {"scripted": "build: X"} and record["tracer_warnings"][0]["count"] == 1

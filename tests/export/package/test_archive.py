@@ -6,16 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contract.records import (
-    ArtifactRecord,
-    ContractError,
-    HandlerConfig,
-    ImageContract,
-    InputRecord,
-    Manifest,
-    ModelInfo,
-    OutputRecord,
-)
+from contract.records import ArtifactRecord, ContractError, ImageContract, InputRecord, Manifest, ModelInfo, OutputRecord
+from contract.handler_config import HandlerConfig
 from export.errors import ExportError
 from export.package.archive import COMMON_CONFIG, ArchiveRequest, archived_manifest, model_config_yaml
 from export.package.selection import Candidate, decide
