@@ -55,3 +55,10 @@ gpu-check:
 
 clean:
 	rm -rf artifacts model-store .serving bench-results
+
+# The serving image (docker/Dockerfile), as compose.yaml names it: its base pulled, or built from Debian's archive
+# where Docker Hub is out of reach; BuildKit; CA_BUNDLE=FILE for pip behind a proxy that re-signs TLS (a build
+# secret, in no layer). Then: docker compose --profile cpu up torchserve-cpu. docker/README.md.
+.PHONY: docker-build
+docker-build:
+	docker/build.sh $(if $(CA_BUNDLE),--ca-bundle $(CA_BUNDLE))

@@ -30,6 +30,10 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 HEALTHCHECK_SCRIPT = ROOT / "docker" / "healthcheck.sh"
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
+BASE_IMAGE_SCRIPT = ROOT / "docker" / "base-image.sh"
+# The base: Debian's own slim image (Python 3.11 and Java 17 from Debian's archive), which docker/base-image.sh
+# builds under the same name where Docker Hub cannot be reached.
+BASE_IMAGE = "debian:bookworm-slim"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGES = PYPROJECT["tool"]["setuptools"]["packages"]
 PORTS = {"inference": 8080, "management": 8081, "metrics": 8082}
@@ -41,11 +45,17 @@ OUT_OF_CONTEXT = ("artifacts/resnet50/model.traced.pt", "model-store/resnet.mar"
                   "models/__pycache__/resnet.cpython-311.pyc", ".pytest_cache/v/cache/lastfailed",
                   "tests/docker/test_dockerfile.py")
 # What the image needs from it besides the COPY sources themselves: files the code opens at run time.
-IN_CONTEXT = ("serving/torchserve/config.properties", "docker/entrypoint.sh", "docker/healthcheck.sh", "runtime/base.py",
+IN_CONTEXT = ("serving/torchserve/config.properties", "docker/entrypoint.sh", "docker/healthcheck.sh",
+              "runtime/base.py", "examples/cat.jpg", "docker/requirements.txt", "docker/constraints.txt",
               "contract/errors.py", *(f"{package.replace('.', '/')}/__init__.py" for package in PACKAGES))
 # pip/uv options that take a value (the value is not a requirement).
 PIP_OPTIONS_WITH_VALUE = {"-r", "-c", "-i", "-e", "-f", "-p", "--index-url", "--extra-index-url", "--python",
-                          "--target", "--constraint", "--requirement", "--find-links"}
+                          "--target", "--constraint", "--requirement", "--find-links", "--dest", "-d"}
+# Where pip keeps its downloads and HTTP cache when it runs as root (a cache mount there keeps them out of layers).
+PIP_CACHE = "/root/.cache/pip"
+# Build arguments or variables that would put a secret into the image's history or environment.
+SECRET_NAMES = re.compile(r"CERT|CA_BUNDLE|TOKEN|PASSWORD|SECRET|API_KEY", re.IGNORECASE)
+PUBLIC_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SHELL_CONTROL_OPERATORS = {"&&", "||", ";", "|", "(", ")", "&"}
 
 
@@ -65,10 +75,12 @@ class Instruction:
 
 @dataclass
 class Stage:
-    """One FROM ... stage: its base image (build ARGs substituted) and its instructions."""
+    """One FROM ... stage: its base image (build ARGs substituted), its instructions, and the build context it reads
+    (RUN --mount=type=bind sources)."""
 
     image: str
     instructions: list[Instruction] = field(default_factory=list)
+    context: Path = ROOT
 
     def all(self, keyword: str) -> list[Instruction]:
         return [instruction for instruction in self.instructions if instruction.keyword == keyword]
@@ -103,17 +115,17 @@ class Stage:
         return None
 
 
-def parse_stages(path: Path) -> list[Stage]:
+def parse_stages(path: Path, context: Path = ROOT) -> list[Stage]:
     parser = DockerfileParser(str(path), cache_content=True)
     images = iter(parser.parent_images)  # one per FROM, build ARGs substituted
     stages: list[Stage] = []
-    for item, context in zip(parser.structure, parser.context_structure):
+    for item, build_args in zip(parser.structure, parser.context_structure):
         keyword = item["instruction"]
         if keyword == "FROM":
-            stages.append(Stage(next(images)))
+            stages.append(Stage(next(images), context=context))
         elif keyword != "COMMENT" and stages:
-            stages[-1].instructions.append(Instruction(keyword, item["value"], dict(context.args),
-                                                       dict(context.envs)))
+            stages[-1].instructions.append(Instruction(keyword, item["value"], dict(build_args.args),
+                                                       dict(build_args.envs)))
     return stages
 
 
@@ -134,6 +146,17 @@ def script_in(command: list[str]) -> str:
     return command[0]
 
 
+def mounts(run: Instruction) -> list[dict[str, str]]:
+    """The RUN's --mount=... options, each as its key=value pairs."""
+    return [dict(item.split("=", 1) if "=" in item else (item, "") for item in value.split(","))
+            for value in re.findall(r"--mount=(\S+)", run.value)]
+
+
+def run_script(run: Instruction) -> str:
+    """The RUN's shell script, without its --mount options."""
+    return re.sub(r"--mount=\S+\s*", "", run.value)
+
+
 def simple_commands(script: str) -> list[list[str]]:
     """A RUN line's simple commands: shell words split at &&, ||, ;, | and parentheses."""
     lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
@@ -149,14 +172,14 @@ def simple_commands(script: str) -> list[list[str]]:
 
 def install_commands(stage: Stage) -> list[tuple[Instruction, list[str]]]:
     """(RUN, words) of each pip or uv pip install in a stage."""
-    return [(run, words) for run in stage.all("RUN") for words in simple_commands(run.value)
-            if "pip" in words and "install" in words[words.index("pip"):]]
+    return [(run, words) for run in stage.all("RUN") for words in simple_commands(run_script(run))
+            if any(PurePosixPath(word).name == "pip" and "install" in words[i:] for i, word in enumerate(words))]
 
 
 def install_targets(words: list[str]) -> list[str]:
     """What a pip install command installs: its arguments less the options and their values."""
     targets, skip = [], False
-    for word in words[words.index("install", words.index("pip")) + 1:]:
+    for word in words[words.index("install") + 1:]:
         if skip or word.startswith("-"):
             skip = word in PIP_OPTIONS_WITH_VALUE
             continue
@@ -172,56 +195,95 @@ def normalized(name: str) -> str:
 
 def base_image_problems(stages: list[Stage]) -> list[str]:
     image = stages[-1].image
-    if not image.startswith("nvidia/cuda:"):
-        return [f"the final image is not an NVIDIA CUDA image: {image}"]
-    tag = image.split(":", 1)[1]
-    if "cudnn" not in tag or "runtime" not in tag or "devel" in tag:
-        return [f"want a cudnn runtime tag (no devel), got {image}"]
+    if image != BASE_IMAGE:
+        return [f"the final image is built on {image}, not {BASE_IMAGE} (which docker/base-image.sh can build)"]
+    script_default = re.search(r'IMAGE="\$\{BASE_IMAGE:-([^}]+)\}"', BASE_IMAGE_SCRIPT.read_text())
+    if not script_default or script_default[1] != image:
+        return [f"docker/base-image.sh does not build {image}"]
     return []
 
 
 def toolchain_problems(stages: list[Stage]) -> list[str]:
     problems = []
-    runs = " ".join(run.value for stage in stages for run in stage.all("RUN"))
-    version = re.escape(PYTHON_VERSION)
-    if not re.search(rf"--python[ =]{version}\b|python{version}\b", runs):
-        problems.append(f"Python {PYTHON_VERSION} is not what the image installs")
-    if not any(JAVA_PACKAGE in run.value for run in stages[-1].all("RUN")):
+    runs = " ".join(run_script(run) for run in stages[-1].all("RUN"))
+    if not re.search(rf"\bpython{re.escape(PYTHON_VERSION)} -m venv\b", runs):
+        problems.append(f"the image's venv is not made with Python {PYTHON_VERSION}")
+    if not re.search(rf"apt-get install[^&]*\bpython{re.escape(PYTHON_VERSION)}\b", runs):
+        problems.append(f"Python {PYTHON_VERSION} does not come from the base's archive (apt-get install)")
+    if JAVA_PACKAGE not in runs:
         problems.append(f"the final stage does not install {JAVA_PACKAGE}")
     return problems
 
 
 def layer_problems(stages: list[Stage]) -> list[str]:
-    """No package manager cache or index left in a layer; packages installed in the build stage only."""
+    """No package manager cache or index left in a layer: pip's in a cache mount (or not kept), apt's lists removed."""
     problems = []
     for stage in stages:
         for run, words in install_commands(stage):
-            if words[0] == "uv":
-                no_cache = "--no-cache" in words or run.envs.get("UV_NO_CACHE") == "1"
-            else:
-                no_cache = "--no-cache-dir" in words or run.envs.get("PIP_NO_CACHE_DIR", "").lower() in ("1", "true", "off")
-            if not no_cache:
-                problems.append(f"pip/uv keeps its cache in the layer: {' '.join(words)[:100]}")
+            cached_outside = any(m.get("type") == "cache" and m.get("target") == PIP_CACHE for m in mounts(run))
+            no_cache = "--no-cache-dir" in words or run.envs.get("PIP_NO_CACHE_DIR", "").lower() in ("1", "true", "off")
+            if not (cached_outside or no_cache):
+                problems.append(f"pip keeps its cache in the layer: {' '.join(words)[:100]}")
         for run in stage.all("RUN"):
             if "apt-get install" in run.value and "rm -rf /var/lib/apt/lists" not in run.value:
                 problems.append(f"apt lists left in the layer: {run.value[:100]}")
-    if install_commands(stages[-1]):
-        problems.append("the final stage installs Python packages: install them in the build stage and copy the environment")
     return problems
+
+
+def secret_problems(stages: list[Stage]) -> list[str]:
+    """The CA bundle comes as the BuildKit secret `ca`, read where BuildKit mounts it: never a build argument or
+    variable (docker history shows those), never a file copied into a layer."""
+    problems = []
+    for stage in stages:
+        for keyword in ("ARG", "ENV"):
+            for instruction in stage.all(keyword):
+                pairs = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=(\S*)", " " + instruction.value) or \
+                    [(instruction.value.split("=")[0].strip(), "")]
+                # The image's own public bundle (Debian's ca-certificates) may be named; nothing else of the kind.
+                problems += [f"{keyword} {name}: a secret in the image's history" for name, value in pairs
+                             if SECRET_NAMES.search(name) and value != PUBLIC_BUNDLE]
+        for instruction in stage.all("COPY") + stage.all("ADD"):
+            problems += [f"{instruction.keyword} {word}: a certificate in a layer" for word in instruction.words()
+                         if word.endswith((".pem", ".crt"))]
+    readers = [run for stage in stages for run in stage.all("RUN")
+               if any(m.get("type") == "secret" and m.get("id") == "ca" for m in mounts(run))]
+    if not readers:
+        problems.append("no RUN mounts the build secret ca (--mount=type=secret,id=ca)")
+    elif not all("/run/secrets/ca" in run_script(run) for run in readers):
+        problems.append("the RUN that mounts the secret ca never reads /run/secrets/ca")
+    return problems
+
+
+def requirement_lines(stages: list[Stage]) -> list[str]:
+    """What the image's pip installs: the requirement files its RUNs bind-mount from the build context and name
+    with --requirement, and pins written in the RUN itself in double quotes."""
+    lines = []
+    for stage in stages:
+        for run in stage.all("RUN"):
+            script = run_script(run)
+            for mount in mounts(run):
+                if mount.get("type") == "bind" and re.search(rf"(--requirement|-r)\s+{re.escape(mount['target'])}\b",
+                                                             script):
+                    source = stage.context / mount["source"]
+                    lines += source.read_text().splitlines() if source.is_file() else []
+        for run in stage.all("RUN"):  # e.g. set -- "$@" "ray[serve]==2.60.0": an optional extra's pin
+            lines += re.findall(r'"([A-Za-z0-9_.-]+(?:\[[^]]*\])?==[^"]+)"', run_script(run))
+    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
 
 
 def dependency_problems(stages: list[Stage]) -> list[str]:
     """The image installs pyproject's dependencies and serving extra at the same pins, onnxruntime as -gpu."""
     problems, installed = [], {}
-    for stage in stages:
-        for _, words in install_commands(stage):
-            for target in install_targets(words):
-                try:
-                    requirement = Requirement(target)
-                except InvalidRequirement:  # a path: installing the project
-                    problems.append(f"installs {target}: the project's metadata would pull the CPU onnxruntime in")
-                    continue
-                installed[normalized(requirement.name)] = requirement
+    lines = requirement_lines(stages)
+    if not lines:
+        return ["found no requirement the image installs"]
+    for target in lines:
+        try:
+            requirement = Requirement(target)
+        except InvalidRequirement:  # a path: installing the project
+            problems.append(f"installs {target}: the project's metadata would pull the CPU onnxruntime in")
+            continue
+        installed[normalized(requirement.name)] = requirement
     if "onnxruntime" in installed:
         problems.append("onnxruntime (CPU) and onnxruntime-gpu share one module: install only -gpu")
     if "onnxruntime-gpu" not in installed:
@@ -269,8 +331,10 @@ def entrypoint_problems(stages: list[Stage]) -> list[str]:
     if final.path_in_image("docker/entrypoint.sh") != script:
         return [f"ENTRYPOINT runs {script}, not the image's copy of docker/entrypoint.sh"]
     app_root = PurePosixPath(script).parent.parent
+    # The code, its configuration, and the photo `python -m serving` checks an engine with (serving/settings.py).
     return [f"{path} is not copied to {app_root / path}" for path in IN_CONTEXT
-            if path.endswith((".py", ".properties")) and final.path_in_image(path) != str(app_root / path)]
+            if (path.endswith((".py", ".properties")) or path.startswith("examples/"))
+            and final.path_in_image(path) != str(app_root / path)]
 
 
 def healthcheck_problems(stages: list[Stage]) -> list[str]:
@@ -308,7 +372,8 @@ def path_problems(stages: list[Stage]) -> list[str]:
 
 DOCKERFILE_CHECKS: dict[str, Callable[[list[Stage]], list[str]]] = {
     "base image": base_image_problems, "toolchain": toolchain_problems, "layers": layer_problems,
-    "dependencies": dependency_problems, "user": user_problems, "entrypoint": entrypoint_problems,
+    "secrets": secret_problems, "dependencies": dependency_problems, "user": user_problems,
+    "entrypoint": entrypoint_problems,
     "healthcheck": healthcheck_problems, "ports": port_problems, "paths": path_problems,
 }
 
@@ -341,10 +406,27 @@ def test_the_dockerfile_passes(stages, check):
     assert DOCKERFILE_CHECKS[check](stages) == []
 
 
-def test_the_build_stage_installs_the_python_packages(stages):
-    # The checks above look at what pip/uv installs: make sure they found the install at all.
-    installs = [install_targets(words) for stage in stages for _, words in install_commands(stage)]
-    assert installs and all(installs), "no pip/uv install found in the Dockerfile"
+def test_the_image_installs_the_python_packages(stages):
+    # The checks above look at what pip installs: make sure they found the install and its requirements at all.
+    assert install_commands(stages[-1]), "no pip install found in the Dockerfile"
+    assert {"torch", "torchserve", "kserve", "onnxruntime-gpu"} <= {normalized(Requirement(line).name)
+                                                                   for line in requirement_lines(stages)}
+
+
+def test_constraints_agree_with_the_requirements():
+    # docker/constraints.txt (docker/lock.sh) pins what docker/requirements.txt leaves open, never another version
+    # of what it pins; tests/docker/test_image.py checks that the built image holds exactly these versions.
+    constraints = {normalized(Requirement(line).name): Requirement(line)
+                   for line in (ROOT / "docker" / "constraints.txt").read_text().splitlines()
+                   if line.strip() and not line.startswith("#")}
+    assert constraints, "docker/constraints.txt pins nothing: run docker/lock.sh"
+    for line in requirement_lines(parse_stages(DOCKERFILE)):
+        wanted = Requirement(line)
+        pinned = constraints.get(normalized(wanted.name))
+        if pinned is None:
+            continue  # an optional extra's (ray) when the lock was made without it
+        version = next(iter(pinned.specifier)).version
+        assert wanted.specifier.contains(version, prereleases=True), f"constraints pin {pinned}, against {wanted}"
 
 
 def test_every_project_package_is_in_the_image(stages):
@@ -388,20 +470,24 @@ def test_dockerignore_keeps_every_kind_of_output_out(tmp_path):
 
 # (check, text in docker/Dockerfile, its replacement, a word of the problem the check must report)
 DOCKERFILE_DEFECTS = [
-    ("base image", "cudnn-runtime-ubuntu24.04", "cudnn-devel-ubuntu24.04", "devel"),
-    ("toolchain", "--python 3.11", "--python 3.12", "Python"),
+    ("base image", "ARG BASE_IMAGE=debian:bookworm-slim", "ARG BASE_IMAGE=nvidia/cuda:13.0.3-cudnn-runtime-ubuntu24.04",
+     "not debian:bookworm-slim"),
+    ("toolchain", "python3.11 -m venv", "python3 -m venv", "venv"),
+    ("toolchain", "python3.11 python3.11-venv", "python3 python3-venv", "archive"),
     ("toolchain", "openjdk-17-jre-headless", "openjdk-21-jre-headless", "openjdk-17"),
-    ("layers", "UV_NO_CACHE=1 ", "", "cache"),
-    ("layers", " \\\n && rm -rf /var/lib/apt/lists/*", "", "apt lists"),
-    ("layers", "USER ${APP_UID}", "RUN pip install --no-cache-dir rich==13.9.4\nUSER ${APP_UID}", "final stage"),
-    ("dependencies", "torch==2.14.1", "torch==2.13.0", "pins torch"),
-    ("dependencies", '"onnxruntime-gpu[cuda,cudnn]==1.31.1"', '"onnxruntime==1.31.1"', "share one module"),
-    ("dependencies", ' "requests>=2.31"', "", "requests"),
-    ("dependencies", "torchserve==0.12.0 ", "torchserve==0.12.0 . ", "installs ."),
+    ("layers", "    --mount=type=cache,target=/root/.cache/pip,sharing=locked \\\n", "", "cache"),
+    ("layers", "\n && rm -rf /var/lib/apt/lists/*", "", "apt lists"),
+    ("layers", "USER ${APP_UID}", "RUN pip install rich==13.9.4\nUSER ${APP_UID}", "cache"),
+    ("secrets", "--mount=type=secret,id=ca,required=false", "--mount=type=bind,source=ca.pem,target=/run/secrets/ca",
+     "secret ca"),
+    ("secrets", "ARG EXTRAS=serving", "ARG PIP_CERT=/ca.pem\nARG EXTRAS=serving", "ARG PIP_CERT"),
+    ("secrets", "ARG EXTRAS=serving", "COPY ca.pem /tmp/ca.pem\nARG EXTRAS=serving", "certificate"),
+    ("dependencies", "source=docker/requirements.txt", "source=docker/other.txt", "is not installed in the image"),
     ("user", "USER ${APP_UID}", "USER root", "root"),
     ("user", "ARG APP_UID=1000", "ARG APP_UID", "root"),
     ("user", "USER ${APP_UID}\n", "", "no USER"),
     ("entrypoint", "COPY runtime /app/runtime\n", "", "runtime/__init__.py"),
+    ("entrypoint", "COPY examples/cat.jpg /app/examples/cat.jpg\n", "", "examples/cat.jpg"),
     ("entrypoint", 'ENTRYPOINT ["/app/docker/entrypoint.sh"]', "ENTRYPOINT /app/docker/entrypoint.sh", "exec"),
     ("entrypoint", 'ENTRYPOINT ["/app/docker/entrypoint.sh"]', 'ENTRYPOINT ["/app/entrypoint.sh"]', "not the image"),
     ("healthcheck", 'CMD ["/app/docker/healthcheck.sh"]', 'CMD ["curl", "-f", "http://127.0.0.1:8080/ping"]', "/ping"),
@@ -422,6 +508,26 @@ def test_each_check_catches_its_defect(tmp_path, check, old, new, problem):
     broken.write_text(text.replace(old, new))
     problems = DOCKERFILE_CHECKS[check](parse_stages(broken))
     assert any(problem in p for p in problems), f"{check} missed it: {problems}"
+
+
+# (text in docker/requirements.txt, its replacement, a word of the problem the dependency check must report)
+REQUIREMENTS_DEFECTS = [
+    ("torch==2.14.1\n", "torch==2.13.0\n", "pins torch"),
+    ("onnxruntime-gpu[cuda,cudnn]==1.31.1", "onnxruntime==1.31.1", "share one module"),
+    ("requests>=2.31\n", "", "requests"),
+    ("torchserve==0.12.0\n", "torchserve==0.12.0\n.\n", "installs ."),
+]
+
+
+@pytest.mark.parametrize("old, new, problem", REQUIREMENTS_DEFECTS, ids=[new.strip() or "without " + old.strip()
+                                                                       for old, new, _ in REQUIREMENTS_DEFECTS])
+def test_the_dependency_check_reads_the_requirements_file(tmp_path, old, new, problem):
+    text = (ROOT / "docker" / "requirements.txt").read_text()
+    assert text.count(old) == 1, f"the defect's anchor {old!r} is not once in docker/requirements.txt: update the test"
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "requirements.txt").write_text(text.replace(old, new))
+    problems = dependency_problems(parse_stages(DOCKERFILE, context=tmp_path))
+    assert any(problem in p for p in problems), f"dependencies missed it: {problems}"
 
 
 # (a line of .dockerignore, a path that comes into the build context without it)
