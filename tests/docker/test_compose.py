@@ -17,16 +17,18 @@ from tests.docker.test_dockerfile import DOCKERFILE, exec_form, parse_stages
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SERVICE, CPU_SERVICE, CPU_PROFILE = "torchserve", "torchserve-cpu", "cpu"
 # Variables the file interpolates or Compose reads: the test checks the defaults, not this shell's settings.
-COMPOSE_VARIABLES = ("APP_UID", "COMPOSE_FILE", "COMPOSE_PROFILES", "COMPOSE_PROJECT_NAME", "COMPOSE_PATH_SEPARATOR")
+COMPOSE_VARIABLES = ("APP_UID", "COMPOSE_FILE", "COMPOSE_PROFILES", "COMPOSE_PROJECT_NAME", "COMPOSE_PATH_SEPARATOR",
+                     "ENGINE", "MODEL", "WEIGHTS", "EXPORT_ARGS", "MODEL_STORE_DIR", "INFERENCE_PORT",
+                     "MANAGEMENT_PORT", "METRICS_PORT")
 
 
-def compose_config(*options: str) -> dict:
+def compose_config(*options: str, **variables: str) -> dict:
     executable = shutil.which("docker-compose")
     if executable is None:
         if os.environ.get("CI"):
             pytest.fail("docker-compose is not installed: CI must install it (apt-get install -y docker-compose)")
         pytest.skip("docker-compose is not installed (apt-get install docker-compose) to check compose.yaml")
-    env = {key: value for key, value in os.environ.items() if key not in COMPOSE_VARIABLES}
+    env = {**{key: value for key, value in os.environ.items() if key not in COMPOSE_VARIABLES}, **variables}
     result = subprocess.run([executable, "-f", "compose.yaml", *options, "config"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
@@ -157,3 +159,27 @@ def test_cpu_variant_has_no_gpu_reservation_and_otherwise_matches(cpu_services, 
 def test_readme_gives_the_cpu_command():
     readme = (ROOT / "docker" / "README.md").read_text()
     assert f"docker compose --profile {CPU_PROFILE} up {CPU_SERVICE}" in readme
+
+
+def test_both_services_run_one_image_built_one_way(cpu_services, services):
+    # One image for the GPU and the CPU service (docker/README.md, "One image"): same name, same build.
+    gpu, cpu = services[GPU_SERVICE], cpu_services[CPU_SERVICE]
+    assert gpu["image"] == cpu["image"] and gpu["build"] == cpu["build"]
+
+
+def test_the_defaults_are_the_documented_ones(services):
+    environment = services[GPU_SERVICE]["environment"]
+    assert {k: environment[k] for k in ("ENGINE", "MODEL", "WEIGHTS")} == \
+           {"ENGINE": "torchserve", "MODEL": "resnet50", "WEIGHTS": "auto"}
+
+
+def test_the_shell_chooses_engine_model_store_and_ports():
+    # What tests/docker/test_image.py and users set: ENGINE=kserve docker compose up, a store elsewhere, loopback ports.
+    cpu = compose_config("--profile", CPU_PROFILE, ENGINE="kserve", MODEL="resnet18", MODEL_STORE_DIR="/srv/models",
+                         INFERENCE_PORT="127.0.0.1:18080", METRICS_PORT="127.0.0.1:18082",
+                         MANAGEMENT_PORT="18081")["services"][CPU_SERVICE]
+    assert cpu["environment"]["ENGINE"] == "kserve" and cpu["environment"]["MODEL"] == "resnet18"
+    assert sorted(port_bindings(cpu)) == [("127.0.0.1", 18080, 8080), ("127.0.0.1", 18081, 8081),
+                                          ("127.0.0.1", 18082, 8082)]
+    volumes = [v.split(":")[:2] if isinstance(v, str) else [v["source"], v["target"]] for v in cpu["volumes"]]
+    assert ["/srv/models", image_env()["MODEL_STORE"]] in volumes, volumes
