@@ -177,7 +177,10 @@ class InputRecord:
             self.resize_rule = ResizeRule.from_dict(self.resize_rule)
 
     def handler_input(self) -> tuple[int, ...] | None:
-        """(C, H, W) of the rows the handler sends, or None when the model takes no image."""
+        """(C, H, W) of the rows the handler sends (a whole-image model: the example's; it sends any size), or
+        None when the model takes no image."""
+        if self.resize_rule is not None:
+            return tuple(self.example_shape[1:])
         if self.preprocessing is None:
             return None
         return (self.example_shape[1], *self.preprocessing.crop)

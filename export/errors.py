@@ -35,6 +35,6 @@ class ParityError(ExportError):
         names = sorted({c.artifact for c in failures})
         super().__init__(
             f"parity failed for {', '.join(names)}: worst max_abs={worst.metrics['max_abs']:.3g} "
-            f"(atol={worst.tolerance.atol:g}, rtol={worst.tolerance.rtol:g}) on {worst.artifact} / {worst.inputs}; "
+            f"({worst.tolerance.describe()}) on {worst.artifact} / {worst.inputs}; "
             "do not ship these artifacts; see parity.md for every number"
             + "".join(f"\n  {line}" for line in self.divergence))

@@ -206,7 +206,8 @@ def _verified_context(run: ExportRun, module: torch.nn.Module) -> exporters.Buil
                       "repeatable outputs")
     return exporters.BuildContext(module, export_form, run.example, run.stage, run.options.opset,
                                   run.entry.input_spec.resizes_in_graph, run.options.device,
-                                  exporters.GraphIO(run.entry.outputs, run.entry.input_spec.dynamic_batch))
+                                  exporters.GraphIO(run.entry.outputs, run.entry.input_spec.dynamic_batch,
+                                                    run.entry.input_spec.resize_rule is not None))
 
 
 def formats_line(chosen: list[str]) -> str:
@@ -313,7 +314,8 @@ def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript, varia
                                     gate=variant.gate.verdict,
                                     runs_on=artifact_needs(kind, variant.made_by, run.options.device)))
     target = run.options.target or this_machine()
-    decision = decide(candidates, spec.record().handler_input(), run.options.serve, target=target)
+    decision = decide(candidates, spec.record().handler_input(), run.options.serve, target=target,
+                      any_size=spec.resize_rule is not None)
     decision.latency_ms_batch1 = latency
     return decision
 

@@ -15,8 +15,8 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-from contract.records import Refusal
 from contract.files import atomic_write_text
+from contract.records import Refusal
 from export.interrupt import stop_if_interrupted
 
 EXPORT_LOG = "export.log"  # full tracebacks of refused forms: the terminal gets one line each

@@ -24,11 +24,11 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
-from contract.records import ArtifactRecord, ContractError, ImageContract, Manifest
 from contract.handler_config import HandlerConfig, read_labels
+from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
+from contract.records import CLASSIFICATION, ArtifactRecord, ContractError, ImageContract, Manifest
 from handlers.policy import this_machine
-from handlers.request_body import checked_topk
+from handlers.request_body import ImageRequest, checked_topk
 from handlers.request_error import RequestError
 from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
 from runtime.base import Backend
@@ -45,14 +45,6 @@ REBUILD = "the archive was modified or truncated after export; rebuild it with `
 
 class HandlerSetupError(ContractError):
     """The model folder cannot be served as it is; the worker refuses to start with this message."""
-
-
-@dataclass(frozen=True)
-class ImageRequest:
-    """One request row as the core sees it: the image's bytes and the top-k it asked for (None: the default)."""
-
-    image: bytes
-    topk: int | None = None
 
 
 @dataclass
@@ -120,6 +112,11 @@ def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) ->
 
 
 class ImageClassifierCore:
+    """A classifier's request: one row per image, resized and cropped as its weights were evaluated, batched; the
+    answer is the top k classes. handlers/tasks.py holds the other tasks' cores, which change only the hooks."""
+
+    TASK = CLASSIFICATION
+
     def __init__(self, manifest: Manifest, record: ArtifactRecord, backend: Backend, labels: dict[int, str],
                  config: HandlerConfig, device: str, threads: int, choice: Choice | None = None,
                  policy: ServingPolicy | None = None):
@@ -132,12 +129,36 @@ class ImageClassifierCore:
         self.threads = threads
         self.policy = policy  # the serving policy it runs under (from_folder); None: its caller chose the threads
         self.choice = choice  # how from_folder chose the record on this machine (None: the caller chose)
-        self.contract = manifest.input.image_contract()
-        self.draft_floor = draft_floor(self.contract, config.decode)  # None: every pixel decoded
+        self.contract = self.input_contract(manifest)
+        self.draft_floor = self.decode_floor(config)  # None: every pixel decoded
         # On a GPU, JPEGs are decoded there (nvJPEG) where the export's decode check allowed draft: its pixels,
         # like draft's, are not the exact decode's. Elsewhere, or with decode: exact, on the CPU.
         self.gpu_decoder = (NvjpegDecoder(device, self.contract) if self.draft_floor and torch.device(device).type
                             == "cuda" else None)
+
+    # ------------------------------------------------------------ what differs per task (handlers/tasks.py)
+    @classmethod
+    def check_task(cls, manifest: Manifest) -> None:
+        """Refuse, before opening anything, an archive of another task or without the input this core sends."""
+        if manifest.task != cls.TASK:
+            raise HandlerSetupError(f"this archive is a {manifest.task} model ({manifest.model.name}); the "
+                                    f"{cls.TASK} handler cannot serve it: serve it with `python -m serving`, which "
+                                    "opens each archive with its task's handler")
+        cls.input_contract(manifest)
+
+    @staticmethod
+    def input_contract(manifest: Manifest):
+        return manifest.input.image_contract()
+
+    def decode_floor(self, config: HandlerConfig) -> int | None:
+        return draft_floor(self.contract, config.decode)
+
+    def input_line(self) -> str:
+        return f"resize {self.contract.resize}, crop {'x'.join(map(str, self.contract.crop))}"
+
+    def request_options(self, request: ImageRequest):
+        """What encode_response needs from the request: here its k."""
+        return self.config.topk if request.topk is None else checked_topk(request.topk)
 
     # ------------------------------------------------------------ setup
     @classmethod
@@ -155,7 +176,7 @@ class ImageClassifierCore:
         verify_file(folder / record.path, record.sha256, REBUILD)
         for path, sha256 in record.companions.items():
             verify_file(folder / path, sha256, REBUILD)
-        manifest.input.image_contract()  # a model without an image contract is refused before opening anything
+        cls.check_task(manifest)  # another task's archive, or one without an image contract, is refused here
         config = HandlerConfig.from_dict(settings)
         labels = labels_of(folder, manifest)
         policy = policy or in_process_policy(settings, threads)
@@ -170,9 +191,8 @@ class ImageClassifierCore:
         core = cls(manifest, record, backend, labels, config, str(device), threads, choice, policy)
         logger.info(choice.line())
         logger.info("serving policy: %s", policy.reason)
-        logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: resize %d, crop %s, "
-                    "decode %s", manifest.model.name, record.kind, device, threads, precision, core.contract.resize,
-                    "x".join(map(str, core.contract.crop)), core.decode_mode())
+        logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: %s, decode %s",
+                    manifest.model.name, record.kind, device, threads, precision, core.input_line(), core.decode_mode())
         return core
 
     def describe(self) -> dict:
@@ -225,7 +245,7 @@ class ImageClassifierCore:
         for index, row in enumerate(rows):
             try:
                 request = read(index, row) if read else row
-                requests.append((index, request, self.config.topk if request.topk is None else checked_topk(request.topk)))
+                requests.append((index, request, self.request_options(request)))
             except RequestError as error:
                 answers[index] = error
             except Exception as error:  # the engine's row could not be read: our bug, not the client's
@@ -269,12 +289,13 @@ class ImageClassifierCore:
                 answers[index] = RequestError(500, f"inference failed: {error}")
             return
         with times.measure("encode"):
-            for (index, _, k), row_probabilities in zip(ready, probabilities):
-                answers[index] = self.encode_response(row_probabilities, k)
+            for (index, _, options), row_output in zip(ready, probabilities):
+                answers[index] = self.encode_response(row_output, options)
 
-    def answer(self, image_bytes: bytes, topk: int | None = None) -> dict:
-        """The JSON the endpoint returns for this image; a bad image raises its RequestError."""
-        result = self.run_batch([ImageRequest(image_bytes, topk)]).answers[0]
+    def answer(self, image_bytes: bytes, topk: int | None = None, **options) -> dict:
+        """The JSON the endpoint returns for this image (`options`: the task's, e.g. score_threshold); a bad image
+        raises its RequestError."""
+        result = self.run_batch([ImageRequest(image_bytes, topk, options)]).answers[0]
         if isinstance(result, RequestError):
             raise result
         return result

@@ -17,13 +17,13 @@ import torch
 from contract.errors import VisionExportError
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # measure reads STAGES here
 from handlers.policy import worker_policy
-from handlers.request_body import image_bytes, requested_topk
+from handlers.request_body import read_request
 from handlers.request_error import RequestError
+from handlers.tasks import open_core
 from runtime import IntegrityError
 
 logger = logging.getLogger(__name__)
 
-TOPK_HEADER = "X-TopK"
 DESCRIBE_HEADER = "describe"  # set by TorchServe's management API on GET /models/NAME?customized=true
 METRIC_NAMES = {stage: f"{stage.capitalize()}Time" for stage in STAGES}  # ms per batch, Prometheus gauges
 
@@ -58,16 +58,15 @@ class ImageClassifier:
         config = getattr(context, "model_yaml_config", None) or {}
         policy, source = worker_policy(context.model_name, config)
         logger.info("serving policy of %s from %s", context.model_name, source)
-        return ImageClassifierCore.from_folder(Path(properties.get("model_dir", ".")),
-                                               device=str(select_device(properties)),
-                                               settings=config.get("handler"), policy=policy)
+        return open_core(Path(properties.get("model_dir", ".")), device=str(select_device(properties)),
+                         settings=config.get("handler"), policy=policy)
 
     def handle(self, data: list, context) -> list:
         if _header(context, 0, DESCRIBE_HEADER) == "True":
             return [self.core.describe()]  # shown as the model's customizedMetadata
 
         def read(index: int, row: dict) -> ImageRequest:
-            return ImageRequest(image_bytes(row), requested_topk(row, _header(context, index, TOPK_HEADER), None))
+            return read_request(row, lambda name: _header(context, index, name))
 
         result = self.core.run_batch(data, read)
         responses = [self._respond(context, index, answer) for index, answer in enumerate(result.answers)]

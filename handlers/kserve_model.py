@@ -11,7 +11,10 @@ preprocessing and the request's life are the core's, exactly as under TorchServe
   v2  POST /v2/models/NAME/infer  input `image`, BYTES, shape [N]: each element an encoded image (raw bytes
       with the binary-data extension, base64 text in JSON); request parameter `topk`.
       -> outputs `labels` (BYTES [N, k]), `indices` (INT64 [N, k]), `probabilities` (FP32 [N, k]);
-      parameters `model` and `artifact`.
+      parameters `model` and `artifact`. A detector answers one row per box of every image: `boxes` (FP32
+      [B, 4], the photo's pixels), `labels`, `indices`, `scores`, `image_index` (which image, INT64 [B]); a
+      segmenter one row per class present: `labels`, `indices`, `shares`, `image_index`, and `class_map_png`
+      (BYTES [N], each image's class map). Request parameters: a detector's score_threshold and max_detections.
 A bad request raises RequestError: the ModelServer answers its status with {"code": ..., "error": ...}
 (serving/kserve/app.py maps it), the worker stays up.
 """
@@ -27,10 +30,12 @@ from kserve import Model
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from contract.policy import ServingPolicy
+from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION
 from handlers.batching import Batcher
 from handlers.core import ImageClassifierCore, ImageRequest
-from handlers.request_body import checked_topk, from_base64, image_bytes, requested_topk
+from handlers.request_body import TASK_OPTIONS, checked_topk, from_base64, image_bytes, read_request
 from handlers.request_error import RequestError
+from handlers.tasks import open_core
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +49,13 @@ INPUT_METADATA = [{"name": IMAGE, "datatype": "BYTES", "shape": [-1]}]
 OUTPUT_METADATA = [{"name": LABELS, "datatype": "BYTES", "shape": [-1, -1]},
                    {"name": INDICES, "datatype": "INT64", "shape": [-1, -1]},
                    {"name": PROBABILITIES, "datatype": "FP32", "shape": [-1, -1]}]
+OUTPUTS = {  # each task's v2 outputs: name -> (datatype, shape)
+    CLASSIFICATION: {meta["name"]: (meta["datatype"], meta["shape"]) for meta in OUTPUT_METADATA},
+    DETECTION: {"boxes": ("FP32", [-1, 4]), LABELS: ("BYTES", [-1]), INDICES: ("INT64", [-1]),
+                "scores": ("FP32", [-1]), "image_index": ("INT64", [-1])},
+    SEGMENTATION: {LABELS: ("BYTES", [-1]), INDICES: ("INT64", [-1]), "shares": ("FP32", [-1]),
+                   "image_index": ("INT64", [-1]), "class_map_png": ("BYTES", [-1])},
+}
 
 
 class ImageClassifierModel(Model):
@@ -63,7 +75,7 @@ class ImageClassifierModel(Model):
     def load(self) -> bool:
         """Open the archive's served artifact after checking its sha256; a refusal raises (HandlerSetupError,
         IntegrityError) and the server does not start."""
-        self.core = ImageClassifierCore.from_folder(self.folder, self.device, self.settings, policy=self.policy)
+        self.core = open_core(self.folder, self.device, self.settings, policy=self.policy)
         self.batcher = Batcher(self.core, self.policy)
         self.ready = True
         return self.ready
@@ -95,12 +107,13 @@ class ImageClassifierModel(Model):
         return INPUT_METADATA
 
     def get_output_types(self) -> list[dict]:
-        return OUTPUT_METADATA
+        task = self.core.TASK if self.core else CLASSIFICATION
+        return [{"name": name, "datatype": datatype, "shape": shape} for name, (datatype, shape) in OUTPUTS[task].items()]
 
     async def predict(self, payload, headers: dict | None = None):
         if isinstance(payload, InferRequest):
-            answers = answered(await self.batcher.answer(v2_rows(payload)))
-            return v2_response(payload, self.name, answers)
+            answers = answered(await self.batcher.answer(v2_rows(payload, self.core.TASK)))
+            return v2_response(payload, self.name, answers, self.core.TASK)
         return {"predictions": answered(await self.batcher.answer(v1_rows(payload)))}
 
 
@@ -122,8 +135,7 @@ def v1_rows(payload) -> list[ImageRequest]:
             raise RequestError(400, f"no instances: {V1_SHAPE}")
         return [instance_row(index, instance) for index, instance in enumerate(instances)]
     if isinstance(payload, dict):  # TorchServe's JSON body {"data": base64, "topk": k}
-        row = {"body": payload}
-        return [ImageRequest(image_bytes(row), requested_topk(row, None, None))]
+        return [read_request({"body": payload}, lambda name: None)]
     raise RequestError(400, f"JSON body must be an object, got a JSON {type(payload).__name__}: {V1_SHAPE}")
 
 
@@ -136,19 +148,24 @@ def instance_row(index: int, instance) -> ImageRequest:
     if not isinstance(image, str):
         raise RequestError(400, f"instance {index} has no base64 image: {V1_SHAPE}")
     topk = instance.get(TOPK)
-    return ImageRequest(from_base64(image), None if topk is None else checked_topk(topk))
+    options = {name: instance[name] for name in TASK_OPTIONS if instance.get(name) is not None}
+    return ImageRequest(from_base64(image), None if topk is None else checked_topk(topk), options)
 
 
 # ---------------------------------------------------------------- v2
-def v2_rows(request: InferRequest) -> list[ImageRequest]:
+def v2_rows(request: InferRequest, task: str = CLASSIFICATION) -> list[ImageRequest]:
     tensors = {tensor.name: tensor for tensor in request.inputs}
     tensor = tensors.get(IMAGE)
     if tensor is None or tensor.datatype != "BYTES":
         got = ", ".join(f"{t.name} ({t.datatype})" for t in request.inputs) or "none"
         raise RequestError(400, f'v2 takes one BYTES input named "{IMAGE}" holding encoded images; got {got}')
-    topk = (request.parameters or {}).get(TOPK)
+    parameters = request.parameters or {}
+    topk = parameters.get(TOPK)
     k = None if topk is None else checked_topk(topk)
-    return [ImageRequest(element if isinstance(element, bytes) else from_base64(str(element)), k)
+    options = {name: parameters[name] for name in TASK_OPTIONS if parameters.get(name) is not None}
+    if task == SEGMENTATION:
+        options["masks"] = "png"  # a tensor protocol carries each image's class map as one PNG
+    return [ImageRequest(element if isinstance(element, bytes) else from_base64(str(element)), k, options)
             for element in elements(tensor)]
 
 
@@ -163,17 +180,44 @@ def elements(tensor) -> list:
     return list(values)
 
 
-def v2_response(request: InferRequest, model_name: str, answers: list[dict]) -> InferResponse:
-    rows = [answer["predictions"] for answer in answers]
-    tensors = {LABELS: np.array([[p["label"].encode() for p in row] for row in rows], dtype=np.object_),
-               INDICES: np.array([[p["index"] for p in row] for row in rows], dtype=np.int64),
-               PROBABILITIES: np.array([[p["probability"] for p in row] for row in rows], dtype=np.float32)}
-    outputs = [InferOutput(meta["name"], list(tensors[meta["name"]].shape), meta["datatype"], tensors[meta["name"]])
-               for meta in OUTPUT_METADATA]
+def v2_response(request: InferRequest, model_name: str, answers: list[dict],
+                task: str = CLASSIFICATION) -> InferResponse:
+    tensors = V2_TENSORS[task](answers)
+    outputs = [InferOutput(name, list(tensors[name].shape), datatype, tensors[name])
+               for name, (datatype, _) in OUTPUTS[task].items()]
     # a request may leave its id out; KServe's response model requires one (its own requests get a uuid)
     return InferResponse(request.id or str(uuid.uuid4()), model_name, outputs, parameters={
         "model": answers[0]["model"], "artifact": answers[0]["artifact"]},
         use_binary_outputs=request.use_binary_outputs, requested_outputs=request.request_outputs)
+
+
+def classification_tensors(answers: list[dict]) -> dict:
+    rows = [answer["predictions"] for answer in answers]
+    return {LABELS: np.array([[p["label"].encode() for p in row] for row in rows], dtype=np.object_),
+            INDICES: np.array([[p["index"] for p in row] for row in rows], dtype=np.int64),
+            PROBABILITIES: np.array([[p["probability"] for p in row] for row in rows], dtype=np.float32)}
+
+
+def detection_tensors(answers: list[dict]) -> dict:
+    rows = [(image, box) for image, answer in enumerate(answers) for box in answer["detections"]]
+    return {"boxes": np.array([box["box"] for _, box in rows], dtype=np.float32).reshape(-1, 4),
+            LABELS: np.array([box["label"].encode() for _, box in rows], dtype=np.object_),
+            INDICES: np.array([box["index"] for _, box in rows], dtype=np.int64),
+            "scores": np.array([box["score"] for _, box in rows], dtype=np.float32),
+            "image_index": np.array([image for image, _ in rows], dtype=np.int64)}
+
+
+def segmentation_tensors(answers: list[dict]) -> dict:
+    rows = [(image, item) for image, answer in enumerate(answers) for item in answer["classes"]]
+    return {LABELS: np.array([item["label"].encode() for _, item in rows], dtype=np.object_),
+            INDICES: np.array([item["index"] for _, item in rows], dtype=np.int64),
+            "shares": np.array([item["share"] for _, item in rows], dtype=np.float32),
+            "image_index": np.array([image for image, _ in rows], dtype=np.int64),
+            "class_map_png": np.array([answer["class_map_png"].encode() for answer in answers], dtype=np.object_)}
+
+
+V2_TENSORS = {CLASSIFICATION: classification_tensors, DETECTION: detection_tensors,
+              SEGMENTATION: segmentation_tensors}
 
 
 def answered(answers: list) -> list[dict]:

@@ -11,12 +11,52 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from dataclasses import dataclass, field
+from typing import Callable
 
 from handlers.request_error import RequestError
 
 BODY_KEYS = ("data", "body", "file", "image")  # raw/JSON bodies arrive as data/body; forms by field name
-OPTION_KEYS = ("topk",)  # form fields that are options, never the image
+@dataclass(frozen=True)
+class ImageRequest:
+    """One request row as the core sees it: the image's bytes, the top-k it asked for (None: the default) and the
+    task's other options by name (a detector's score_threshold, max_detections; a segmenter's masks), unchecked."""
+
+    image: bytes
+    topk: int | None = None
+    options: dict = field(default_factory=dict)
+
+
+TASK_OPTIONS = ("score_threshold", "max_detections", "masks")  # read here, checked by the task's core
+OPTION_KEYS = ("topk",) + TASK_OPTIONS  # form fields that are options, never the image
 MAX_TOPK = 100
+TOPK_HEADER = "X-TopK"  # TorchServe drops query strings: options also come as headers
+
+
+def option_header(name: str) -> str:
+    """score_threshold -> X-Score-Threshold."""
+    return "X-" + "-".join(part.capitalize() for part in name.split("_"))
+
+
+def read_request(row: dict, header: Callable[[str], str | None]):
+    """One engine's request row (TorchServe's shape) as the core's ImageRequest: the image, topk and the task's
+    options from form fields, JSON fields or headers (`header(name)` reads one; None when absent)."""
+    options = {name: value for name in TASK_OPTIONS
+               if (value := _field(row, name) if _field(row, name) is not None else header(option_header(name)))
+               is not None}
+    return ImageRequest(image_bytes(row), requested_topk(row, header(TOPK_HEADER), None), options)
+
+
+def _field(row: dict, name: str):
+    """A form field or a JSON body's field."""
+    if not isinstance(row, dict):
+        return None
+    if row.get(name) is not None:
+        return row[name]
+    body = next((row.get(k) for k in ("body", "data") if row.get(k) is not None), None)
+    if isinstance(body, (bytes, bytearray)) and body[:1] == b"{":
+        body = _json_body(bytes(body))
+    return body.get(name) if isinstance(body, dict) else None
 
 
 def image_bytes(row: dict) -> bytes:
@@ -54,12 +94,7 @@ def image_bytes(row: dict) -> bytes:
 def requested_topk(row: dict, header: str | None, default: int | None) -> int | None:
     """k from a form field or JSON field "topk", or the X-TopK header (TorchServe drops query strings);
     `default` when the request names none."""
-    value = row.get("topk") if isinstance(row, dict) else None
-    body = next((row.get(k) for k in ("body", "data") if row.get(k) is not None), None) if isinstance(row, dict) else None
-    if isinstance(body, (bytes, bytearray)) and body[:1] == b"{":
-        body = _json_body(bytes(body))
-    if value is None and isinstance(body, dict):
-        value = body.get("topk")
+    value = _field(row, "topk")
     if value is None:
         value = header
     if value is None:

@@ -29,7 +29,7 @@ from torchvision.transforms import functional as TF  # the functions weights.tra
 from torchvision.transforms.v2 import functional as F2
 
 from contract.errors import VisionExportError
-from contract.records import ImageContract
+from contract.records import ImageContract, ResizeRule
 
 # Limits checked from the header before decoding, so a small file cannot expand into gigabytes.
 MAX_PIXELS = 40_000_000  # 40 megapixels: any camera photo; a decompression bomb is far larger
@@ -229,6 +229,17 @@ def preprocess(image: torch.Tensor | Image.Image, contract: ImageContract) -> to
                       antialias=contract.antialias)
     image = F2.center_crop(image, list(contract.crop)).contiguous()  # PIL's pixels come channels-last: rows are CHW
     return TF.convert_image_dtype(image, torch.float)
+
+
+def resize_whole(image: torch.Tensor | Image.Image, rule: ResizeRule) -> torch.Tensor:
+    """An upright RGB image -> float32 (3, H', W') in [0, 1], the whole image at the size its resize rule gives
+    (a detector's or a segmenter's input; the model's own transform then changes nothing). The same antialiased
+    bilinear uint8 resize as preprocess."""
+    if isinstance(image, Image.Image):
+        image = pixels(image)
+    size = list(rule.size(image.shape[-2], image.shape[-1]))
+    resized = F2.resize(image, size, interpolation=InterpolationMode.BILINEAR, antialias=True).contiguous()
+    return TF.convert_image_dtype(resized, torch.float)
 
 
 def pixels(image: Image.Image) -> torch.Tensor:

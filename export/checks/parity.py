@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from export.checks.detections import compare_sets
 from export.errors import ParityError
 from export.forms.tolerances import OPENVINO_TOLERANCE as OPENVINO_TOLERANCE  # read here by tests/runtime
-from export.checks.detections import compare_sets
 from export.forms.tolerances import SetTolerance, Tolerance
 from runtime.base import ArtifactRunError, Backend, Outputs
 
@@ -164,11 +164,17 @@ def parity_inputs(example_shape: tuple[int, ...], value_range=(0.0, 1.0), seed: 
             return random(batch, shape)
         return low + (high - low) * structured_images(batch, *shape, seed=seed + batch)
 
-    batches = [InputBatch("random b1", random(1)), InputBatch("structured b2", structured(2)),
-               InputBatch("mixed b8", torch.cat([random(4), structured(4)]))]
+    if dynamic_batch:
+        batches = [InputBatch("random b1", random(1)), InputBatch("structured b2", structured(2)),
+                   InputBatch("mixed b8", torch.cat([random(4), structured(4)]))]
+    else:
+        batches = [InputBatch("random", random(1)), InputBatch("structured", structured(1)),
+                   InputBatch("structured, another", structured(4)[3:])]
     if spatial_dynamic and len(item) == 3:
+        rows = 2 if dynamic_batch else 1
         other = (item[0],) + OTHER_SPATIAL_SIZE
-        batches.append(InputBatch(f"structured b2 @{other[1]}x{other[2]}", structured(2, other), default_size=False))
+        batches.append(InputBatch(f"structured b{rows} @{other[1]}x{other[2]}", structured(rows, other),
+                                  default_size=False))
     return batches
 
 
@@ -247,7 +253,7 @@ def run_parity(eager: Backend, candidates: dict[str, Candidate], inputs: list[In
 
 def render_table(comparisons: list[Comparison]) -> str:
     header = ("| artifact | inputs | max abs | mean abs | median abs | max rel | cosine | top-1 | top-5 "
-              "| atol / rtol | needed atol / rtol | result |")
+              "| tolerance | needed atol / rtol | result |")
     lines = [header, "|" + "---|" * 12]
     for c in comparisons:
         m = c.metrics
@@ -257,7 +263,7 @@ def render_table(comparisons: list[Comparison]) -> str:
         lines.append(
             f"| {c.artifact} | {c.inputs} | {_g(m['max_abs'])} | {_g(m.get('mean_abs'))} | {_g(m.get('median_abs'))} "
             f"| {_g(m['max_rel'])} | {_cos(m['cosine'])} | {_pct(m.get('top1_agreement'))} "
-            f"| {_pct(m.get('top5_agreement'))} | {c.tolerance.atol:g} / {c.tolerance.rtol:g} "
+            f"| {_pct(m.get('top5_agreement'))} | {c.tolerance.describe()} "
             f"| {_g(m.get('required_atol'))} / {_g(m.get('required_rtol'))} | {result} |")
     return "\n".join(lines)
 

@@ -53,6 +53,7 @@ class GraphIO:
 
     outputs: tuple[str, ...] = (OUTPUT_NAME,)
     dynamic_batch: bool = True
+    any_size: bool = False  # a whole-image model (a detector, a segmenter): every form takes any height x width
 
     def input_axes(self, spatial_dynamic: bool) -> dict[int, str]:
         axes = {0: BATCH_DIM} if self.dynamic_batch else {}
@@ -95,8 +96,10 @@ class BuildContext:
         return self.programs[key]
 
     def artifact(self, kind, loaded=None, source_dynamic: bool = False) -> Artifact:
-        return Artifact(kind.name, self.folder / kind.file_name, kind.format, kind.exporter,
-                        kind.spatial_dynamic(self.resizes_in_graph, source_dynamic), loaded)
+        """A whole-image model's every form claims any size (torchvision's detectors are written to be traced
+        at any size); trace vs script's probes of other sizes then show the forms that are wrong there."""
+        dynamic = self.io.any_size or kind.spatial_dynamic(self.resizes_in_graph, source_dynamic)
+        return Artifact(kind.name, self.folder / kind.file_name, kind.format, kind.exporter, dynamic, loaded)
 
 
 def trace(context: BuildContext, kind) -> Artifact:

@@ -17,6 +17,9 @@ class Tolerance:
     atol: float
     rtol: float
 
+    def describe(self) -> str:
+        return f"atol={self.atol:g}, rtol={self.rtol:g}"
+
 
 @dataclass(frozen=True)
 class SetTolerance:
@@ -29,6 +32,9 @@ class SetTolerance:
     edge: float
     mask_iou: float
     limits: DetectionLimits | None = None
+
+    def describe(self) -> str:
+        return f"box IoU >= {self.box_iou:g}, scores within {self.score_atol:g}"
 
 
 # TorchScript runs the very same ATen kernels as eager, so it should agree to rounding (1e-5). ONNX Runtime fuses

@@ -21,8 +21,8 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from contract.records import MANIFEST_NAME, Manifest
 from contract.handler_config import TORCHSERVE_KEYS, HandlerConfig
+from contract.records import MANIFEST_NAME, Manifest
 from export.atomic import ensure_writable_dir
 from export.errors import ExportError
 from export.package.selection import redecide
@@ -68,7 +68,8 @@ def model_config_yaml(overrides: dict | None = None) -> str:
 
 def archived_manifest(manifest: Manifest, request: ArchiveRequest) -> Manifest:
     """The manifest the archive ships: the export's, or the same with request.artifact re-decided."""
-    manifest.input.image_contract()  # the image handler needs one; says so when the model has none
+    if manifest.input.handler_input() is None:  # neither a classifier's image contract nor a whole-image rule
+        manifest.input.image_contract()  # says what the handler needs
     if request.artifact is None:
         manifest.served_record()  # the export's decision must name a recorded artifact
         return manifest

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import torch
 
+from contract.files import atomic_write_text
 from contract.records import (
+    DETECTION,
     LABELS_NAME,
     MANIFEST_NAME,
+    SEGMENTATION,
     ArtifactRecord,
     FileRecord,
     Manifest,
@@ -20,7 +23,7 @@ from contract.records import (
     OutputRecord,
     ServingDecision,
 )
-from contract.files import atomic_write_text
+from export.checks.detections import MASK_THRESHOLD
 from export.checks.parity import ParityReport
 from export.checks.trace_vs_script import TraceVsScript
 from export.errors import ExportError, IntegrityError
@@ -94,7 +97,9 @@ def assemble_manifest(folder: Path, found: ExportFindings) -> Manifest:
     entry, variants = found.entry, found.variants
     manifest = Manifest(model=ModelInfo(entry.name, entry.family, entry.description, dict(entry.source)),
                         weights=found.built.weights.describe(), input=entry.input_spec.record(),
-                        output=output_record(found.built.module, found.example, found.built.labels), opset=found.opset)
+                        output=OutputRecord(shape=[]), opset=found.opset, task=entry.task, limits=entry.limits)
+    manifest.outputs = output_records(entry, found.built.module, found.example, found.built.labels)
+    manifest.output = manifest.outputs[0]
     manifest.artifacts = {k: _artifact_record(folder, a, entry) for k, a in found.artifacts.items()}
     files = list(found.reports)
     if variants:
@@ -112,13 +117,45 @@ def assemble_manifest(folder: Path, found: ExportFindings) -> Manifest:
     return manifest
 
 
+def output_records(entry: ModelEntry, module, example, labels) -> list[OutputRecord]:
+    """Every output, named and described for the model's task."""
+    if entry.task == DETECTION:
+        return detection_records(entry.outputs, labels)
+    record = output_record(module, example, labels)
+    if entry.task == SEGMENTATION:
+        record.shape = ["batch", record.shape[1], "height", "width"]
+        record.meaning = "per-pixel class logits at the input's size (their argmax is the class map)"
+        record.classes = record.shape[1]
+    return [record]
+
+
+DETECTION_MEANINGS = {
+    "boxes": (["detections", 4], "float32", "x1 y1 x2 y2 in the input image's pixels"),
+    "labels": (["detections"], "int64", "category index of each box (the labels file names it)"),
+    "scores": (["detections"], "float32", "each box's score, best first, at least the model's threshold"),
+    "masks": (["detections", 1, "height", "width"], "float32",
+              f"each box's mask probabilities at the input's size (above {MASK_THRESHOLD} is the object)"),
+}
+
+
+def detection_records(outputs: tuple[str, ...], labels: list[str] | None) -> list[OutputRecord]:
+    records = []
+    for name in outputs:
+        shape, dtype, meaning = DETECTION_MEANINGS[name]
+        record = OutputRecord(shape=shape, name=name, dtype=dtype, meaning=meaning)
+        if name == "labels" and labels:
+            record.labels, record.classes = LABELS_NAME, len(labels)
+        records.append(record)
+    return records
+
+
 def output_record(module, example, labels) -> OutputRecord:
     """The output's shape and meaning; labels must name every class. Without labels the answers name each
     class by its index, and the record says so."""
     with torch.inference_mode():
         output = module(example)
     record = OutputRecord(shape=["batch"] + list(output.shape[1:]), dtype=str(output.dtype).replace("torch.", ""))
-    classes = output.shape[1] if output.dim() == 2 else None
+    classes = output.shape[1] if output.dim() in (2, 4) else None  # a classifier's logits, a segmenter's maps
     if labels and len(labels) != classes:
         raise ExportError(f"{len(labels)} labels were given but the model's output has shape "
                           f"{tuple(output.shape)} ({classes or 'not'} classes); give one label per class")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contract.records import LABELS_NAME
 from contract.files import atomic_write_text
+from contract.records import LABELS_NAME
 from export.checks.parity import ParityReport, report_json, report_markdown
 from export.checks.second_opinion import second_opinion_markdown
 from export.checks.trace_vs_script import CONCLUSION, TraceVsScript

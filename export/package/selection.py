@@ -52,8 +52,9 @@ class Candidate:
     runs_on: Needs | None = None  # this artifact's own needs to run, where they are stricter than its kind's
 
 
-def exclusion(candidate: Candidate, handler_input: tuple[int, ...] | None) -> str | None:
-    """Why a candidate may not be served, or None when it may."""
+def exclusion(candidate: Candidate, handler_input: tuple[int, ...] | None, any_size: bool = False) -> str | None:
+    """Why a candidate may not be served, or None when it may (any_size: the handler sends whole images of any
+    size, a detector's or a segmenter's)."""
     if not candidate.passed_parity:
         return "failed parity"
     if candidate.diverging_on:
@@ -62,6 +63,9 @@ def exclusion(candidate: Candidate, handler_input: tuple[int, ...] | None) -> st
         return f"{GATE_VERDICT_PREFIX} {candidate.gate}"
     if handler_input is None:
         return "the model takes no image input the handler can send"
+    if any_size and not candidate.spatial_dynamic:
+        return (f"takes exactly {'x'.join(map(str, candidate.fixed_size[1:]))}, the handler sends whole images of "
+                "any size")
     if not candidate.spatial_dynamic and tuple(candidate.fixed_size) != tuple(handler_input):
         return (f"takes exactly {'x'.join(map(str, candidate.fixed_size))}, the handler sends "
                 f"{'x'.join(map(str, handler_input))}")
@@ -69,12 +73,13 @@ def exclusion(candidate: Candidate, handler_input: tuple[int, ...] | None) -> st
 
 
 def decide(candidates: list[Candidate], handler_input: tuple[int, ...] | None, requested: str | None = None,
-           preference: tuple[str, ...] | None = None, target: MachineProfile | None = None) -> ServingDecision:
+           preference: tuple[str, ...] | None = None, target: MachineProfile | None = None,
+           any_size: bool = False) -> ServingDecision:
     """The manifest's serving decision for the target machine (default: this one): the chosen kind, the gated
     candidates in order, and why every other kind was not chosen."""
     preference = kinds.serving_preference() if preference is None else preference
     target = target or this_machine()
-    reasons = {c.kind: exclusion(c, handler_input) for c in candidates}
+    reasons = {c.kind: exclusion(c, handler_input, any_size) for c in candidates}
     ordered = [k for k in preference if k in reasons] + [k for k in reasons if k not in preference]
     gated = gated_candidates([c for c in candidates if reasons[c.kind] is None], preference)
     chosen = choose_form(gated, target).kind

@@ -23,14 +23,13 @@ from starlette.responses import JSONResponse
 
 from contract.policy import ServingPolicy
 from handlers.batching import Batcher
-from handlers.core import ImageClassifierCore, ImageRequest
-from handlers.request_body import image_bytes, requested_topk
+from handlers.request_body import read_request
 from handlers.request_error import RequestError
+from handlers.tasks import open_core
 from serving.settings import archive_config
 
 logger = logging.getLogger("serving.ray")
 
-TOPK_HEADER = "X-TopK"  # as on the TorchServe path (handlers/image_classifier.py)
 SERVED_BY = "X-Served-By"  # "NODE_ID REPLICA_ID" of the replica that answered
 DESCRIPTION_PATH = "/description"  # GET ROUTE/description: which form serves on this machine, and why
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -66,7 +65,7 @@ class ImageClassifierDeployment:
             members.extractall(self.folder.name)
         handler = archive_config(Path(archive)).get("handler")
         device = "cuda" if policy.device == "gpu" else "cpu"
-        self.core = ImageClassifierCore.from_folder(self.folder.name, device, handler, policy=policy)
+        self.core = open_core(self.folder.name, device, handler, policy=policy)
         self.batcher = Batcher(self.core, policy)
         context = serve.get_replica_context()
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
@@ -76,7 +75,7 @@ class ImageClassifierDeployment:
             return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
         try:
             row = await request_row(request)
-            rows = [ImageRequest(image_bytes(row), requested_topk(row, request.headers.get(TOPK_HEADER), None))]
+            rows = [read_request(row, request.headers.get)]
         except RequestError as error:
             return self.respond(error)
         (answer,) = await self.batcher.answer(rows)
