@@ -117,14 +117,25 @@ def stop_every_engine(run_dir: Path) -> int:
 
 def print_serving(engine: Engine, answers: dict[str, dict]) -> None:
     for name, answer in answers.items():
-        top = answer["predictions"][0]
         print(f"serving {name} ({answer['artifact']}) at {where(engine.urls(name))}\n"
-              f"  example prediction: {top['label']} ({top['probability']:.3f})\n"
+              f"  example answer: {answer_line(answer)}\n"
               f"  try: {engine.curl_line(name)}", flush=True)
     for note in engine.notes():
         print(note, flush=True)
     if engine.metrics_url():
         print(f"metrics: {engine.metrics_url()}", flush=True)
+
+
+def answer_line(answer: dict) -> str:
+    """The example photo's answer in a few words, whatever the task."""
+    if "predictions" in answer:
+        top = answer["predictions"][0]
+        return f"{top['label']} ({top['probability']:.3f})"
+    if "detections" in answer:
+        found = answer["detections"]
+        return f"{len(found)} boxes" + (f", the first {found[0]['label']} ({found[0]['score']:.3f})" if found else "")
+    shares = ", ".join(f"{c['label']} {100 * c['share']:.0f} %" for c in answer["classes"][:3])
+    return f"{len(answer['classes'])} classes: {shares}"
 
 
 def where(urls: dict[str, str]) -> str:

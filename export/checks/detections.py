@@ -96,7 +96,8 @@ def match_boxes(reference: Detections, candidate: Detections, min_iou: float) ->
     """(reference index, candidate index, IoU): greedy from the highest reference score, same label only."""
     if not len(reference) or not len(candidate):
         return []
-    overlaps = box_iou(reference.boxes, candidate.boxes)
+    overlaps = box_iou(reference.boxes, candidate.boxes).nan_to_num(0.0)  # a degenerate box's IoU is 0 / 0
+    overlaps[(reference.boxes[:, None, :] == candidate.boxes[None, :, :]).all(-1)] = 1.0  # the same box, even flat
     overlaps[reference.labels[:, None] != candidate.labels[None, :]] = -1.0
     taken: set[int] = set()
     pairs = []

@@ -71,3 +71,8 @@ def test_masks_are_compared_by_iou_after_binarising():
     moved = compare_detections(Detections(one.boxes, one.labels, one.scores, square),
                                Detections(one.boxes, one.labels, one.scores, shifted), TOLERANCE, LIMITS)
     assert same.passed and same.worst_mask_iou == 1.0 and not moved.passed and "mask overlaps" in moved.failures[0]
+
+
+def test_a_flat_box_matches_itself():
+    flat = boxes((5, 5, 5, 20, 1, 0.7), (0, 0, 10, 10, 2, 0.6))  # zero width: IoU with itself is 0 / 0
+    assert compare_detections(flat, flat, TOLERANCE, LIMITS).matched == 2
