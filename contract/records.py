@@ -118,6 +118,7 @@ class ResizeRule:
     max_side: int
     fixed: tuple[int, int] | None = None
     source: str = ""  # where these numbers come from (the model's transform)
+    enlarge: bool = True  # False: a smaller image is sent at its own size (a model that looks at any scale)
 
     def __post_init__(self):
         if self.fixed is not None:
@@ -128,8 +129,10 @@ class ResizeRule:
 
     def scale(self, height: int, width: int) -> float:
         if self.fixed is not None:
-            return min(self.fixed[0] / height, self.fixed[1] / width)
-        return min(self.min_side / min(height, width), self.max_side / max(height, width))
+            factor = min(self.fixed[0] / height, self.fixed[1] / width)
+        else:
+            factor = min(self.min_side / min(height, width), self.max_side / max(height, width))
+        return factor if self.enlarge else min(factor, 1.0)
 
     def size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) an image of this size is sent at."""

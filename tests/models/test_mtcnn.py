@@ -15,7 +15,7 @@ from torchvision.ops import box_iou
 import models
 from contract.records import DETECTION
 from export.checks.detections import Detections, SetTolerance, compare_detections
-from models import mtcnn
+from models import mtcnn, mtcnn_entry
 from models.weights import WeightsError
 
 pytest.importorskip("facenet_pytorch", reason="pip install --no-deps facenet-pytorch (MTCNN's trained networks)")
@@ -53,7 +53,7 @@ def photos():
     """uint8 RGB arrays: the faces facenet-pytorch finds, and photographs without one."""
     grey = skimage_data.camera()
     return {"astronaut": skimage_data.astronaut(), "camera": np.stack([grey] * 3, axis=-1),
-            "grid": np.stack([mtcnn.face_grid()] * 3, axis=-1), "pasted": mtcnn.pasted_faces(),
+            "grid": np.stack([mtcnn_entry.face_grid()] * 3, axis=-1), "pasted": mtcnn_entry.pasted_faces(),
             "coffee": skimage_data.coffee(), "chelsea": skimage_data.chelsea()}
 
 
@@ -61,7 +61,7 @@ def photos():
 def answers(detector, photos):
     """Eager's answer per photo, computed once."""
     with torch.no_grad():
-        return {name: Detections.of(detector(mtcnn.photo_tensor(array))) for name, array in photos.items()}
+        return {name: Detections.of(detector(mtcnn_entry.photo_tensor(array))) for name, array in photos.items()}
 
 
 def facenet_detect(array: np.ndarray) -> Detections:
@@ -79,7 +79,7 @@ def facenet_detect(array: np.ndarray) -> Detections:
 @pytest.mark.parametrize("name", [*FACES, "coffee"])
 def test_the_boxes_are_facenet_pytorchs_own(name, photos, answers):
     reference = facenet_detect(photos[name])
-    found = compare_detections(reference, answers[name], AS_FACENET, mtcnn.LIMITS)
+    found = compare_detections(reference, answers[name], AS_FACENET, mtcnn_entry.LIMITS)
     assert found.passed and len(answers[name]) == len(reference) == FACES.get(name, 0), found.line()
     if len(reference):
         assert found.worst_box_iou >= 0.999 and found.worst_score_diff <= 1e-5, found.as_dict()
@@ -91,7 +91,7 @@ def test_the_boxes_land_on_the_faces(photos, answers):
     for name in ("astronaut", "camera"):
         cascade = lbp_faces(photos[name])
         assert box_iou(answers[name].boxes, cascade).max(dim=1).values.min() >= 0.5, (name, cascade)
-    pasted = torch.tensor([[x, y, x + w, y + h] for (w, h), (x, y) in mtcnn.PASTES], dtype=torch.float32)
+    pasted = torch.tensor([[x, y, x + w, y + h] for (w, h), (x, y) in mtcnn_entry.PASTES], dtype=torch.float32)
     assert sorted(inside(answers["pasted"].boxes, pasted)) == [0, 1]
     tile = 25 * 4
     tiles = [[c * tile, r * tile, (c + 1) * tile, (r + 1) * tile] for r in range(5) for c in range(5)]
@@ -120,7 +120,7 @@ def inside(boxes: torch.Tensor, regions: torch.Tensor) -> list[int]:
 def test_the_scripted_cascade_answers_as_eager(scripted, photos, answers):
     with torch.no_grad():
         for name, array in photos.items():
-            boxes, labels, scores = scripted(mtcnn.photo_tensor(array))
+            boxes, labels, scores = scripted(mtcnn_entry.photo_tensor(array))
             expected = answers[name]
             assert torch.allclose(boxes, expected.boxes, atol=1e-4), name
             assert torch.equal(labels, expected.labels) and torch.allclose(scores, expected.scores, atol=1e-6), name
@@ -137,7 +137,7 @@ def test_an_image_under_the_smallest_face_gives_no_boxes(size, detector, scripte
 def test_a_photo_without_a_face_gives_empty_tensors_of_the_right_kind(scripted, photos, answers):
     assert len(answers["coffee"]) == len(answers["chelsea"]) == 0
     with torch.no_grad():
-        assert_empty(scripted(mtcnn.photo_tensor(photos["coffee"])))
+        assert_empty(scripted(mtcnn_entry.photo_tensor(photos["coffee"])))
 
 
 def assert_empty(outputs) -> None:
@@ -151,12 +151,12 @@ def test_a_trace_freezes_the_cascade_to_its_image(detector, photos, answers):
     with more candidates than the astronaut's, answers wrong without a word. So the cascade is scripted."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(detector, mtcnn.photo_tensor(photos["astronaut"]), check_trace=False)
+        traced = torch.jit.trace(detector, mtcnn_entry.photo_tensor(photos["astronaut"]), check_trace=False)
     with torch.no_grad():
-        assert torch.equal(traced(mtcnn.photo_tensor(photos["astronaut"]))[0], answers["astronaut"].boxes)
+        assert torch.equal(traced(mtcnn_entry.photo_tensor(photos["astronaut"]))[0], answers["astronaut"].boxes)
         with pytest.raises(RuntimeError, match="out of range"):
-            traced(mtcnn.photo_tensor(photos["camera"]))
-        assert len(traced(mtcnn.photo_tensor(photos["grid"]))[2]) != len(answers["grid"])
+            traced(mtcnn_entry.photo_tensor(photos["camera"]))
+        assert len(traced(mtcnn_entry.photo_tensor(photos["grid"]))[2]) != len(answers["grid"])
 
 
 def test_pnet_exports_to_onnx_at_any_height_and_width():
@@ -177,27 +177,26 @@ def test_pnet_exports_to_onnx_at_any_height_and_width():
             assert got.shape == tuple(want.shape) and np.abs(got - want.numpy()).max() < 1e-5, shape
 
 
-def test_the_entry_is_made_but_not_registered_on_import(monkeypatch):
-    assert mtcnn.ENTRY_NAME not in models.names()
-    entry = mtcnn.mtcnn_entry()
+def test_the_entry_is_registered_in_the_detection_family():
+    entry = models.get(mtcnn_entry.ENTRY_NAME)
     assert entry.task == DETECTION and entry.outputs == ("boxes", "labels", "scores")
+    assert mtcnn_entry.ENTRY_NAME in models.family(DETECTION).archs
     assert entry.limits.score_threshold == mtcnn.THRESHOLDS[2] and not entry.input_spec.dynamic_batch
-    assert entry.example_input().shape == entry.input_spec.shape == mtcnn.EXAMPLE_SHAPE
-    assert mtcnn.mtcnn_entry(family="faces").family == "faces"
-    monkeypatch.setattr(models.registry, "_REGISTRY", dict(models.registry._REGISTRY))
-    registered = mtcnn.register_mtcnn()
-    assert models.get(mtcnn.ENTRY_NAME) is registered
+    assert entry.example_input().shape == entry.input_spec.shape == mtcnn_entry.EXAMPLE_SHAPE
+    assert mtcnn_entry.mtcnn_entry(family="faces").family == "faces"
+    rule = entry.input_spec.resize_rule
+    assert rule.size(3024, 4032) == (960, 1280) and rule.size(512, 512) == (512, 512)  # shrunk, never enlarged
 
 
 def test_weights_are_facenet_pytorchs_or_a_folder_of_the_three(tmp_path):
-    built = mtcnn.build("auto")
+    built = mtcnn_entry.build("auto")
     assert built.labels == ["__background__", "face"] and built.weights.kind == "trained"
     assert mtcnn.WEIGHTS_WHEEL in built.weights.source
-    assert mtcnn.build(str(mtcnn.weights_folder())).weights.kind == "path"
+    assert mtcnn_entry.build(str(mtcnn.weights_folder())).weights.kind == "path"
     with pytest.raises(WeightsError, match="finds no faces"):
-        mtcnn.build("random")
+        mtcnn_entry.build("random")
     with pytest.raises(WeightsError, match="pnet.pt is missing"):
-        mtcnn.build(str(tmp_path))
+        mtcnn_entry.build(str(tmp_path))
     torch.save({"conv1.weight": torch.zeros(1)}, tmp_path / "pnet.pt")
     with pytest.raises(WeightsError, match="is not MTCNN.s PNet state_dict"):
         mtcnn.load_networks(tmp_path)
