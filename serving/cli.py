@@ -118,7 +118,7 @@ def stop_every_engine(run_dir: Path) -> int:
 def print_serving(engine: Engine, answers: dict[str, dict]) -> None:
     for name, answer in answers.items():
         print(f"serving {name} ({answer['artifact']}) at {where(engine.urls(name))}\n"
-              f"  example answer: {answer_line(answer)}\n"
+              f"  example prediction: {answer_line(answer)}\n"
               f"  try: {engine.curl_line(name)}", flush=True)
     for note in engine.notes():
         print(note, flush=True)
