@@ -21,6 +21,7 @@ from contract.records import DetectionLimits as Limits
 from export.forms.tolerances import SetTolerance
 
 MASK_THRESHOLD = 0.5  # torchvision's convention: a mask pixel belongs to the object above this probability
+FLAT_BOX_ATOL = 0.01  # pixels: boxes whose corners all agree this closely are one box (a flat box has no IoU)
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def match_boxes(reference: Detections, candidate: Detections, min_iou: float) ->
     """(reference index, candidate index, IoU): greedy from the highest reference score, same label only."""
     if not len(reference) or not len(candidate):
         return []
-    overlaps = box_iou(reference.boxes, candidate.boxes).nan_to_num(0.0)  # a degenerate box's IoU is 0 / 0
-    overlaps[(reference.boxes[:, None, :] == candidate.boxes[None, :, :]).all(-1)] = 1.0  # the same box, even flat
+    overlaps = box_iou(reference.boxes, candidate.boxes).nan_to_num(0.0)  # a flat box's IoU is 0 / 0
+    corners = (reference.boxes[:, None, :] - candidate.boxes[None, :, :]).abs().amax(-1)
+    overlaps[corners <= FLAT_BOX_ATOL] = 1.0  # the same box within rounding, flat ones too (no area to overlap)
     overlaps[reference.labels[:, None] != candidate.labels[None, :]] = -1.0
     taken: set[int] = set()
     pairs = []

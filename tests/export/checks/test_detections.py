@@ -76,3 +76,7 @@ def test_masks_are_compared_by_iou_after_binarising():
 def test_a_flat_box_matches_itself():
     flat = boxes((5, 5, 5, 20, 1, 0.7), (0, 0, 10, 10, 2, 0.6))  # zero width: IoU with itself is 0 / 0
     assert compare_detections(flat, flat, TOLERANCE, LIMITS).matched == 2
+    rounded = boxes((5, 5.0004, 5, 20.0003, 1, 0.7), (0, 0, 10, 10, 2, 0.6))
+    assert compare_detections(flat, rounded, TOLERANCE, LIMITS).passed
+    moved = boxes((6, 5, 6, 20, 1, 0.7), (0, 0, 10, 10, 2, 0.6))
+    assert not compare_detections(flat, moved, TOLERANCE, LIMITS).passed
