@@ -383,6 +383,10 @@ class Manifest:
                                 f"(has: {', '.join(self.artifacts)}); rebuild the archive with `python -m export`")
         return self.artifacts[kind]
 
+    def labels_file(self) -> str | None:
+        """The labels file an output names (a classifier's logits, a detector's labels), or None."""
+        return next((output.labels for output in self.outputs or [self.output] if output.labels), None)
+
     def fp32_artifacts(self) -> dict:
         return {k: r for k, r in self.artifacts.items() if r.precision == "fp32"}
 

@@ -308,7 +308,7 @@ def internal_error(stage: str, error: Exception) -> RequestError:
 
 
 def labels_of(folder: Path, manifest: Manifest) -> dict[int, str]:
-    name = next((output.labels for output in manifest.outputs or [manifest.output] if output.labels), None)
+    name = manifest.labels_file()
     if not name:
         logger.warning("the manifest names no labels file: answers carry class indices as labels")
         return {}

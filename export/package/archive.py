@@ -150,8 +150,8 @@ def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: di
         for source in sorted((PROJECT_ROOT / package).glob("*.py")):
             shutil.copy2(source, extra / package / source.name)
     (extra / MANIFEST_NAME).write_text(manifest.to_json())
-    if manifest.output.labels:
-        shutil.copy2(export_dir / manifest.output.labels, extra / manifest.output.labels)
+    if manifest.labels_file():
+        shutil.copy2(export_dir / manifest.labels_file(), extra / manifest.labels_file())
     for path in shipped_files(manifest):
         (extra / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(export_dir / path, extra / path)

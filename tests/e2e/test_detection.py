@@ -1,0 +1,165 @@
+"""Detectors and segmenters end to end: `python -m export detection|segmentation` (torchvision's models, seeded
+random weights that still give boxes), every form that can be made and the others refused with the exporter's own
+reason, parity as sets of boxes, then both archives served by one real TorchServe and by KServe's ModelServer
+(v1 and v2): each answer equals the served form's answer in this process (handlers.tasks.open_core), on the
+example photo and on a 12 MP phone JPEG turned sideways by its EXIF tag."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from PIL import Image
+
+from contract.policy import PolicyChoices
+from contract.records import DETECTION, SEGMENTATION, Manifest
+from handlers.tasks import open_core
+from serving.kserve.config import KServeSettings
+from serving.kserve.engine import KServe
+from serving.settings import free_port
+from serving.torchserve import server
+from tests.conftest import ROOT, made_once, run_export
+
+pytestmark = pytest.mark.slow
+CAT = ROOT / "examples" / "cat.jpg"
+DETECTOR, SEGMENTER = "fasterrcnn_mobilenet_v3_large_320_fpn", "lraspp_mobilenet_v3_large"
+EXIF_ROTATED_90 = 6  # the phone was held sideways: the stored pixels are turned 90 degrees
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict:
+    def make(base: Path) -> dict:
+        store = base / "model-store"
+        for family, arch in ((DETECTION, DETECTOR), (SEGMENTATION, SEGMENTER)):
+            result = run_export(family, "--arch", arch, "--weights", "random", "--out", str(base / arch),
+                                "--model-store", str(store), timeout=1500)
+            assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        return {"base": base, "store": store}
+    return made_once(tmp_path_factory, "whole-image-exports", make)
+
+
+@pytest.fixture(scope="module")
+def phone_photo(tmp_path_factory) -> bytes:
+    """A 12 MP JPEG stored sideways with EXIF orientation 6, made from the example photo."""
+    image = Image.open(CAT).convert("RGB").resize((4032, 3024), Image.Resampling.BICUBIC)
+    exif = Image.Exif()
+    exif[0x0112] = EXIF_ROTATED_90
+    buffer = io.BytesIO()
+    image.transpose(Image.Transpose.ROTATE_90).save(buffer, "JPEG", quality=90, exif=exif.tobytes())
+    return buffer.getvalue()
+
+
+def unpacked(exports, arch: str) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix=f"{arch}-"))
+    with zipfile.ZipFile(exports["store"] / f"{arch}.mar") as archive:
+        archive.extractall(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def in_process(exports) -> dict:
+    """The served form of each archive in this process: what every endpoint must answer."""
+    return {arch: open_core(unpacked(exports, arch), threads=1) for arch in (DETECTOR, SEGMENTER)}
+
+
+def test_the_detector_gets_every_form_that_can_be_made_and_the_others_with_the_exporters_reason(exports):
+    manifest = Manifest.read(exports["base"] / DETECTOR)
+    assert manifest.task == DETECTION and [o.name for o in manifest.outputs] == ["boxes", "labels", "scores"]
+    assert manifest.limits.score_threshold == 0.05 and manifest.limits.max_detections == 100
+    assert {"traced", "scripted", "onnx-traced"} <= set(manifest.artifacts)
+    assert manifest.refused["exported"].error == "GuardOnDataDependentSymNode"
+    assert "BoxCoder" in manifest.refused["onnx-scripted"].message
+    assert all(s["passed"] for s in manifest.parity["summary"].values())
+    assert manifest.decision().served == "onnx-traced" and manifest.input.resize_rule.min_side == 320
+    report = json.loads((exports["base"] / DETECTOR / "report.json").read_text())[DETECTOR]
+    counts = {p["probe"]: p["eager_mean"] for p in report["rows"][0]["probes"]}
+    assert len(set(counts.values())) > 1 and counts["blank grey (nothing in it)"] < counts["like the tracing example"]
+
+
+def test_the_segmenter_gets_torch_export_and_dynamo_onnx_too(exports):
+    manifest = Manifest.read(exports["base"] / SEGMENTER)
+    assert manifest.task == SEGMENTATION and manifest.output.shape == ["batch", 21, "height", "width"]
+    assert {"traced", "onnx-traced", "exported", "onnx-dynamo"} <= set(manifest.artifacts)
+    assert all(s["passed"] for s in manifest.parity["summary"].values())
+
+
+def test_an_archive_of_one_task_never_loads_in_anothers_handler(exports):
+    from handlers.core import HandlerSetupError, ImageClassifierCore
+    with pytest.raises(HandlerSetupError, match="detection model .* the classification handler cannot serve it"):
+        ImageClassifierCore.from_folder(unpacked(exports, DETECTOR), threads=1)
+
+
+def test_answers_are_in_the_photos_own_pixels_and_options_are_checked(in_process, phone_photo):
+    core = in_process[DETECTOR]
+    answer = core.answer(phone_photo)
+    assert answer["image"] == {"width": 4032, "height": 3024}  # upright: EXIF turned the stored 3024 x 4032 back
+    assert answer["detections"] and all(0 <= d["box"][0] <= d["box"][2] <= 4032 for d in answer["detections"])
+    assert all(d["box"][3] <= 3024 and d["label"] for d in answer["detections"])
+    few = core.answer(CAT.read_bytes(), max_detections=2, score_threshold=0.07)
+    assert len(few["detections"]) <= 2 and all(d["score"] >= 0.07 for d in few["detections"])
+    from handlers.request_error import RequestError
+    with pytest.raises(RequestError, match="score_threshold must be from the model's own 0.05"):
+        core.answer(CAT.read_bytes(), score_threshold=0.01)
+    segments = in_process[SEGMENTER].answer(CAT.read_bytes(), masks="png")
+    assert abs(sum(c["share"] for c in segments["classes"]) - 1) < 1e-3
+    class_map = np.asarray(Image.open(io.BytesIO(base64.b64decode(segments["class_map_png"]))))
+    assert class_map.shape == (480, 640) and set(np.unique(class_map)) == {c["index"] for c in segments["classes"]}
+
+
+def test_rle_masks_decode_to_the_class_map(in_process):
+    answer = in_process[SEGMENTER].answer(CAT.read_bytes())
+    total = sum(sum(c["mask"]["counts"][1::2]) for c in answer["classes"])
+    assert total == 480 * 640 and all(c["mask"]["size"] == [480, 640] for c in answer["classes"])
+
+
+@pytest.fixture(scope="module")
+def torchserve(exports, tmp_path_factory):
+    settings = server.on_free_ports(exports["store"], tmp_path_factory.mktemp("whole-image-torchserve"))
+    settings.models = (DETECTOR, SEGMENTER)
+    with server.running(settings, CAT):
+        yield settings
+
+
+@pytest.mark.parametrize("arch", [DETECTOR, SEGMENTER])
+def test_torchserve_answers_what_the_served_form_answers_in_process(torchserve, in_process, phone_photo, arch):
+    url = f"{torchserve.inference_url}/predictions/{arch}"
+    for body in (CAT.read_bytes(), phone_photo):
+        served = requests.post(url, data=body, headers={"Content-Type": "image/jpeg"}, timeout=300)
+        assert served.status_code == 200, served.text
+        assert served.json() == json.loads(json.dumps(in_process[arch].answer(body)))
+    options = requests.post(url, data=CAT.read_bytes(), timeout=300,
+                            headers={"Content-Type": "image/jpeg", "X-Max-Detections": "0"})
+    assert (options.status_code, arch) in ((400, DETECTOR), (200, SEGMENTER))
+
+
+@pytest.fixture(scope="module")
+def kserve(exports, tmp_path_factory):
+    settings = KServeSettings(exports["store"], (DETECTOR, SEGMENTER), http_port=free_port(),
+                              run_dir=tmp_path_factory.mktemp("whole-image-kserve"), flags=PolicyChoices(workers=1))
+    with KServe(settings).running(CAT):
+        yield settings
+
+
+def test_kserve_v1_and_v2_answer_what_the_served_form_answers(kserve, in_process):
+    image = CAT.read_bytes()
+    instance = {"image": {"b64": base64.b64encode(image).decode()}, "max_detections": 5}
+    v1 = requests.post(kserve.predict_url(DETECTOR), json={"instances": [instance]}, timeout=300)
+    assert v1.status_code == 200, v1.text
+    expected = json.loads(json.dumps(in_process[DETECTOR].answer(image, max_detections=5)))
+    assert v1.json()["predictions"] == [expected]
+    body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(image).decode()]}],
+            "parameters": {"max_detections": 5}}
+    v2 = requests.post(f"http://127.0.0.1:{kserve.http_port}/v2/models/{DETECTOR}/infer", json=body, timeout=300)
+    assert v2.status_code == 200, v2.text
+    outputs = {o["name"]: o for o in v2.json()["outputs"]}
+    assert outputs["boxes"]["shape"] == [len(expected["detections"]), 4]
+    assert np.allclose(np.array(outputs["boxes"]["data"]).reshape(-1, 4), [d["box"] for d in expected["detections"]])
+    metadata = requests.get(f"http://127.0.0.1:{kserve.http_port}/v2/models/{SEGMENTER}", timeout=60).json()
+    assert "class_map_png" in {o["name"] for o in metadata["outputs"]}
