@@ -29,7 +29,7 @@ from tests.conftest import ROOT, made_once, run_export
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
-DETECTOR, SEGMENTER = "fasterrcnn_mobilenet_v3_large_320_fpn", "lraspp_mobilenet_v3_large"
+DETECTOR, SEGMENTER, FACES = "fasterrcnn_mobilenet_v3_large_320_fpn", "lraspp_mobilenet_v3_large", "mtcnn"
 EXIF_ROTATED_90 = 6  # the phone was held sideways: the stored pixels are turned 90 degrees
 
 
@@ -37,8 +37,9 @@ EXIF_ROTATED_90 = 6  # the phone was held sideways: the stored pixels are turned
 def exports(tmp_path_factory) -> dict:
     def make(base: Path) -> dict:
         store = base / "model-store"
-        for family, arch in ((DETECTION, DETECTOR), (SEGMENTATION, SEGMENTER)):
-            result = run_export(family, "--arch", arch, "--weights", "random", "--out", str(base / arch),
+        for family, arch, weights in ((DETECTION, DETECTOR, "random"), (SEGMENTATION, SEGMENTER, "random"),
+                                      (DETECTION, FACES, "auto")):
+            result = run_export(family, "--arch", arch, "--weights", weights, "--out", str(base / arch),
                                 "--model-store", str(store), timeout=1500)
             assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
         return {"base": base, "store": store}
@@ -66,7 +67,7 @@ def unpacked(exports, arch: str) -> Path:
 @pytest.fixture(scope="module")
 def in_process(exports) -> dict:
     """The served form of each archive in this process: what every endpoint must answer."""
-    return {arch: open_core(unpacked(exports, arch), threads=1) for arch in (DETECTOR, SEGMENTER)}
+    return {arch: open_core(unpacked(exports, arch), threads=1) for arch in (DETECTOR, SEGMENTER, FACES)}
 
 
 def test_the_detector_gets_every_form_that_can_be_made_and_the_others_with_the_exporters_reason(exports):
@@ -122,7 +123,7 @@ def test_rle_masks_decode_to_the_class_map(in_process):
 @pytest.fixture(scope="module")
 def torchserve(exports, tmp_path_factory):
     settings = server.on_free_ports(exports["store"], tmp_path_factory.mktemp("whole-image-torchserve"))
-    settings.models = (DETECTOR, SEGMENTER)
+    settings.models = (DETECTOR, SEGMENTER, FACES)
     with server.running(settings, CAT):
         yield settings
 
@@ -137,6 +138,21 @@ def test_torchserve_answers_what_the_served_form_answers_in_process(torchserve, 
     options = requests.post(url, data=CAT.read_bytes(), timeout=300,
                             headers={"Content-Type": "image/jpeg", "X-Max-Detections": "0"})
     assert (options.status_code, arch) in ((400, DETECTOR), (200, SEGMENTER))
+
+
+def test_the_trained_face_detector_is_served_scripted_and_finds_the_astronauts_face(exports, torchserve, in_process):
+    from skimage import data
+    manifest = Manifest.read(exports["base"] / FACES)
+    assert manifest.decision().served == "scripted" and manifest.refused["exported"].error == "GuardOnDataDependentSymNode"
+    buffer = io.BytesIO()
+    Image.fromarray(data.astronaut()).save(buffer, "PNG")
+    served = requests.post(f"{torchserve.inference_url}/predictions/{FACES}", data=buffer.getvalue(),
+                           headers={"Content-Type": "image/png"}, timeout=300)
+    assert served.status_code == 200, served.text
+    assert served.json() == json.loads(json.dumps(in_process[FACES].answer(buffer.getvalue())))
+    (face,) = served.json()["detections"]  # facenet-pytorch finds one face, at about [181, 62, 268, 172]
+    assert face["label"] == "face" and face["score"] > 0.99
+    assert all(abs(got - want) < 2 for got, want in zip(face["box"], (181.1, 62.2, 267.7, 172.1)))
 
 
 @pytest.fixture(scope="module")
