@@ -145,6 +145,7 @@ if [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]] \
   log "token authorisation on: keys (inference, management) in $KEYS_DIR/key_file.json; anonymous requests are refused"
 fi
 run bash -c 'cd "$1" && shift && exec "$@"' _ "$KEYS_DIR" env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
+  VISION_EXPORT_RUN_CONFIG="$served_config" \
   "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$served_config" \
   --model-store "$MODEL_STORE" || status=$?
 log "TorchServe exited with status $status"

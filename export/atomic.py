@@ -103,7 +103,10 @@ def _swap_in(stage: Path, final: Path) -> None:
     if final.exists():
         if not final.is_dir():
             raise OutputDirError(f"{final} exists and is not a folder; choose another --out")
-        os.replace(final, previous)
+        if any(final.iterdir()):
+            os.replace(final, previous)
+        else:  # an empty folder may sit on another layer (a container image's), where renaming it fails (EXDEV)
+            final.rmdir()
     os.replace(stage, final)
     shutil.rmtree(previous, ignore_errors=True)
 

@@ -51,9 +51,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # The heaviest scopes (a module, or a SHARED_BY_GROUP group), heaviest first: handed out first, so that the run
-# does not end with one worker alone on a long module (measured with --durations=0 on 2 cores, 2026-11-24:
-# 290, 170, 140, 125, 120, 100, 90 and 80 s of the 1650 s both workers spent; the next is 55).
-HEAVIEST_FIRST = ("resnet18_server", "lite0_int8_export", "tests/e2e/test_zoo.py", "tests/docker/test_entrypoint.py",
+# does not end with one worker alone on a long module (the docker image's build and runs, then the shared server,
+# the detectors' exports and servers, ...: docs/testing.md).
+HEAVIEST_FIRST = ("tests/docker/test_image.py", "resnet18_server", "tests/e2e/test_detection.py", "lite0_int8_export",
+                  "tests/e2e/test_zoo.py", "tests/docker/test_entrypoint.py",
                   "resnet18_inprocess_bench", "tests/e2e/test_kserve.py", "tests/e2e/test_ray_two_node.py",
                   "controlflow_export",
                   "tests/e2e/test_faults.py")
