@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from export.checks.detections import compare_sets
 from export.errors import ParityError
-from export.forms.tolerances import OPENVINO_TOLERANCE as OPENVINO_TOLERANCE  # read here by tests/runtime
 from export.forms.tolerances import SetTolerance, Tolerance
 from runtime.base import ArtifactRunError, Backend, Outputs
 

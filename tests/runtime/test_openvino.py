@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from export.checks.parity import OPENVINO_TOLERANCE
+from export.forms.tolerances import OPENVINO_TOLERANCE
 from export.forms.openvino_ir import ir_files, save_ir
 from runtime import ArtifactError, RunOptions, open_artifact
 from runtime.eager import EagerBackend
