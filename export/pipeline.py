@@ -267,7 +267,7 @@ def measure_latency(run: ExportRun, checked: Checked) -> dict[str, float]:
     artifact is chosen by rule)."""
     backends = {k: checked.backends[k] for k in checked.artifacts if checked.parity.passed(k)}
     with run.timed("latency"):
-        return {kind: round(statistics.median(time_runs(lambda: backend(run.example), LATENCY_WARMUP, LATENCY_RUNS,
+        return {kind: round(statistics.median(time_runs(lambda backend=backend: backend(run.example), LATENCY_WARMUP, LATENCY_RUNS,
                                                         min_seconds=0)), 3)
                 for kind, backend in backends.items()}
 

@@ -21,10 +21,10 @@ from torch import nn
 
 from contract.errors import VisionExportError
 from contract.records import DETECTION, SEGMENTATION, DetectionLimits, ResizeRule
-from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
-from models.probes import photo_like
 from models.mtcnn_entry import ENTRY_NAME as MTCNN
 from models.mtcnn_entry import register_mtcnn
+from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+from models.probes import photo_like
 from models.registry import BuiltModel, Family, InputSpec, ModelEntry, WeightsInfo, register, register_family
 from models.weights import (
     RANDOM_NOTE,

@@ -16,7 +16,6 @@ from models.mtcnn import LABELS, NETWORK_FILES, THRESHOLDS, WEIGHTS_WHEEL, train
 from models.registry import BuiltModel, InputSpec, ModelEntry, WeightsInfo, register
 from models.weights import WeightsError
 
-
 ENTRY_NAME = "mtcnn"
 TRAINED = "facenet"  # --weights: facenet-pytorch's trained networks
 WEIGHTS_HELP = (f"auto | {TRAINED} (both: facenet-pytorch's trained PNet, RNet and ONet, read offline) | DIR "

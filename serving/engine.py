@@ -56,9 +56,9 @@ class Engine(ABC):
         self.settings = settings
 
     # ---------------------------------------------------------------- its command line
-    @classmethod
+    @classmethod  # noqa: B027
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Its own options, beside the shared ones of serving/cli.py."""
+        """Its own options, beside the shared ones of serving/cli.py (a hook: most engines add none)."""
 
     @classmethod
     def own_settings(cls, args: argparse.Namespace) -> dict:

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from contract.records import MANIFEST_NAME, Manifest
 from contract.handler_config import read_labels
+from contract.records import MANIFEST_NAME, Manifest
 from handlers.core import input_row
 
 DATATYPES = {"float32": "FP32", "float16": "FP16"}

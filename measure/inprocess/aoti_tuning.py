@@ -147,7 +147,7 @@ def _timings(runner, plan: Plan, batches: list[int] | None = None) -> dict:
             for batch in batches or plan.batches:
                 x = torch.rand(batch, *plan.shape)
                 with torch.inference_mode():
-                    ms = statistics.median(time_runs(lambda: run(x), WARMUP, REPEATS))
+                    ms = statistics.median(time_runs(lambda run=run, x=x: run(x), WARMUP, REPEATS))
                 out[f"{count}x{batch}"] = round(batch * 1000 / ms, 2)
     return out
 

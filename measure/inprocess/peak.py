@@ -96,7 +96,7 @@ def gpu_peaks(n: int = 8192, repeats: int = GEMM_REPEATS) -> list[Peak]:
     for dtype, name in ((torch.float32, "fp32"), (torch.float16, "fp16")):
         a = torch.randn(n, n, device="cuda", dtype=dtype)
         b = torch.randn(n, n, device="cuda", dtype=dtype)
-        value = _best_gflops_cuda(lambda: torch.mm(a, b), n, repeats)
+        value = _best_gflops_cuda(lambda a=a, b=b: torch.mm(a, b), n, repeats)
         peaks.append(Peak(f"cuda-{name}", 0, value, "torch.mm (cuBLAS)", {"torch.mm (cuBLAS)": value}))
     return peaks
 

@@ -51,7 +51,7 @@ def measure(path: Path, resize: int, seconds: float) -> list[dict]:
     for name, decode in decoders(resize).items():
         image = decode(data)
         same_size = image.shape == reference.shape
-        ms = statistics.median(time_runs(lambda: decode(data), WARMUP_RUNS, MIN_RUNS, seconds))
+        ms = statistics.median(time_runs(lambda decode=decode: decode(data), WARMUP_RUNS, MIN_RUNS, seconds))
         rows.append({"body": path.name, "shown": list(shown_size(data)), "decoder": name,
                      "decoded": [int(image.shape[2]), int(image.shape[1])], "ms": round(ms, 2),
                      "max_diff_vs_exact": int((image.int() - reference.int()).abs().max()) if same_size else None})

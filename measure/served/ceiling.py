@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from contract.files import atomic_write_text
-from contract.records import Manifest
 from contract.handler_config import HandlerConfig
+from contract.records import Manifest
 from handlers.core import REBUILD, ImageClassifierCore, labels_of, run_precision
 from handlers.policy import ServingPolicy
 from measure.request_path import stages

@@ -126,8 +126,8 @@ def test_metrics_endpoint_shows_the_handlers_stage_times(serving):
     text = requests.get(f"{serving.metrics_url}/metrics", timeout=10).text
     assert "ts_inference_requests_total" in text and "# TYPE" in text
     for metric in ("DecodeTime", "PreprocessTime", "InferenceTime", "EncodeTime"):
-        line = next(l for l in text.splitlines()
-                    if l.startswith(metric + "{") and f'ModelName="{serving.model_name}"' in l)
+        line = next(row for row in text.splitlines()
+                    if row.startswith(metric + "{") and f'ModelName="{serving.model_name}"' in row)
         assert float(line.rsplit(" ", 1)[1]) >= 0.0  # present on the Prometheus endpoint, in milliseconds
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from contract.records import Manifest
 from contract.handler_config import read_labels
+from contract.records import Manifest
 from handlers.policy import machine_policy
 from models.weights import state_dict_fingerprint
 from serving.torchserve import server

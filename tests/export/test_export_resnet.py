@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import models
-from contract.records import MANIFEST_NAME, SCHEMA_VERSION, Manifest
 from contract.handler_config import HandlerConfig, read_labels
+from contract.records import MANIFEST_NAME, SCHEMA_VERSION, Manifest
 from export.forms import kinds
 from tests.conftest import ROOT
 
@@ -100,7 +100,7 @@ def test_warnings_are_captured_and_reported_once(resnet18_export):
 
 def test_resize_branch_line_and_manifest_sizes(resnet18_export):
     assert "resize branch" in resnet18_export["stdout"]
-    line = next(l for l in resnet18_export["stdout"].splitlines() if "resize branch, input" in l)
+    line = next(row for row in resnet18_export["stdout"].splitlines() if "resize branch, input" in row)
     assert "traced differs from eager" in line and "scripted matches" in line
     artifacts = Manifest.read(resnet18_export["out"]).artifacts
     assert "exactly 3 x 224 x 224" in artifacts["traced"].accepts

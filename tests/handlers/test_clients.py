@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contract.records import Manifest
 from contract.handler_config import read_labels
+from contract.records import Manifest
 from examples.clients import DEFAULT_MODEL, kserve_v1_client, torchserve_client, v2_client
 from handlers.core import ImageClassifierCore
 from models.resnet import DEFAULT_ARCH

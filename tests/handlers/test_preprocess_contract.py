@@ -13,8 +13,8 @@ import torchvision
 from PIL import Image
 
 import models
-from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from contract.records import ImageContract
+from models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from runtime.images import decode_image, decode_upright, preprocess
 
 PHOTOS = {"chelsea (cat)": skimage.data.chelsea, "astronaut": skimage.data.astronaut, "coffee": skimage.data.coffee}

@@ -16,8 +16,8 @@ import pytest
 import requests
 import yaml
 
-from contract.records import Manifest
 from contract.handler_config import read_labels
+from contract.records import Manifest
 from examples.clients import kserve_v1_client, torchserve_client, v2_client
 from serving.torchserve import server
 from serving.torchserve.config import DEFAULT_CONFIG, on_free_ports

@@ -27,7 +27,7 @@ def resolved(argv: list[str], store, *models: str):
 
 
 def models_setting(text: str) -> dict:
-    line = next(l for l in text.splitlines() if l.startswith("models="))
+    line = next(row for row in text.splitlines() if row.startswith("models="))
     return json.loads(line.split("=", 1)[1])
 
 
@@ -129,7 +129,7 @@ def test_an_empty_store_says_to_export_first(tmp_path, capsys, engine):
 
 
 def vmargs(text: str) -> str:
-    lines = [l for l in text.splitlines() if l.startswith("vmargs=")]
+    lines = [row for row in text.splitlines() if row.startswith("vmargs=")]
     assert len(lines) == 1, lines
     return lines[0].split("=", 1)[1]
 
@@ -155,7 +155,7 @@ def test_our_log_configuration_drops_debug_and_per_request_echoes_but_keeps_the_
     root = ElementTree.parse(LOG_CONFIG).getroot()
     files = {a.get("fileName").rsplit("/", 1)[1] for a in root.iter("RollingFile")}
     assert files == {"access_log.log", "model_log.log", "model_metrics.log", "ts_log.log", "ts_metrics.log"}
-    loggers = {l.get("name"): l for l in root.iter("Logger")}
+    loggers = {logger.get("name"): logger for logger in root.iter("Logger")}
     assert loggers["org.pytorch.serve"].get("level") == "info"
     assert [r.get("ref") for r in loggers["MODEL_LOG"].iter("AppenderRef")] == ["model_log"]
     denied = {f.get("regex") for f in root.iter("RegexFilter") if f.get("onMatch") == "DENY"}

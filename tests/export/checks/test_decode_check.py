@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 import models
-from contract.records import ContractError
 from contract.handler_config import HandlerConfig
+from contract.records import ContractError
 from export.checks.decode import DECODE_TOLERANCE, DRAFT_SCALES, check_images, check_tensors, judge
 from handlers.core import ImageClassifierCore
 from runtime.images import decode_image, decode_upright, draft_floor, preprocess

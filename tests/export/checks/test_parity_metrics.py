@@ -61,8 +61,11 @@ def test_inputs_cover_batches_structure_and_other_sizes():
 
 
 def test_run_parity_raises_typed_error_with_numbers():
-    eager = lambda x: x.sum(dim=(2, 3))  # eager: any callable runs like a backend
-    off = lambda x: x.sum(dim=(2, 3)) + 0.5  # off: any callable runs like a backend
+    def eager(x):  # any callable runs like a backend
+        return x.sum(dim=(2, 3))
+
+    def off(x):
+        return x.sum(dim=(2, 3)) + 0.5
     report = run_parity(eager, {"good": Candidate(eager, ONNX_TOLERANCE, False),
                                 "bad": Candidate(off, ONNX_TOLERANCE, False)}, parity_inputs((1, 3, 8, 8)))
     assert report.passed("good") and not report.passed("bad")
@@ -74,8 +77,11 @@ def test_run_parity_raises_typed_error_with_numbers():
 
 
 def test_each_candidate_is_held_to_its_own_tolerance_and_size_claim():
-    eager = lambda x: x.sum(dim=(2, 3))
-    close = lambda x: x.sum(dim=(2, 3)) + 1e-3  # within 1e-2, outside 1e-4
+    def eager(x):
+        return x.sum(dim=(2, 3))
+
+    def close(x):  # within 1e-2, outside 1e-4
+        return x.sum(dim=(2, 3)) + 1e-3
     inputs = parity_inputs((1, 3, 8, 8), spatial_dynamic=True)
     report = run_parity(eager, {"loose": Candidate(close, Tolerance(atol=1e-2, rtol=0.0), True),
                                 "tight": Candidate(close, Tolerance(atol=1e-4, rtol=0.0), False)}, inputs)
@@ -87,7 +93,8 @@ def test_each_candidate_is_held_to_its_own_tolerance_and_size_claim():
 
 
 def test_an_artifact_that_refuses_an_input_fails_parity_with_its_cause():
-    eager = lambda x: x.sum(dim=(2, 3))
+    def eager(x):
+        return x.sum(dim=(2, 3))
 
     def refuses(x):
         try:

@@ -6,8 +6,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contract.records import ArtifactRecord, ContractError, ImageContract, InputRecord, Manifest, ModelInfo, OutputRecord
 from contract.handler_config import HandlerConfig
+from contract.records import (
+    ArtifactRecord,
+    ContractError,
+    ImageContract,
+    InputRecord,
+    Manifest,
+    ModelInfo,
+    OutputRecord,
+)
 from export.errors import ExportError
 from export.package.archive import COMMON_CONFIG, ArchiveRequest, archived_manifest, model_config_yaml
 from export.package.selection import Candidate, decide
@@ -38,7 +46,10 @@ def _record(kind: str, precision: str = "fp32") -> ArtifactRecord:
                           spatial_dynamic=True, accepts="any", precision=precision)
 
 
-def _manifest_with_failed_int8(preprocessing=ImageContract(232, (224, 224))) -> Manifest:
+RESNET_CONTRACT = ImageContract(232, (224, 224))
+
+
+def _manifest_with_failed_int8(preprocessing=RESNET_CONTRACT) -> Manifest:
     serving = decide([Candidate("onnx-dynamo", True, (), True, SIZE),
                       Candidate("onnx-int8", True, (), False, SIZE, gate="failed: top-1 agreement 94.5% < 98.0%"),
                       Candidate("traced", False, (), False, SIZE)], SIZE)
