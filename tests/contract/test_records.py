@@ -4,8 +4,20 @@ import json
 
 import pytest
 
-from contract.records import MANIFEST_NAME, SCHEMA_VERSION, ArtifactRecord, ContractError, ImageContract, InputRecord, Manifest, ModelInfo, OutputRecord, SchemaVersionError, ServingDecision
 from contract.handler_config import HandlerConfig, read_labels
+from contract.records import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    ArtifactRecord,
+    ContractError,
+    ImageContract,
+    InputRecord,
+    Manifest,
+    ModelInfo,
+    OutputRecord,
+    SchemaVersionError,
+    ServingDecision,
+)
 
 
 def a_manifest(served="onnx-dynamo") -> Manifest:

@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from export.forms.tolerances import OPENVINO_TOLERANCE
 from export.forms.openvino_ir import ir_files, save_ir
+from export.forms.tolerances import OPENVINO_TOLERANCE
 from runtime import ArtifactError, RunOptions, open_artifact
 from runtime.eager import EagerBackend
 from runtime.openvino import OpenVinoBackend, compile_config
