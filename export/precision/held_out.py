@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from export.checks.agreement import confident_rows
 from export.precision.calibration import ImageSet
-from export.precision.gate import GATE_BATCH, GateResult, judge, label_targets
+from export.precision.gate import GATE_BATCH, MIN_CONFIDENT_IMAGES, GateResult, judge, label_targets, too_few_confident
 from runtime.base import Backend
 from runtime.timing import time_runs
 
@@ -45,6 +46,19 @@ class HeldOut:
 
     def speed(self, backend: Backend) -> float:
         return images_per_s(backend, self.images.images[:1])
+
+    @property
+    def can_judge(self) -> bool:
+        """Whether fp32 is confident on enough of these images for top-1 agreement to mean anything (gate.py)."""
+        return not too_few_confident({"confident_images": int(confident_rows(self.reference).sum())})
+
+    def cannot_judge_note(self) -> str:
+        """Why searches for a variant that passes (int8's fp32 fallback, NNCF's accuracy control) are skipped."""
+        confident = int(confident_rows(self.reference).sum())
+        return (f"fp32 is confident on only {confident} of the {len(self.images.images)} held-out images (the gate "
+                f"needs {MIN_CONFIDENT_IMAGES}): their top-1 is decided by near ties, so no search for a variant "
+                "that passes is run (int8's fp32 fallback, NNCF's accuracy control); give --validation a larger "
+                "folder on which the model is confident (docs/precision.md)")
 
 
 def run_batches(backend: Backend, images: torch.Tensor, batch: int = GATE_BATCH) -> torch.Tensor:

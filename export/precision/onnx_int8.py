@@ -95,8 +95,10 @@ def build_int8(context: VariantContext, kind, source) -> Variant:
         chosen, why = choose_activation_type({a: (s, g.passed) for a, (_, s, g) in candidates.items()})
         path, speed, gate = candidates[chosen]
         fallback = None
-        if not gate.passed:  # accuracy-aware: put the most damaging nodes back in fp32 (export.precision.int8_fallback)
+        if not gate.passed and held_out.can_judge:  # put the most damaging nodes back in fp32 (int8_fallback)
             path, speed, gate, fallback = _fall_back(work, kind, source, chosen, held_out, context.progress)
+        elif not gate.passed:
+            fallback = {"skipped": held_out.cannot_judge_note()}
         shutil.move(str(path), str(stage / kind.file_name))
     finally:
         shutil.rmtree(work.folder, ignore_errors=True)
@@ -108,11 +110,18 @@ def build_int8(context: VariantContext, kind, source) -> Variant:
     choice = {"chosen": chosen, "why": why,
               "measured": {a: {"images_per_s_batch1": round(s, 1), "gate": g.verdict,
                                "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()},
-              "fp32_fallback": fallback and {"nodes": [f"{r['node']} ({r['kind']})" for r in fallback["fp32_nodes"]],
-                                             "images_per_s_batch1": round(speed, 1), "gate": gate.verdict}}
+              "fp32_fallback": _fallback_choice(fallback, speed, gate)}
     return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
                    run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate, images_per_s=speed,
                    files=(RANGES_FILE,), choice=choice)
+
+
+def _fallback_choice(fallback: dict | None, speed: float, gate) -> dict | None:
+    """The fp32 fallback as the manifest's int8 choice records it: its nodes, speed and gate, or why it was skipped."""
+    if not fallback or "fp32_nodes" not in fallback:
+        return fallback
+    return {"nodes": [f"{r['node']} ({r['kind']})" for r in fallback["fp32_nodes"]],
+            "images_per_s_batch1": round(speed, 1), "gate": gate.verdict}
 
 
 def _fall_back(work: Int8Work, kind, source, activation: str, held_out: HeldOut,

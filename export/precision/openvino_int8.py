@@ -61,7 +61,9 @@ def build_openvino_int8(context: VariantContext, kind, source) -> Variant:
     plain = {"gate": gate.verdict, "top1_agreement": gate.metrics["top1_agreement"], **int8_census(quantized)}
     progress.step(f"openvino-int8 (nncf.quantize): gate {gate.verdict}")
     restored = None
-    if not gate.passed:
+    if not gate.passed and not held_out.can_judge:
+        restored = {"skipped": held_out.cannot_judge_note()}
+    elif not gate.passed:
         started = time.perf_counter()
         quantized = accuracy_controlled(nncf, fp32_ir, images, _fp32_logits(source, calibration.images))
         keep_signal_stack()
@@ -72,7 +74,8 @@ def build_openvino_int8(context: VariantContext, kind, source) -> Variant:
                     **int8_census(quantized)}
         progress.step(f"openvino-int8 with accuracy control: {len(restored['fp32_ops'])} op(s) left in fp32, "
                       f"gate {gate.verdict}")
-    made_by = {"tool": "nncf.quantize" + (" + nncf.quantize_with_accuracy_control" if restored else ""),
+    controlled = bool(restored) and "skipped" not in restored
+    made_by = {"tool": "nncf.quantize" + (" + nncf.quantize_with_accuracy_control" if controlled else ""),
                "nncf": nncf.__version__, "openvino": openvino.get_version(), "calibration_images": len(images),
                "plain_quantization": plain, "accuracy_control": restored, "timings": timings}
     return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,

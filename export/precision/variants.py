@@ -133,8 +133,11 @@ def _prepare(sources: VariantSources, request: PrecisionRequest, device: str,
         progress.step(f"calibration images: {calibration.origin} ({len(calibration)})")
     holdout = holdout_set(sources.contract, request.validation, calibration, workers=request.loader_workers)
     held_out = HeldOut.judged_by(EagerBackend(sources.module), holdout, sources.labels)
-    report.holdout = {**holdout.describe(), "labels": held_out.labelled}
+    report.holdout = {**holdout.describe(), "labels": held_out.labelled, "can_judge": held_out.can_judge}
     progress.step(f"held-out images for the accuracy gate: {holdout.origin} ({len(holdout)}); {held_out.labelled}")
+    if not held_out.can_judge:  # said before any variant is made, and recorded in accuracy.md
+        report.notes.append(held_out.cannot_judge_note())
+        progress.warn(held_out.cannot_judge_note())
     return VariantContext(sources.stage, device, calibration, held_out, progress, request.target_flags), report
 
 

@@ -176,3 +176,18 @@ def test_too_few_confident_images_count_top1_on_every_image():
     result = judge("onnx-int8", "int8", reference, candidate)
     assert result.metrics["confident_images"] == 0
     assert not result.passed and "on every image" in result.failures[0]
+
+
+def test_held_out_images_that_cannot_judge_say_so_before_any_search():
+    from export.precision.calibration import ImageSet
+    from export.precision.held_out import HeldOut
+    near_ties = torch.zeros(40, 10)
+    near_ties[:, 0] = 0.01  # fp32 barely prefers a class: its top-1 is a near tie on every image
+    images = ImageSet(torch.zeros(40, 3, 8, 8), ["generated"] * 40, "test images")
+    undecided = HeldOut(images, near_ties, None, "no labels")
+    assert not undecided.can_judge
+    note = undecided.cannot_judge_note()
+    assert "confident on only 0 of the 40" in note and "--validation" in note and "accuracy control" in note
+    confident = near_ties.clone()
+    confident[:, 0] = 10.0
+    assert HeldOut(images, confident, None, "no labels").can_judge
