@@ -81,11 +81,14 @@ def _common(sub, weights_help: str, default_out: str) -> None:
 def _precision_options(sub) -> None:
     from export.precision.calibration import DEFAULT_CALIBRATION_SAMPLES
     from export.precision.gate import GATE_ENFORCE, GATE_MODES
-    sub.add_argument("--precision", default="fp32", metavar="LIST",
+    from export.precision.request import AUTO_PRECISION
+    sub.add_argument("--precision", default=AUTO_PRECISION, metavar="LIST",
                      help=f"comma-separated: fp32 plus any of {', '.join(kinds.precisions()[1:])} (int8: ONNX Runtime "
                           "static QDQ and OpenVINO NNCF; bf16: CPU autocast and OpenVINO; fp16: GPU, needs --device "
                           "cuda); or 'target': those fast on the --target machine that this one can build and gate. "
-                          "Each variant is gated on accuracy (default: fp32)")
+                          "Each variant is gated on accuracy. Default 'auto': 'target' for a classifier with trained "
+                          "weights (a variant failing its gate is set aside, the export goes on), fp32 otherwise; "
+                          "--precision fp32 builds none")
     sub.add_argument("--calibration", type=Path, default=None, metavar="DIR",
                      help="int8 calibration images in ImageFolder layout DIR/<class>/<image> (default: scikit-image "
                           "sample photographs and generated photo-like images; see docs/precision.md)")
@@ -95,9 +98,10 @@ def _precision_options(sub) -> None:
                      help="held-out images for the accuracy gate, ImageFolder layout; class folders named after the "
                           "model's labels (or output indices) add top-1/top-5 accuracy (default: the held-out half "
                           "of the default set)")
-    sub.add_argument("--gate", choices=GATE_MODES, default=GATE_ENFORCE,
+    sub.add_argument("--gate", choices=GATE_MODES, default=None,
                      help="enforce: a variant failing the accuracy gate fails the export (exit 5); report: keep it "
-                          "marked not servable and exit 0 (default: enforce)")
+                          f"marked not servable and exit 0 (default: {GATE_ENFORCE} for precisions named in --precision, "
+                          "report for those the tool chose)")
 
 
 def _device_option(sub) -> None:

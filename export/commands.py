@@ -18,7 +18,14 @@ from export.package.archive import ArchiveRequest
 from export.package.manifest import verify_hashes
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
 from export.pipeline import ExportOptions, Progress, export_model
-from export.precision.request import PrecisionRequest, check_hardware, parse_precisions, target_precisions
+from export.precision.gate import GATE_ENFORCE, GATE_REPORT
+from export.precision.request import (
+    AUTO_PRECISION,
+    PrecisionRequest,
+    check_hardware,
+    parse_precisions,
+    target_precisions,
+)
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
 from runtime.machine import PROFILES, MachineProfile, Needs, this_machine
@@ -156,20 +163,24 @@ def precision_request(args, device: str, target: MachineProfile | None) -> Preci
             raise ExportError(f"--{name} {folder}: not a folder; give an ImageFolder layout DIR/<class>/<image>")
     if args.calibration_samples < 1:
         raise ExportError("--calibration-samples must be at least 1")
-    precisions = (_target_precisions(target, device) if args.precision == "target"
+    automatic = args.precision == AUTO_PRECISION
+    precisions = (_target_precisions(target, device, quiet=automatic) if args.precision in ("target", AUTO_PRECISION)
                   else parse_precisions(args.precision))
     if "int8" not in precisions and args.calibration is not None:
         raise ExportError("--calibration is for int8: add int8 to --precision (e.g. --precision fp32,int8)")
     check_hardware(precisions, device)
+    gate = args.gate or (GATE_REPORT if automatic else GATE_ENFORCE)  # what the tool chose is set aside, not fatal
     return PrecisionRequest(precisions=precisions, calibration=args.calibration, validation=args.validation,
-                            calibration_samples=args.calibration_samples, gate=args.gate,
-                            target_flags=target.flags if target else None)
+                            calibration_samples=args.calibration_samples, gate=gate,
+                            target_flags=target.flags if target else None, automatic=automatic)
 
 
-def _target_precisions(target: MachineProfile | None, device: str) -> tuple[str, ...]:
-    """--precision target, saying what is left out and why."""
+def _target_precisions(target: MachineProfile | None, device: str, quiet: bool = False) -> tuple[str, ...]:
+    """--precision target, saying what is left out and why (quiet: the default, which needs no notice)."""
     target = target or this_machine()
     chosen, left_out = target_precisions(target, device)
+    if quiet:  # the export's own line says what the default built, once the weights are known
+        return chosen
     for precision, why in left_out.items():
         print(f"--precision target: {precision} is fast on {target.name} but left out here: {why}", file=sys.stderr)
     print(f"--precision target ({target.name}): {','.join(chosen)}", file=sys.stderr)

@@ -114,7 +114,7 @@ def export_model(entry: ModelEntry, options: ExportOptions, progress: Progress |
 def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progress: Progress) -> ExportResult:
     run = ExportRun(stage, entry, options, progress)
     built = build_model(run)
-    forms = make_forms(run, built.module)
+    forms = make_forms(run, built.module, variant_sources_wanted(run, built))
     checked = check_forms(run, built.module, forms)
     explain_divergence(run, built.module, checked)
     paths = compare_trace_and_script(run, checked)
@@ -177,9 +177,12 @@ def build_model(run: ExportRun) -> BuiltModel:
     return built
 
 
-def make_forms(run: ExportRun, module: torch.nn.Module) -> dict[str, exporters.Artifact]:
-    """Every chosen fp32 form, built and structurally checked (kind -> Artifact; refused ones have left)."""
-    chosen = kinds.chosen_formats(run.options.formats, also=run.options.serve)
+def make_forms(run: ExportRun, module: torch.nn.Module, sources: tuple[str, ...] = ()) -> dict[str, exporters.Artifact]:
+    """Every chosen fp32 form, built and structurally checked (kind -> Artifact; refused ones have left); `sources`:
+    the off-by-default kinds the variants the tool chose are made from (the OpenVINO IR)."""
+    requested = None if run.options.formats is None and not sources else (
+        (run.options.formats or kinds.default_formats()) + list(sources))
+    chosen = kinds.chosen_formats(requested, also=run.options.serve)
     ensure_free_space(run.stage, kinds.estimated_bytes(exporters.parameter_bytes(module), chosen))
     context = _verified_context(run, module)
     run.progress.step(formats_line(chosen))
@@ -278,6 +281,13 @@ def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: Tr
     request = run.options.precision
     if not request.wanted:
         return None
+    why_not = automatic_precision_skipped(request, built, run.entry)
+    if why_not:
+        run.progress.step(f"reduced precision not built: {why_not}")
+        return None
+    if request.automatic:
+        run.progress.step(f"reduced precision (--precision auto: the target's, for trained weights): "
+                          f"{', '.join(request.variant_kinds)}; a variant failing its gate is set aside")
     sources = VariantSources(run.stage, built.module, run.entry.input_spec.preprocessing, checked.artifacts,
                              eligible_sources(checked.artifacts, checked.parity, paths), built.labels)
     with run.timed("precision"):
@@ -289,6 +299,36 @@ def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: Tr
             return None
         _print_gate(variants, request.gate, run.progress)
     return variants
+
+
+def variant_sources_wanted(run: ExportRun, built: BuiltModel) -> tuple[str, ...]:
+    """The off-by-default fp32 kinds that --precision auto's variants are made from (the OpenVINO IR, for its int8
+    and bf16), when the user named no --formats, the tool will build variants, and OpenVINO is installed."""
+    request = run.options.precision
+    if run.options.formats is not None or not request.automatic or automatic_precision_skipped(
+            request, built, run.entry):
+        return ()
+    wanted = {source for kind in map(kinds.get, request.variant_kinds) for source in kind.sources
+              if kinds.get(source).off_by_default}
+    return tuple(sorted(kind for kind in wanted if kinds.get(kind).format != kinds.OPENVINO or openvino_installed()))
+
+
+def openvino_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("openvino") is not None
+
+
+def automatic_precision_skipped(request: PrecisionRequest, built: BuiltModel, entry: ModelEntry) -> str | None:
+    """Why the precisions the tool chose (--precision auto) are not built for this model, or None: a gate can judge
+    only a classifier's answers (an image contract to calibrate and check on) from trained weights."""
+    if not request.automatic:
+        return None
+    if entry.input_spec.preprocessing is None:
+        return "the accuracy gate judges a classifier's answers; this model has none (--precision names precisions)"
+    if built.weights.kind == "random":
+        return ("random weights: no gate can judge them (their top-1 is decided by near ties); --precision target "
+                "builds the target's precisions anyway")
+    return None
 
 
 def eligible_sources(artifacts: dict, parity: ParityReport, paths: TraceVsScript) -> list[str]:

@@ -14,6 +14,7 @@ from runtime.machine import BF16_FLAGS, MachineProfile, cpu_flags
 
 PRECISIONS = kinds.precisions()
 DEFAULT_PRECISIONS = (kinds.FP32,)
+AUTO_PRECISION = "auto"  # --precision's default: the target's precisions for a trained classifier, else fp32
 
 
 class PrecisionError(ExportError):
@@ -29,6 +30,7 @@ class PrecisionRequest:
     gate: str = GATE_ENFORCE  # one of export.precision.gate.GATE_MODES
     loader_workers: int | None = None
     target_flags: frozenset | None = None  # --target's CPU flags: int8 weights it must run exactly (None: this CPU)
+    automatic: bool = False  # the tool chose the precisions (--precision auto): built only where a gate can judge
 
     @property
     def wanted(self) -> bool:

@@ -133,10 +133,10 @@ def _prepare(sources: VariantSources, request: PrecisionRequest, device: str,
         progress.step(f"calibration images: {calibration.origin} ({len(calibration)})")
     holdout = holdout_set(sources.contract, request.validation, calibration, workers=request.loader_workers)
     held_out = HeldOut.judged_by(EagerBackend(sources.module), holdout, sources.labels)
-    report.holdout = {**holdout.describe(), "labels": held_out.labelled, "can_judge": held_out.can_judge}
+    report.holdout = {**holdout.describe(), "labels": held_out.labelled,
+                      "can_judge": held_out.can_judge or held_out.cannot_judge_note()}
     progress.step(f"held-out images for the accuracy gate: {holdout.origin} ({len(holdout)}); {held_out.labelled}")
-    if not held_out.can_judge:  # said before any variant is made, and recorded in accuracy.md
-        report.notes.append(held_out.cannot_judge_note())
+    if not held_out.can_judge:  # said before any variant is made; accuracy.md and the manifest record it too
         progress.warn(held_out.cannot_judge_note())
     return VariantContext(sources.stage, device, calibration, held_out, progress, request.target_flags), report
 
@@ -176,7 +176,7 @@ def _removed_on_failure(stage: Path):
 def _write_reports(stage: Path, report: PrecisionReport) -> None:
     results = [v.gate for v in report.variants.values() if v.gate]
     context = {"held-out images": f"{report.holdout['origin']} ({report.holdout['count']})",
-               "labels": report.holdout["labels"],
+               "labels": report.holdout["labels"], "the gate can judge": report.holdout["can_judge"],
                "calibration images": (f"{report.calibration['origin']} ({report.calibration['count']})"
                                       if report.calibration else "none (no int8)"),
                "int8 activation type": report.int8_choice or "-", "batch-1 images/s (this export)": report.ladder}
