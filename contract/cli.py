@@ -19,8 +19,9 @@ def run_command(command: Callable[[], int], interrupted: str = INTERRUPTED) -> i
     try:
         return command()
     except VisionExportError as error:
-        if getattr(error, "table", None):  # ParityError and AccuracyGateError carry every number
-            print(f"\n{error.table}\n", file=sys.stderr)
+        table = getattr(error, "table", None)  # ParityError and AccuracyGateError carry every number
+        if table:
+            print(f"\n{table}\n", file=sys.stderr)
         print(f"error: {error}", file=sys.stderr)
         for note in getattr(error, "__notes__", []):
             print(f"  {note}", file=sys.stderr)

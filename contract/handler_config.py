@@ -7,7 +7,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from contract.records import ContractError, _from_dict, _plain
 
@@ -24,11 +24,12 @@ class HandlerConfig:
     simulate_hang_s: float = 0.0  # tests of TorchServe's response timeout only
     decode: str | None = None  # "exact": decode every pixel even where the export's decode check allows draft
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.decode not in (None, "exact"):
             raise ContractError(f"handler.decode may only be \"exact\" (decode every pixel), got {self.decode!r}: "
                                 "draft decoding is allowed by the export's decode check, never by a setting")
-        topk, threads = _number(self.topk, int, "topk"), _number(self.threads, int, "threads")
+        topk = _number(self.topk, int, "topk")
+        threads = None if self.threads is None else _number(self.threads, int, "threads")  # None: not pinned
         hang = _number(self.simulate_hang_s, float, "simulate_hang_s")
         if not 1 <= topk <= 100:
             raise ContractError(f"handler.topk must be from 1 to 100, got {self.topk}")
@@ -47,16 +48,19 @@ class HandlerConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "HandlerConfig":
+    def from_dict(cls, data: dict[str, Any] | None) -> "HandlerConfig":
         return _from_dict(cls, dict(data or {}), "model-config.yaml handler")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in _plain(self).items() if v is not None}
 
 
-def _number(value: Any, kind: type, name: str):
-    if value is None:
-        return None
+_Number = TypeVar("_Number", int, float)
+
+
+def _number(value: Any, kind: Callable[[Any], _Number], name: str) -> _Number:
+    """`value` as an int or a float, or the ContractError naming the setting (None included: only threads may be
+    absent, and its caller keeps None)."""
     try:
         return kind(value)
     except (TypeError, ValueError):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, field, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from contract.errors import VisionExportError
 
@@ -76,7 +76,8 @@ OPTIONS = (
 OPTION = {option.name: option for option in OPTIONS}
 
 
-def add_policy_options(parser, names: tuple[str, ...] = tuple(OPTION), pinned: bool = False) -> None:
+def add_policy_options(parser: argparse.ArgumentParser, names: tuple[str, ...] = tuple(OPTION),
+                       pinned: bool = False) -> None:
     """The policy's flags (names: which of OPTIONS), declared once for every command that takes them: `pinned`
     for export, which writes them into the archive, else for a command that serves or deploys."""
     title = ("serving policy pinned in the archive (default: not pinned, decided where it is served)" if pinned
@@ -99,7 +100,7 @@ class PolicyChoices:
     threads_per_worker: int | None = None
     why: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for option in OPTIONS:
             value = getattr(self, option.name)
             if value is not None and value < option.minimum:
@@ -112,7 +113,7 @@ class PolicyChoices:
         return cls(**{option.name: getattr(args, option.dest, None) for option in OPTIONS})
 
     @classmethod
-    def pinned_in(cls, model_config: dict | None) -> PolicyChoices:
+    def pinned_in(cls, model_config: dict[str, Any] | None) -> PolicyChoices:
         """What an archive's model-config.yaml (parsed) pins: TorchServe's keys and the handler's threads."""
         config = dict(model_config or {})
         handler = config.get("handler") or {}
@@ -127,7 +128,7 @@ class PolicyChoices:
 NOTHING_CHOSEN = PolicyChoices()
 
 
-def pinned_number(value, option: PolicyOption) -> int | None:
+def pinned_number(value: Any, option: PolicyOption) -> int | None:
     if value is None:
         return None
     try:
@@ -147,7 +148,7 @@ class ServingPolicy:
     reason: str  # one line: what the machine offered and gives, and any value chosen instead
     reasons: dict[str, str] = field(default_factory=dict, hash=False)  # per value: why it is what it is
 
-    def model_config(self) -> dict:
+    def model_config(self) -> dict[str, int]:
         """TorchServe's per-model keys."""
         return {"minWorkers": self.workers, "maxWorkers": self.workers, "batchSize": self.batch_size,
                 "maxBatchDelay": self.max_batch_delay_ms}
@@ -157,15 +158,15 @@ class ServingPolicy:
         return [option.said(getattr(self, option.name), self.reasons.get(option.name, self.reason))
                 for option in OPTIONS]
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """What an engine's model description shows: the values, and the reason of each."""
         return {**{name: getattr(self, name) for name in OPTION}, "device": self.device, "why": self.lines()}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> ServingPolicy:
+    def from_dict(cls, data: dict[str, Any]) -> ServingPolicy:
         known = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in known})
 

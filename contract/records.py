@@ -15,9 +15,12 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from contract.errors import VisionExportError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 SCHEMA_VERSION = 4  # 4: the task, every output, the resize rule of whole-image models; 3: refused kinds are Refusals
 MANIFEST_NAME = "manifest.json"
@@ -47,7 +50,10 @@ class SchemaVersionError(ContractError):
                          f"rewrite it, or serve it with the version of this project that wrote it")
 
 
-def _from_dict(cls, data: Any, where: str):
+_Record = TypeVar("_Record", bound="DataclassInstance")
+
+
+def _from_dict(cls: type[_Record], data: Any, where: str) -> _Record:
     """A dataclass from a JSON object: missing required fields and unknown fields are named."""
     if not isinstance(data, dict):
         raise ContractError(f"{where}: expected a JSON object, got {type(data).__name__}")
@@ -90,7 +96,7 @@ class ImageContract:
     decode: str = "exact"  # see DECODE_MODES
     source: str = ""  # where these numbers come from (e.g. the weights' own transforms())
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "crop", tuple(int(v) for v in self.crop))
         if self.resize < 1 or len(self.crop) != 2 or min(self.crop) < 1:
             raise ContractError(f"preprocessing: resize {self.resize} and crop {self.crop} must be positive "
@@ -98,11 +104,12 @@ class ImageContract:
         if self.decode not in DECODE_MODES:
             raise ContractError(f"preprocessing.decode {self.decode!r} is not one of {', '.join(DECODE_MODES)}")
 
-    def to_dict(self) -> dict:
-        return _plain(self)
+    def to_dict(self) -> dict[str, Any]:
+        plain: dict[str, Any] = _plain(self)
+        return plain
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ImageContract":
+    def from_dict(cls, data: dict[str, Any]) -> "ImageContract":
         return _from_dict(cls, data, "manifest input.preprocessing")
 
 
@@ -120,7 +127,7 @@ class ResizeRule:
     source: str = ""  # where these numbers come from (the model's transform)
     enlarge: bool = True  # False: a smaller image is sent at its own size (a model that looks at any scale)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.fixed is not None:
             object.__setattr__(self, "fixed", tuple(int(v) for v in self.fixed))
         if self.min_side < 1 or self.max_side < self.min_side:
@@ -140,7 +147,7 @@ class ResizeRule:
         return max(1, round(height * factor)), max(1, round(width * factor))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ResizeRule":
+    def from_dict(cls, data: dict[str, Any]) -> "ResizeRule":
         return _from_dict(cls, data, "manifest input.resize_rule")
 
 
@@ -153,7 +160,7 @@ class DetectionLimits:
     max_detections: int
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DetectionLimits":
+    def from_dict(cls, data: dict[str, Any]) -> "DetectionLimits":
         return _from_dict(cls, data, "manifest limits")
 
 
@@ -171,13 +178,18 @@ class InputRecord:
     preprocessing: ImageContract | None = None  # None: not an image model the handler can serve
     resize_rule: ResizeRule | None = None  # whole-image models (detection, segmentation): the image's size
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.example_shape = tuple(int(d) for d in self.example_shape)
-        self.value_range = tuple(float(v) for v in self.value_range)
-        if isinstance(self.preprocessing, dict):
-            self.preprocessing = ImageContract.from_dict(self.preprocessing)
-        if isinstance(self.resize_rule, dict):
-            self.resize_rule = ResizeRule.from_dict(self.resize_rule)
+        if len(self.value_range) != 2:
+            raise ContractError(f"input.value_range must be (low, high), got {self.value_range!r}; re-run the export")
+        self.value_range = (float(self.value_range[0]), float(self.value_range[1]))
+        # read from JSON (Manifest.from_dict), the nested records arrive as dicts: typed `object` until converted
+        preprocessing: object = self.preprocessing
+        if isinstance(preprocessing, dict):
+            self.preprocessing = ImageContract.from_dict(preprocessing)
+        resize_rule: object = self.resize_rule
+        if isinstance(resize_rule, dict):
+            self.resize_rule = ResizeRule.from_dict(resize_rule)
 
     def handler_input(self) -> tuple[int, ...] | None:
         """(C, H, W) of the rows the handler sends (a whole-image model: the example's; it sends any size), or
@@ -197,7 +209,7 @@ class InputRecord:
 
 @dataclass
 class OutputRecord:
-    shape: list  # ["batch", classes, ...]
+    shape: list[str | int]  # ["batch", classes, ...]
     name: str = OUTPUT_NAME
     dtype: str = "float32"
     meaning: str = ""
@@ -227,12 +239,12 @@ class ArtifactRecord:
     precision: str = "fp32"  # what it computes in
     run_precision: str = "fp32"  # how the backend must run it (autocast variants)
     source: str | None = None  # reduced-precision variants: the fp32 kind it was made from
-    control_flow: dict = field(default_factory=dict)
-    checks: dict = field(default_factory=dict)
-    details: dict = field(default_factory=dict)  # kind-specific facts (quantizer settings, gate, ...)
+    control_flow: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)  # kind-specific facts (quantizer settings, gate, ...)
     # files the artifact opens beside its own (an OpenVINO IR's .bin weights): path relative to the export
     # folder -> sha256; shipped and checked with it
-    companions: dict = field(default_factory=dict)
+    companions: dict[str, str] = field(default_factory=dict)
 
     def accepts_input(self, chw: tuple[int, ...], example_shape: tuple[int, ...]) -> bool:
         return self.spatial_dynamic or tuple(chw) == tuple(example_shape[1:])
@@ -244,20 +256,20 @@ class ServingDecision:
 
     served: str | None
     rule: str
-    preference: list
-    candidates: dict  # kind -> "served" | "servable (...)" | why not
-    servable: list
+    preference: list[str]
+    candidates: dict[str, str]  # kind -> "served" | "servable (...)" | why not
+    servable: list[str]
     requested: str | None = None  # --serve, when the user chose
     speed_only: bool = False  # the benchmark served a gate-failed variant for its speed; never deployed
-    latency_ms_batch1: dict = field(default_factory=dict)  # for information; never chooses
+    latency_ms_batch1: dict[str, Any] = field(default_factory=dict)  # for information; never chooses
     # The hardware-aware part: the machine profile the order was decided for (python -m export --target) and
     # the gated candidates the archive ships, in order, each with what it needs to run and to be fast
     # ({"kind", "runs_on", "fast_on", "fast_why"}); the engine serves the first the serving machine meets
     # (runtime.machine.choose_form). `served` is the target's choice. Empty: serve `served` (older exports).
     target: str = ""
-    gated: list = field(default_factory=list)
+    gated: list[dict[str, Any]] = field(default_factory=list)
 
-    def candidate_kinds(self) -> list:
+    def candidate_kinds(self) -> list[str]:
         """The kinds the archive ships: the gated candidates, or the served one alone."""
         return [c["kind"] for c in self.gated] if self.gated else [self.served_kind()]
 
@@ -293,31 +305,31 @@ class ModelInfo:
     name: str  # the registry's or the user's model name
     family: str
     description: str
-    source: dict = field(default_factory=dict)  # how to rebuild: {"registry": NAME} or {"module": REF, ...}
+    source: dict[str, Any] = field(default_factory=dict)  # how to rebuild: {"registry": NAME} or {"module": REF, ...}
 
 
 @dataclass
 class Manifest:
     model: ModelInfo
-    weights: dict
+    weights: dict[str, Any]
     input: InputRecord
     output: OutputRecord
     opset: int
-    artifacts: dict = field(default_factory=dict)  # kind -> ArtifactRecord
-    refused: dict = field(default_factory=dict)  # kind -> Refusal: why it could not be made (or kept)
-    files: dict = field(default_factory=dict)  # other files (labels, reports) -> FileRecord
+    artifacts: dict[str, ArtifactRecord] = field(default_factory=dict)  # kind -> its record
+    refused: dict[str, Refusal] = field(default_factory=dict)  # kind -> why it could not be made (or kept)
+    files: dict[str, FileRecord] = field(default_factory=dict)  # other files (labels, reports) -> their record
     serving: ServingDecision | None = None
     task: str = CLASSIFICATION  # one of TASKS: which request core serves it
-    outputs: list = field(default_factory=list)  # every output, in order (OutputRecord); output is the first
+    outputs: list[OutputRecord] = field(default_factory=list)  # every output, in order; output is the first
     limits: DetectionLimits | None = None  # detection: the model's score threshold and cap on boxes
-    parity: dict = field(default_factory=dict)
-    trace_vs_script: dict = field(default_factory=dict)
-    precision: dict = field(default_factory=dict)  # reduced-precision variants: calibration, gate, choice
-    decode_check: dict = field(default_factory=dict)  # draft vs exact decoding on the served artifact (measured)
-    timings_s: dict = field(default_factory=dict)
-    warnings: list = field(default_factory=list)
-    exporter_output: dict = field(default_factory=dict)
-    versions: dict = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    trace_vs_script: dict[str, Any] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=dict)  # reduced-precision variants: calibration, gate, choice
+    decode_check: dict[str, Any] = field(default_factory=dict)  # draft vs exact decoding on the served artifact
+    timings_s: dict[str, float] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # export.warnings_log's entries
+    exporter_output: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
     created: str = ""
     schema: int = SCHEMA_VERSION
 
@@ -363,8 +375,9 @@ class Manifest:
         return cls.from_json(path.read_text(), str(path))
 
     # ---- writing
-    def to_dict(self) -> dict:
-        return _plain(self)
+    def to_dict(self) -> dict[str, Any]:
+        plain: dict[str, Any] = _plain(self)
+        return plain
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
@@ -387,9 +400,9 @@ class Manifest:
         """The labels file an output names (a classifier's logits, a detector's labels), or None."""
         return next((output.labels for output in self.outputs or [self.output] if output.labels), None)
 
-    def fp32_artifacts(self) -> dict:
+    def fp32_artifacts(self) -> dict[str, ArtifactRecord]:
         return {k: r for k, r in self.artifacts.items() if r.precision == "fp32"}
 
-    def recorded_files(self) -> list:
+    def recorded_files(self) -> list[ArtifactRecord | FileRecord]:
         """Every file whose sha256 the manifest holds (artifacts first)."""
         return list(self.artifacts.values()) + list(self.files.values())
