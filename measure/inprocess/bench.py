@@ -6,9 +6,11 @@ For each export folder: eager PyTorch (rebuilt from the manifest) and every arti
 manifest (whatever formats and precisions it lists, so new variants appear by themselves), each opened
 with runtime.open_artifact, at every batch size and thread count: WARMUP runs, then the median of timed
 runs. Reported: ms per batch, images/s, achieved GFLOP/s (the model's FLOPs counted once on eager with
-torch.utils.flop_counter) and the fraction of this machine's peak, which is measured in the same run: the
-best large GEMM among the libraries installed (ONNX Runtime's MatMul, NumPy's BLAS, torch.mm) at the same
-thread count, and the int8 GEMM (ONNX Runtime's MatMulInteger) for int8 artifacts. A format whose backend
+torch.utils.flop_counter) and the fraction of this machine's peak of the row's own precision, measured in the
+same run at the same thread count (measure/inprocess/peak.py): fp32 rows against the best large fp32 GEMM among
+the libraries installed (ONNX Runtime's MatMul, NumPy's BLAS, torch.mm), bf16 rows against the bf16 GEMM
+(torch.mm in bfloat16 through oneDNN, OpenVINO's MatMul), int8 rows against the int8 GEMM (ONNX Runtime's
+MatMulInteger, torch._int_mm); a row whose precision has no measured peak says so. A format whose backend
 cannot be opened here is skipped with its reason. With CUDA: fp16 autocast and cudnn.benchmark for eager
 and TorchScript, ONNX Runtime's CUDA provider with IO binding (skipped on a machine without a GPU).
 Writes bench.md, bench.json and bench.png; compare rows of one run only (the machine may be shared).
@@ -42,13 +44,23 @@ from measure.inprocess.records import (  # noqa: F401
     apply_peaks,
     best_rows,
     find_peak,
+    held_to,
+    hold_to_peak,
     merge_peaks,
     parse_batches,
     parse_threads,
     peak_dtype,
     peak_fraction,
 )
-from measure.inprocess.report import best_table, load_report, machine_info, peaks_table, render_markdown, write_outputs  # noqa: F401
+from measure.inprocess.report import (  # noqa: F401
+    best_table,
+    load_report,
+    machine_info,
+    peak_notes,
+    peaks_table,
+    render_markdown,
+    write_outputs,
+)
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
 from runtime.timing import MIN_TIMED_S, time_runs
@@ -165,13 +177,13 @@ def time_row(model: str, target: Target, backend, threads: int, batch: torch.Ten
     ms = statistics.median(runs)
     size = batch.shape[0]
     gflops = achieved_gflops(flops, size, ms / 1000)
-    peak = find_peak(peaks, peak_dtype(target.precision, device), threads)
-    return Row(model, target.name, target.format, target.precision, device, threads, size, ms, size / (ms / 1000),
-               gflops, peak_fraction(gflops, peak), backend.describe()["backend"], [round(r, 3) for r in runs])
+    return hold_to_peak(Row(model, target.name, target.format, target.precision, device, threads, size, ms,
+                            size / (ms / 1000), gflops, None, backend.describe()["backend"],
+                            [round(r, 3) for r in runs]), peaks)
 
 
 def progress_line(row: Row) -> str:
-    fraction = f" ({row.peak_fraction:.0%} of {peak_dtype(row.precision, row.device)} peak)" if row.peak_fraction else ""
+    fraction = f" ({held_to(row)}{' peak' if row.peak_fraction is not None else ''})" if row.peak else ""
     return (f"{row.artifact:<14} {row.precision:<5} {row.device:<6} threads={row.threads:<2} batch={row.batch:<3} "
             f"{row.ms_per_batch:9.1f} ms/batch {row.images_per_s:8.1f} img/s {row.gflops:7.1f} GFLOP/s{fraction}")
 
@@ -214,23 +226,22 @@ def time_onnx_io_binding(model: str, target: Target, backend, batch: torch.Tenso
                      synchronize=binding.synchronize_outputs)
     ms, size = statistics.median(runs), x.shape[0]
     gflops = achieved_gflops(flops, size, ms / 1000)
-    return Row(model, target.name + " (IO binding)", target.format, target.precision, "cuda:0", 0, size, ms,
-               size / (ms / 1000), gflops, peak_fraction(gflops, find_peak(peaks, "cuda-fp32", 0)),
-               "OnnxRuntimeBackend+CUDAExecutionProvider", [round(r, 3) for r in runs])
+    return hold_to_peak(Row(model, target.name + " (IO binding)", target.format, target.precision, "cuda:0", 0, size,
+                            ms, size / (ms / 1000), gflops, None, "OnnxRuntimeBackend+CUDAExecutionProvider",
+                            [round(r, 3) for r in runs]), peaks)
 
 
 # ------------------------------------------------------------------ entry point
 def run(folders: list[Path], plan: Plan, gemm_size: int = GEMM_SIZE, say: Callable[[str], None] = print) -> Report:
     report = Report(machine=machine_info(), settings={**asdict(plan), "gemm_size": gemm_size})
-    say(f"machine: {report.machine['cpu']}, {report.machine['cores']} cores, VNNI "
-        f"{'yes' if report.machine['vnni'] else 'no'}; load average {report.machine['load_average_at_start']}")
-    say("measuring this machine's GEMM peak ...")
-    report.peaks = measure_peaks(plan.threads, gemm_size, say=say, vnni=report.machine["vnni"])
+    say(f"machine: {report.machine['cpu']}, {report.machine['cores']} cores; {report.machine['isa'] or 'no AVX2'}; "
+        f"load average {report.machine['load_average_at_start']}")
+    say("measuring this machine's GEMM peaks (fp32, bf16, int8) ...")
+    report.peaks = measure_peaks(plan.threads, gemm_size, say=say)
     for folder in folders:
         bench_export(Path(folder), plan, report.peaks, report, say)
-    say("measuring this machine's GEMM peak again (the run's peak is the best of start and end) ...")
-    report.peaks = merge_peaks(report.peaks, measure_peaks(plan.threads, gemm_size, say=say,
-                                                           vnni=report.machine["vnni"]))
+    say("measuring this machine's GEMM peaks again (the run's peak is the best of start and end) ...")
+    report.peaks = merge_peaks(report.peaks, measure_peaks(plan.threads, gemm_size, say=say))
     apply_peaks(report.rows, report.peaks)
     if torch.cuda.is_available():
         report.peaks += gpu_peaks()
@@ -255,6 +266,6 @@ def bench_command(args) -> int:
                              "(python -m export resnet --out FOLDER)")
     report = run(folders, plan, args.gemm_size, say=lambda line: print(line, flush=True))
     written = write_outputs(report, args.out)
-    print("\n" + best_table(report.rows) + "\n\n" + peaks_table(report.peaks))
+    print("\n" + best_table(report.rows) + "\n\n" + peaks_table(report.peaks) + "\n\n" + peak_notes(report.peaks))
     print("\nwrote " + ", ".join(str(p) for p in written))
     return 0

@@ -15,12 +15,13 @@ class BenchError(VisionExportError):
 
 @dataclass
 class Peak:
-    dtype: str  # "fp32" or "int8"
+    dtype: str  # the precision: "fp32", "bf16" or "int8" on the CPU; "cuda-fp32", "cuda-fp16", "cuda-bf16"
     threads: int
     gflops: float  # the best library's GFLOP/s (int8: GOP/s)
     library: str
     by_library: dict = field(default_factory=dict)
     note: str = ""
+    kernels: dict = field(default_factory=dict)  # library -> the kernel it said it ran ("" where it does not say)
 
 
 @dataclass
@@ -35,9 +36,11 @@ class Row:
     ms_per_batch: float  # median of the timed runs
     images_per_s: float
     gflops: float
-    peak_fraction: float | None
+    peak_fraction: float | None  # of `peak`'s figure; None where that peak was not measured
     backend: str
     runs_ms: list = field(default_factory=list)
+    peak: str = ""  # the peak the row is held to: its own precision's (peak_dtype), e.g. "bf16" or "cuda-fp16"
+    peak_gflops: float | None = None  # that peak's figure at the row's thread count; None: not measured
 
 
 @dataclass
@@ -97,11 +100,10 @@ def peak_fraction(gflops: float, peak: Peak | None) -> float | None:
 
 
 def peak_dtype(precision: str, device: str = "cpu") -> str:
-    """Which peak a row is measured against. CPU: int8 artifacts against the int8 GEMM, the rest fp32 (no
-    native fp16/bf16 matrix units on the CPUs this targets). GPU: the cuBLAS GEMM of the same precision."""
-    if device.startswith("cuda"):
-        return "cuda-fp16" if precision in ("fp16", "bf16") else "cuda-fp32"
-    return "int8" if precision == "int8" else "fp32"
+    """Which peak a row is held to: the GEMM of its own precision on its own device (CPU: fp32, bf16, int8;
+    GPU: cuBLAS's "cuda-fp32", "cuda-fp16", "cuda-bf16"). A precision whose peak was not measured (fp16 on the
+    CPU, int8 on a GPU) names a peak that is absent, and the row says so instead of borrowing another's."""
+    return f"cuda-{precision}" if device.startswith("cuda") else precision
 
 
 def merge_peaks(first: list[Peak], second: list[Peak]) -> list[Peak]:
@@ -111,22 +113,42 @@ def merge_peaks(first: list[Peak], second: list[Peak]) -> list[Peak]:
     for peak in first + second:
         key = (peak.dtype, peak.threads)
         if key not in merged:
-            merged[key] = Peak(peak.dtype, peak.threads, peak.gflops, peak.library, dict(peak.by_library), peak.note)
+            merged[key] = Peak(peak.dtype, peak.threads, peak.gflops, peak.library, dict(peak.by_library), peak.note,
+                               dict(peak.kernels))
             continue
-        by_library = merged[key].by_library
+        by_library, kernels = merged[key].by_library, merged[key].kernels
         for library, value in peak.by_library.items():
             by_library[library] = max(value, by_library.get(library, 0.0))
+        for library, kernel in peak.kernels.items():
+            kernels[library] = kernels.get(library) or kernel
         library, best = best_of(by_library)
         merged[key] = Peak(peak.dtype, peak.threads, best, library, by_library,
                            merged[key].note + ("" if "start and end" in merged[key].note else
-                                               "; best of the run's start and end"))
+                                               "; best of the run's start and end"), kernels)
     return list(merged.values())
+
+
+def hold_to_peak(row: Row, peaks: list[Peak]) -> Row:
+    """The row's fraction of the peak of its own precision, thread count and device, and which peak that was."""
+    row.peak = peak_dtype(row.precision, row.device)
+    peak = find_peak(peaks, row.peak, row.threads)
+    row.peak_gflops = peak.gflops if peak else None
+    row.peak_fraction = peak_fraction(row.gflops, peak)
+    return row
 
 
 def apply_peaks(rows: list[Row], peaks: list[Peak]) -> None:
     for row in rows:
-        row.peak_fraction = peak_fraction(row.gflops, find_peak(peaks, peak_dtype(row.precision, row.device),
-                                                                 row.threads))
+        hold_to_peak(row, peaks)
+
+
+def held_to(row: Row) -> str:
+    """'80% of bf16' / 'no int8 peak' (a row of an older bench.json, which did not record its peak: the fraction)."""
+    if not row.peak:
+        return f"{row.peak_fraction:.0%}" if row.peak_fraction is not None else "—"
+    if row.peak_fraction is None:
+        return f"no {row.peak} peak"
+    return f"{row.peak_fraction:.0%} of {row.peak}"
 
 
 def find_peak(peaks: list[Peak], dtype: str, threads: int) -> Peak | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -11,7 +12,11 @@ import numpy as np
 import torch
 
 from contract.files import atomic_write_text
-from measure.inprocess.records import BenchError, Peak, Report, Row, Skip, best_rows, has_vnni
+from measure.inprocess.records import BenchError, Peak, Report, Row, Skip, best_rows, has_vnni, held_to
+from runtime import machine
+
+# The CPU flags the peaks depend on, shown in the report: AVX2/AVX-512, VNNI (int8), BF16 and AMX.
+ISA_FLAG = re.compile(r"^(avx2|avx512.*|avx_vnni|amx.*)$")
 
 CHART = "bench.png"
 
@@ -23,23 +28,38 @@ def machine_info() -> dict:
                  "unknown CPU")
     import onnxruntime
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    flags = machine.cpu_flags()
     return {"cpu": model, "cores": cores, "vnni": has_vnni(cpuinfo),
+            "isa": " ".join(sorted(flag for flag in flags if ISA_FLAG.match(flag))),
+            "bf16_native": any(flag in flags for flag in machine.BF16_FLAGS),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cuda": torch.cuda.is_available(),
             "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
             "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
-def _fraction(value: float | None) -> str:
-    return f"{value:.0%}" if value is not None else "—"
-
-
 def peaks_table(peaks: list[Peak]) -> str:
+    """One row per precision and thread count: the best figure, its library and the kernel that library said it
+    ran, and every library's figure."""
     libraries = list(dict.fromkeys(name for p in peaks for name in p.by_library))
-    lines = ["| precision | threads | best GFLOP/s | best library | " + " | ".join(libraries) + " |",
-             "|---|---|---|---|" + "---|" * len(libraries)]
+    lines = ["| precision | threads | best GFLOP/s (int8: GOP/s) | best library | its kernel | " + " | ".join(libraries)
+             + " |", "|---|---|---|---|---|" + "---|" * len(libraries)]
     for p in peaks:
         cells = [f"{p.by_library[name]:.1f}" if name in p.by_library else "—" for name in libraries]
-        lines.append(f"| {p.dtype} | {p.threads} | {p.gflops:.1f} | {p.library} | " + " | ".join(cells) + " |")
+        kernel = (p.kernels.get(p.library) or "not reported").split(" (isa:")[0]  # the ISA line: in the notes
+        lines.append(f"| {p.dtype} | {p.threads} | {p.gflops:.1f} | {p.library} | {kernel} | " + " | ".join(cells)
+                     + " |")
+    return "\n".join(lines)
+
+
+def peak_notes(peaks: list[Peak]) -> str:
+    """What each precision's peak is (size, native or emulated, the flags its kernel is chosen by) and every
+    library's kernel, once per precision."""
+    lines = []
+    for dtype in dict.fromkeys(p.dtype for p in peaks):
+        mine = [p for p in peaks if p.dtype == dtype]
+        kernels = {library: kernel for p in mine for library, kernel in p.kernels.items() if kernel}
+        said = "; ".join(f"{library}: {kernel}" for library, kernel in kernels.items())
+        lines.append(f"- {dtype}: {mine[0].note}" + (f". Kernels: {said}" if said else ""))
     return "\n".join(lines)
 
 
@@ -47,7 +67,7 @@ def rows_table(rows: list[Row]) -> str:
     lines = ["| model | artifact | format | precision | device | threads | batch | ms / batch | images/s | GFLOP/s | "
              "of peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.model} | {r.artifact} | {r.format} | {r.precision} | {r.device} | {r.threads} | {r.batch} | "
-              f"{r.ms_per_batch:.1f} | {r.images_per_s:.1f} | {r.gflops:.1f} | {_fraction(r.peak_fraction)} |"
+              f"{r.ms_per_batch:.1f} | {r.images_per_s:.1f} | {r.gflops:.1f} | {held_to(r)} |"
               for r in rows]
     return "\n".join(lines)
 
@@ -56,7 +76,7 @@ def best_table(rows: list[Row]) -> str:
     lines = ["| batch | best | threads | images/s | of peak |", "|---|---|---|---|---|"]
     for batch, row in best_rows(rows).items():
         lines.append(f"| {batch} | {row.artifact} ({row.format}, {row.precision}) | {row.threads} | "
-                     f"{row.images_per_s:.1f} | {_fraction(row.peak_fraction)} |")
+                     f"{row.images_per_s:.1f} | {held_to(row)} |")
     return "\n".join(lines)
 
 
@@ -65,13 +85,18 @@ def render_markdown(report: Report) -> str:
     flops = ", ".join(f"{model} {value / 1e9:.2f} GFLOP" for model, value in report.flops_per_image.items())
     skipped = "\n".join(f"- {s.model} {s.artifact}: {s.reason}" for s in report.skipped) or "- none"
     load = m.get("load_average_at_start")
+    bf16 = {True: "native", False: "emulated (no avx512_bf16 or amx_bf16)"}.get(m.get("bf16_native"), "n/a")
     return (f"# In-process benchmark\n\n{m['cpu']}, {m['cores']} cores, CPU capability {m['torch_cpu_capability']}, "
-            f"VNNI: {'yes' if m['vnni'] else 'no'}; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
+            f"ISA flags: {m.get('isa') or 'n/a'}; VNNI: {'yes' if m['vnni'] else 'no'}; bf16: {bf16}; "
+            f"torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
             f"numpy {m['numpy']}. Load average at start: {', '.join(f'{x:.2f}' for x in load) if load else 'n/a'}.\n"
             f"Per image: {flops} (torch.utils.flop_counter, 2 FLOPs per multiply-add). Median of "
             f">= {report.settings.get('repeats')} timed runs (and >= {report.settings.get('min_seconds')} s) after "
             f"{report.settings.get('warmup')} warm-up runs.\n\n"
-            f"## This machine's peak (measured in this run)\n\n{peaks_table(report.peaks)}\n\n"
+            f"## This machine's peaks (measured in this run)\n\nEach row's \"of peak\" is its GFLOP/s over the "
+            f"peak of its own precision at its thread count (fp32, bf16, int8; on a GPU cuBLAS's of the same "
+            f"precision); a row whose precision has no measured peak says so.\n\n{peaks_table(report.peaks)}\n\n"
+            f"{peak_notes(report.peaks)}\n\n"
             f"## Best per batch\n\n{best_table(report.rows)}\n\n## Every artifact\n\n{rows_table(report.rows)}\n\n"
             f"## Skipped\n\n{skipped}\n")
 

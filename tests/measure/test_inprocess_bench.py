@@ -43,7 +43,7 @@ def test_flop_arithmetic():
     peak = Peak("fp32", 1, 100.0, "numpy BLAS")
     assert bench.peak_fraction(82.0, peak) == pytest.approx(0.82)
     assert bench.peak_fraction(82.0, None) is None
-    assert bench.peak_dtype("int8") == "int8" and bench.peak_dtype("bf16") == "fp32"
+    assert bench.peak_dtype("int8") == "int8" and bench.peak_dtype("bf16") == "bf16"
     assert bench.peak_dtype("fp16", "cuda:0") == "cuda-fp16" and bench.peak_dtype("fp32", "cuda:0") == "cuda-fp32"
 
 
@@ -100,9 +100,9 @@ def test_markdown_has_the_peaks_the_best_per_batch_every_row_and_the_skips():
                     settings={"repeats": 5, "warmup": 2, "min_seconds": 1.0})
     bench.apply_peaks(report.rows, report.peaks)
     text = bench.render_markdown(report)
-    assert "| fp32 | 1 | 94.0 | onnxruntime MatMul | 94.0 | 93.0 | — |" in text
-    assert "| 8 | onnx-dynamo (onnx, fp32) | 1 | 10.0 | 80% |" in text
-    assert "| resnet50 | onnx-dynamo | onnx | fp32 | cpu | 1 | 8 | 800.0 | 10.0 | 75.2 | 80% |" in text
+    assert "| fp32 | 1 | 94.0 | onnxruntime MatMul | not reported | 94.0 | 93.0 | — |" in text
+    assert "| 8 | onnx-dynamo (onnx, fp32) | 1 | 10.0 | 80% of fp32 |" in text
+    assert "| resnet50 | onnx-dynamo | onnx | fp32 | cpu | 1 | 8 | 800.0 | 10.0 | 75.2 | 80% of fp32 |" in text
     assert "openvino-bf16: ArtifactError: no backend" in text and "8.20 GFLOP" in text
 
 
@@ -118,11 +118,11 @@ def test_a_written_report_loads_back_and_a_foreign_file_is_refused(tmp_path):
 def test_gemm_peaks_are_measured_with_every_library_at_a_small_size():
     said = []
     peaks = bench.measure_peaks([1], n=128, repeats=1, say=said.append)
-    fp32, int8 = peaks
+    fp32 = bench.find_peak(peaks, "fp32", 1)
     assert set(fp32.by_library) == {"onnxruntime MatMul", "numpy BLAS", "torch.mm"}
     assert fp32.gflops == max(fp32.by_library.values()) > 0
-    assert int8.dtype == "int8" and int8.gflops > 0 and "VNNI" in int8.note
-    assert said and "1 thread(s)" in said[0]
+    assert [p.dtype for p in peaks] == ["fp32", "bf16", "int8"]  # each precision a row uses (tests/measure/test_peak_*)
+    assert said and "1 thread(s)" in said[-1]
 
 
 def test_a_folder_without_an_export_is_a_clear_error(tmp_path, capsys):
@@ -176,6 +176,7 @@ def test_smoke_every_artifact_and_eager_are_benchmarked_and_the_files_written(re
     assert measured >= {"eager", *manifest.artifacts}  # every artifact record, whatever its format
     assert {(r["artifact"], r["batch"]) for r in data["rows"]} >= {("eager", 1), ("eager", 2)}
     assert all(r["peak_fraction"] is not None for r in data["rows"])
+    assert all(r["peak"] == r["precision"] and r["peak_gflops"] > 0 for r in data["rows"])  # its own precision's peak
     assert all(len(r["runs_ms"]) == 2 for r in data["rows"])  # --rounds 2 of --repeats 1: every target timed twice
     assert data["flops_per_image"]["resnet18"] > 1e9
     stdout = resnet18_inprocess_bench["stdout"]
