@@ -17,8 +17,8 @@ def inprocess_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m measure inprocess",
         description="Time eager and every artifact of each export folder through runtime/ at each batch and thread "
-                    "count; measure this machine's GEMM peak in the same run; write bench.md, bench.json and "
-                    "bench.png.")
+                    "count; measure this machine's GEMM peak per precision (fp32, bf16, int8) in the same run and "
+                    "hold each row to its own precision's; write bench.md, bench.json and bench.png.")
     parser.add_argument("folders", nargs="*", type=Path, metavar="EXPORT_DIR",
                         help="export folders (default: artifacts/resnet50)")
     parser.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
@@ -41,8 +41,10 @@ def inprocess_parser() -> argparse.ArgumentParser:
 def peak_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m measure peak",
-        description="This machine's GEMM peak alone: the best large fp32 GEMM of ONNX Runtime, NumPy and torch, and "
-                    "ONNX Runtime's int8 MatMulInteger, at each thread count (cuBLAS too where there is a GPU).")
+        description="This machine's GEMM peaks alone, per precision at each thread count: the best large fp32 GEMM "
+                    "of ONNX Runtime, NumPy and torch; bf16 (torch.mm in bfloat16 through oneDNN, OpenVINO's MatMul); "
+                    "int8 (ONNX Runtime's MatMulInteger, torch._int_mm); each with the kernel its library reports "
+                    "(cuBLAS fp32, fp16 and bf16 too where there is a GPU).")
     _threads_option(parser, DEFAULT_THREADS)
     _gemm_option(parser)
     return parser
