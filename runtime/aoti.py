@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,11 +27,11 @@ class BuildMismatchError(ArtifactError):
     """The package was compiled for another torch build, device type or CPU instruction set."""
 
 
-def build_facts(device: torch.device, input_shape: list[int | None]) -> dict:
+def build_facts(device: torch.device, input_shape: list[int | None]) -> dict[str, Any]:
     """What a package compiled in this process for `device` is tied to, and the input shape it was compiled
     for (None: a dynamic dimension), written into it by the exporter."""
-    facts = {"torch": torch.__version__, "torch_git": torch.version.git_version, "device": device.type,
-             "input_shape": input_shape}
+    facts: dict[str, Any] = {"torch": torch.__version__, "torch_git": torch.version.git_version,
+                             "device": device.type, "input_shape": input_shape}
     if device.type == "cpu":
         facts["cpu_isa"] = _vector_isa()
         facts["cpu_flags"] = sorted(cpu_flags())  # the compiler is run with -march=native: every flag may be used
@@ -40,7 +41,7 @@ def build_facts(device: torch.device, input_shape: list[int | None]) -> dict:
     return facts
 
 
-def read_build_facts(path: str | Path) -> dict:
+def read_build_facts(path: str | Path) -> dict[str, Any]:
     """The facts recorded in a package, or an error saying the file is not a package we wrote."""
     try:
         with zipfile.ZipFile(path) as archive:
@@ -48,12 +49,16 @@ def read_build_facts(path: str | Path) -> dict:
             if name is None:
                 raise BuildMismatchError(f"{path} has no {BUILD_FILE}: it was not written by `python -m export`, "
                                          "so the torch build it needs is unknown; re-export it")
-            return json.loads(archive.read(name))
+            facts = json.loads(archive.read(name))
     except (zipfile.BadZipFile, json.JSONDecodeError) as error:
         raise BuildMismatchError(f"{path} is not a readable AOTInductor package ({error}); re-export it") from None
+    if not isinstance(facts, dict):
+        raise BuildMismatchError(f"{path}'s {BUILD_FILE} is not a JSON object: it was not written by "
+                                 "`python -m export`, so the torch build it needs is unknown; re-export it")
+    return facts
 
 
-def check_build(facts: dict, device: torch.device) -> None:
+def check_build(facts: dict[str, Any], device: torch.device) -> None:
     """Refuse a package this process cannot run safely; the message says what to do."""
     fix = "re-export with --formats aotinductor under the torch that will serve it (or serve another kind)"
     problems = []
@@ -71,7 +76,7 @@ def check_build(facts: dict, device: torch.device) -> None:
         raise BuildMismatchError("AOTInductor package refused before loading: " + "; ".join(problems) + f"; {fix}")
 
 
-def _cpu_problems(facts: dict) -> list[str]:
+def _cpu_problems(facts: dict[str, Any]) -> list[str]:
     """What a package compiled for facts' CPU would execute that this CPU lacks."""
     problems = []
     runnable = _runnable_isas()
@@ -89,7 +94,7 @@ def _cpu_problems(facts: dict) -> list[str]:
 class AOTInductorBackend(Backend):
     format = "aoti"
 
-    def __init__(self, path, options: RunOptions, name: str | None = None):
+    def __init__(self, path: Path, options: RunOptions, name: str | None = None):
         super().__init__(path, options, name)
         self.device = options.torch_device
         self.build = read_build_facts(path)
@@ -115,7 +120,7 @@ class AOTInductorBackend(Backend):
             raise ArtifactRunError(f"{self.name} was compiled for inputs of shape {shown}, got "
                                    f"{' x '.join(map(str, batch.shape))}")
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "build": self.build}
 
 

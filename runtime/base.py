@@ -12,7 +12,7 @@ import importlib
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -57,7 +57,7 @@ class RunOptions:
     threads: int = 0  # CPU intra-op threads; 0 leaves the library's default (every core)
     precision: str = "fp32"  # run-time compute precision: fp16 = CUDA autocast, bf16 = CPU/CUDA autocast
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ArtifactError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.threads < 0:
@@ -99,18 +99,21 @@ class Backend(ABC):
             raise ArtifactRunError(f"{self.name} failed on input {tuple(batch.shape)}: "
                                    f"{type(error).__name__}: {first}") from error
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """What ran: for reports, logs and the benchmark's table."""
         return {"backend": type(self).__name__, "format": self.format, "name": self.name,
                 "path": str(self.path) if self.path else None, **asdict(self.options)}
 
 
-def host_outputs(outputs) -> Outputs:
+def host_outputs(outputs: object) -> Outputs:
     """A runtime's outputs as backends return them: on the CPU, floating ones as float32 (an fp16/bf16 run's
     too), integer ones (a detector's labels) as they are; one output alone, several as a tuple."""
     if isinstance(outputs, (list, tuple)):
         converted = tuple(host_outputs(o) for o in outputs)
-        return converted[0] if len(converted) == 1 else converted
+        if len(converted) == 1:
+            return converted[0]
+        # cast: the models here return flat tuples; a nested one (a tuple in the tuple) is passed on as it is
+        return cast(tuple[torch.Tensor, ...], converted)
     tensor = torch.as_tensor(outputs)
     return (tensor.float() if tensor.is_floating_point() else tensor).cpu()
 
@@ -120,7 +123,8 @@ def backend_class(format: str) -> type[Backend]:
         module_name, class_name = BACKENDS[format].split(":")
     except KeyError:
         raise UnknownFormatError(format) from None
-    return getattr(importlib.import_module(module_name), class_name)
+    backend: type[Backend] = getattr(importlib.import_module(module_name), class_name)  # BACKENDS names subclasses
+    return backend
 
 
 def available_formats() -> list[str]:

@@ -15,5 +15,5 @@ from runtime.torchscript import TorchModuleBackend
 class ExportedProgramBackend(TorchModuleBackend):
     format = "torch-export"
 
-    def load(self, path: str, device: torch.device):
+    def load(self, path: str, device: torch.device) -> torch.nn.Module:
         return torch.export.load(path).module().to(device)  # a GraphModule: eval()/train() are not allowed on it

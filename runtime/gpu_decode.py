@@ -51,11 +51,11 @@ class NvjpegDecoder:
                            "decoding on the CPU", device)
 
     def __call__(self, bodies: list[bytes], on_cpu: Callable[[bytes], object],
-                 measure: Callable[[str], ContextManager] | None = None) -> list:
+                 measure: Callable[[str], ContextManager[object]] | None = None) -> list[object]:
         """Rows in the bodies' order; `on_cpu(body)` gives the row (or the error) of a body nvJPEG does not
         take, on the CPU; `measure(stage)` times the decode and preprocess stages."""
         measure = measure or (lambda stage: nullcontext())
-        rows: list = [None] * len(bodies)
+        rows: list[object] = [None] * len(bodies)
         tags = {i: nvjpeg_orientation(body) for i, body in enumerate(bodies)} if self.available else {}
         on_gpu = {i: tag for i, tag in tags.items() if tag is not None}  # index -> EXIF orientation
         if on_gpu:
@@ -65,7 +65,8 @@ class NvjpegDecoder:
                 rows[index] = on_cpu(body)
         return rows
 
-    def _decode_on_gpu(self, bodies: list[bytes], indices: dict[int, int], rows: list, measure) -> None:
+    def _decode_on_gpu(self, bodies: list[bytes], indices: dict[int, int], rows: list[object],
+                       measure: Callable[[str], ContextManager[object]]) -> None:
         encoded = [torch.frombuffer(bytearray(bodies[i]), dtype=torch.uint8) for i in indices]
         try:
             with measure("decode"), warnings.catch_warnings():

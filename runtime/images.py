@@ -165,7 +165,8 @@ def reduce_in_dct(image: Image.Image, floor: int) -> None:
 
 def orientation(image: Image.Image) -> int:
     """The EXIF Orientation tag (1: stored upright)."""
-    return image.getexif().get(EXIF_ORIENTATION, 1)
+    tag: int = image.getexif().get(EXIF_ORIENTATION, 1)  # PIL types EXIF values Any; read as exif_transpose does
+    return tag
 
 
 # EXIF orientation -> the PIL transpose that shows the image upright (ImageOps.exif_transpose's table)

@@ -20,7 +20,7 @@ class IntegrityError(VisionExportError):
         super().__init__(f"integrity check failed ({listed}); {what_to_do}")
 
 
-def file_sha256(path: str | os.PathLike) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
@@ -35,7 +35,7 @@ def mismatch(path: Path, expected_sha256: str) -> str | None:
     return None
 
 
-def verify_file(path: str | os.PathLike, expected_sha256: str, what_to_do: str) -> None:
+def verify_file(path: str | os.PathLike[str], expected_sha256: str, what_to_do: str) -> None:
     path = Path(path)
     problem = mismatch(path, expected_sha256)
     if problem:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Instructions with which ONNX Runtime's x86 int8 GEMM multiplies u8 x s8 into int32 without an int16 step.
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -49,7 +50,7 @@ class MachineProfile:
     """A serving machine as the choice of form sees it: its CPU flags and whether it serves on a CUDA GPU."""
 
     name: str
-    flags: frozenset
+    flags: frozenset[str]
     device: str = CPU  # where the engine runs the model: cpu, or cuda when a GPU is there
 
     def describe(self) -> str:
@@ -95,7 +96,7 @@ class Needs:
     group met by any one of its flags (checked only where it runs on the CPU)."""
 
     device: str = ANY_DEVICE
-    cpu_any: tuple = ()  # groups of flags: every group must be met by one of its flags
+    cpu_any: tuple[tuple[str, ...], ...] = ()  # groups of flags: every group must be met by one of its flags
 
     def unmet(self, machine: MachineProfile) -> str | None:
         """Why `machine` does not meet these needs, or None when it does."""
@@ -114,11 +115,11 @@ class Needs:
         parts += [" or ".join(group) for group in self.cpu_any]
         return ", ".join(parts) or "nothing"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"device": self.device, "cpu_any": [list(group) for group in self.cpu_any]}
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "Needs":
+    def from_dict(cls, data: dict[str, Any] | None) -> "Needs":
         data = data or {}
         return cls(data.get("device", ANY_DEVICE), tuple(tuple(group) for group in data.get("cpu_any", ())))
 
@@ -129,19 +130,19 @@ class Choice:
 
     kind: str | None
     machine: MachineProfile
-    skipped: dict  # kind -> why this machine does not serve it
+    skipped: dict[str, str]  # kind -> why this machine does not serve it
 
     def line(self) -> str:
         head = (f"serving {self.kind} on {self.machine.describe()}: the first of the export's candidates this "
                 f"machine meets" if self.kind else f"no candidate can be served on {self.machine.describe()}")
         return head + "".join(f"; not {kind}: {why}" for kind, why in self.skipped.items())
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"served": self.kind, "machine": self.machine.name, "device": self.machine.device,
                 "skipped": dict(self.skipped)}
 
 
-def candidate_unmet(candidate: dict, machine: MachineProfile) -> str | None:
+def candidate_unmet(candidate: dict[str, Any], machine: MachineProfile) -> str | None:
     """Why `machine` may not serve a candidate ({"kind", "runs_on", "fast_on"}, as the manifest records it)."""
     why = Needs.from_dict(candidate.get("runs_on")).unmet(machine)
     if why:
@@ -150,10 +151,10 @@ def candidate_unmet(candidate: dict, machine: MachineProfile) -> str | None:
     return f"not fast here: {why}" if why else None
 
 
-def choose_form(candidates: list, machine: MachineProfile) -> Choice:
+def choose_form(candidates: list[dict[str, Any]], machine: MachineProfile) -> Choice:
     """The declared rule at load: the first candidate, in the export's order, whose needs this machine meets.
     Never by timing; the export ends its list with a form that needs nothing, so some form always serves."""
-    skipped = {}
+    skipped: dict[str, str] = {}
     for candidate in candidates:
         why = candidate_unmet(candidate, machine)
         if why is None:

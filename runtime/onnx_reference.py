@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -11,7 +13,7 @@ from runtime.base import ArtifactError, Backend, Outputs, RunOptions, host_outpu
 class ReferenceBackend(Backend):
     format = "onnx-reference"
 
-    def __init__(self, path, options: RunOptions, name: str | None = None):
+    def __init__(self, path: Path, options: RunOptions, name: str | None = None):
         super().__init__(path, options, name or f"reference:{path.name}")
         if options.torch_device.type != "cpu":
             raise ArtifactError("the ONNX reference evaluator runs on the CPU only")

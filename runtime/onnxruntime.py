@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +20,7 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 
 
-def providers_for(device: torch.device, available: list[str]) -> list:
+def providers_for(device: torch.device, available: list[str]) -> list[str | tuple[str, dict[str, int]]]:
     """The CUDA provider on the requested GPU, CPU as the fallback for ops CUDA lacks."""
     if device.type == "cuda":
         if CUDA_PROVIDER not in available:
@@ -38,7 +40,7 @@ def check_session_providers(device: torch.device, actual: list[str]) -> None:
                             "or run on cpu")
 
 
-def session_options(threads: int):
+def session_options(threads: int) -> Any:  # onnxruntime.SessionOptions (onnxruntime ships no types)
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION)
@@ -54,7 +56,7 @@ def session_options(threads: int):
 class OnnxRuntimeBackend(Backend):
     format = "onnx"
 
-    def __init__(self, path, options: RunOptions, name: str | None = None):
+    def __init__(self, path: Path, options: RunOptions, name: str | None = None):
         super().__init__(path, options, name)
         import onnxruntime as ort
         providers = providers_for(options.torch_device, ort.get_available_providers())
@@ -67,5 +69,5 @@ class OnnxRuntimeBackend(Backend):
         array = np.ascontiguousarray(batch.detach().cpu().numpy())
         return host_outputs([torch.from_numpy(o) for o in self.session.run(None, {self.input_name: array})])
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "providers": self.session.get_providers()}

@@ -7,6 +7,11 @@ an AVX2 EPYC), so describe() reports the precision the compiled model actually r
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -24,18 +29,17 @@ OUR_PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}  # OpenVINO's ele
 INSTALL = "pip install '.[openvino]'"
 
 
-def import_openvino():
+def import_openvino() -> ModuleType:
     """openvino, or an ArtifactError saying how to install it (only OpenVINO artifacts need it)."""
     try:
-        import openvino
+        return importlib.import_module("openvino")
     except ImportError as error:
         raise ArtifactError(f"OpenVINO artifacts need the openvino package ({error}); {INSTALL}") from None
-    return openvino
 
 
-def compile_config(options: RunOptions) -> dict:
-    config = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[options.precision], "PERFORMANCE_HINT": PERFORMANCE_HINT,
-              "ENABLE_CPU_PINNING": CPU_PINNING}
+def compile_config(options: RunOptions) -> dict[str, str | bool | int]:
+    config: dict[str, str | bool | int] = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[options.precision],
+                                           "PERFORMANCE_HINT": PERFORMANCE_HINT, "ENABLE_CPU_PINNING": CPU_PINNING}
     if options.threads:  # 0: OpenVINO's default (every core)
         config["INFERENCE_NUM_THREADS"] = options.threads
     return config
@@ -50,17 +54,17 @@ class OpenVinoBackend(Backend):
     format = "openvino"
     supported_precisions = ("fp32", "bf16")
 
-    def __init__(self, path, options: RunOptions, name: str | None = None):
+    def __init__(self, path: Path, options: RunOptions, name: str | None = None):
         if options.torch_device.type != "cpu":
             raise ArtifactError(f"OpenVINO artifacts run on the CPU here (its GPU plugin is for Intel GPUs), not "
                                 f"{options.device}; serve another form on a CUDA machine")
         super().__init__(path, options, name)
-        weights = self.path.with_name(companion_weights(self.path.name))
+        weights = path.with_name(companion_weights(path.name))
         if not weights.is_file():
-            raise ArtifactError(f"{self.path.name}'s weights {weights.name} are missing beside it; re-run the export")
+            raise ArtifactError(f"{path.name}'s weights {weights.name} are missing beside it; re-run the export")
         openvino = import_openvino()
         self.version = openvino.get_version()
-        self.compiled = openvino.Core().compile_model(str(self.path), DEVICE, compile_config(options))
+        self.compiled = openvino.Core().compile_model(str(path), DEVICE, compile_config(options))
         keep_signal_stack()  # the plugin's own dies with this model, maybe while the thread is still on it
         self.request = self.compiled.create_infer_request()  # one per backend: a worker calls it one batch at a time
 
@@ -71,10 +75,10 @@ class OpenVinoBackend(Backend):
 
     def actual_precision(self) -> str:
         """What the compiled model computes in (a bf16 hint runs as f32 on a CPU without native bf16)."""
-        element = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        element: str = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         return OUR_PRECISION.get(element, element)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "actual_precision": self.actual_precision(), "openvino": self.version,
                 "threads_used": self.compiled.get_property("INFERENCE_NUM_THREADS"),
                 "cpu_pinning": self.compiled.get_property("ENABLE_CPU_PINNING")}

@@ -29,7 +29,8 @@ class StackT(ctypes.Structure):
     _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
 
 
-_kept: dict[int, list] = {}  # native thread id -> every stack given to it; never freed (a model may still name one)
+# native thread id -> every stack given to it; never freed (a model may still name one)
+_kept: dict[int, list[ctypes.Array[ctypes.c_char]]] = {}
 _lock = threading.Lock()
 
 
@@ -65,7 +66,7 @@ def keep_signal_stack() -> None:
 
 
 @functools.cache
-def _libc():
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.sigaltstack.argtypes = (ctypes.POINTER(StackT), ctypes.POINTER(StackT))
     return libc

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,7 +17,7 @@ class TorchModuleBackend(Backend):
 
     supported_precisions = ("fp32", "fp16", "bf16")
 
-    def __init__(self, path, options: RunOptions, name: str | None = None):
+    def __init__(self, path: Path, options: RunOptions, name: str | None = None):
         super().__init__(path, options, name)
         self.device = options.torch_device
         configure_torch(options)
@@ -23,7 +25,7 @@ class TorchModuleBackend(Backend):
         self.autocast = autocast_settings(options)
 
     @abstractmethod
-    def load(self, path: str, device: torch.device):
+    def load(self, path: str, device: torch.device) -> torch.nn.Module:
         """The module in eval mode on `device`."""
 
     def predict(self, batch: torch.Tensor) -> Outputs:
@@ -34,8 +36,9 @@ class TorchModuleBackend(Backend):
 class TorchScriptBackend(TorchModuleBackend):
     format = "torchscript"
 
-    def load(self, path: str, device: torch.device):
-        return torch.jit.load(path, map_location=device).eval()
+    def load(self, path: str, device: torch.device) -> torch.nn.Module:
+        module: torch.jit.ScriptModule = torch.jit.load(path, map_location=device)  # torch.jit.load is unannotated
+        return module.eval()
 
 
 def configure_torch(options: RunOptions) -> None:
@@ -46,7 +49,7 @@ def configure_torch(options: RunOptions) -> None:
         torch.backends.cudnn.benchmark = True  # fixed-size batches: let cuDNN pick its fastest kernels
 
 
-def autocast_settings(options: RunOptions) -> dict:
+def autocast_settings(options: RunOptions) -> dict[str, Any]:
     """torch.autocast keyword arguments for the run-time precision (disabled for fp32)."""
     device_type = options.torch_device.type
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(options.precision)
