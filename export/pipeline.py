@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +22,15 @@ from export.checks.second_opinion import reference_agreement
 from export.checks.trace_vs_script import ArtifactUnderTest, TraceVsScript, compare_paths
 from export.forms import exporters, kinds
 from export.forms.tolerances import held_to
-from export.interrupt import stop_if_interrupted
 from export.interrupt import watch as watch_interrupts
 from export.package.archive import ArchiveRequest, PendingArchive, prepare_archive
 from export.package.manifest import ExportFindings, assemble_manifest, write_manifest
 from export.package.reports import write_reports
 from export.package.selection import Candidate, artifact_needs, decide
-from export.precision.gate import GATE_ENFORCE, GATE_REPORT, render_table
-from export.precision.request import PrecisionRequest
+from export.precision.gate import GATE_ENFORCE
+from export.precision.request import PrecisionRequest, automatic_skip_reason, sources_to_build
 from export.precision.variants import PrecisionReport, VariantSources, build_variants
+from export.progress_lines import Progress, print_divergence, print_gate, print_parity, print_second_opinion
 from export.refusals import Refusals
 from export.steps import build_artifacts, inspect_artifacts, open_artifacts, parity_step, require_servable
 from export.warnings_log import WarningLog
@@ -43,26 +42,6 @@ from runtime.timing import time_runs
 
 LATENCY_WARMUP = 1
 LATENCY_RUNS = 5  # batch-1 latency is recorded for information; it never chooses the served artifact
-
-
-class Progress:
-    """One line per step with the elapsed time; warnings the user must see stand out."""
-
-    def __init__(self, stream=None, quiet: bool = False):
-        self.stream = stream or sys.stdout
-        self.quiet = quiet
-        self.start = time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def step(self, message: str) -> None:
-        stop_if_interrupted()
-        if not self.quiet:
-            print(f"[{self.elapsed():6.1f}s] {message}", file=self.stream, flush=True)
-
-    def warn(self, message: str) -> None:
-        print(f"\n  !!! WARNING: {message}\n", file=self.stream, flush=True)
 
 
 @dataclass
@@ -114,7 +93,9 @@ def export_model(entry: ModelEntry, options: ExportOptions, progress: Progress |
 def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progress: Progress) -> ExportResult:
     run = ExportRun(stage, entry, options, progress)
     built = build_model(run)
-    forms = make_forms(run, built.module, variant_sources_wanted(run, built))
+    forms = make_forms(run, built.module, sources_to_build(
+        options.precision, options.formats is not None,
+        automatic_skip_reason(options.precision, built.weights.kind, entry.input_spec.preprocessing is not None)))
     checked = check_forms(run, built.module, forms)
     explain_divergence(run, built.module, checked)
     paths = compare_trace_and_script(run, checked)
@@ -228,12 +209,12 @@ def check_forms(run: ExportRun, module: torch.nn.Module, artifacts: dict[str, ex
         backends = open_artifacts(artifacts, run.options.device, run.refusals)
     with run.timed("parity"):
         parity = parity_step(run.entry, eager, artifacts, backends, run.refusals)
-    _print_parity(parity, run.progress)
+    print_parity(parity, run.progress)
     checked = Checked(artifacts, eager, backends, parity)
     if run.entry.reference_check:
         with run.timed("reference_evaluator"):
             checked.second_opinion = reference_agreement(artifacts, backends, run.entry.probe_inputs())
-        _print_second_opinion(checked.second_opinion, run.progress)
+        print_second_opinion(checked.second_opinion, run.progress)
     return checked
 
 
@@ -261,7 +242,7 @@ def compare_trace_and_script(run: ExportRun, checked: Checked) -> TraceVsScript:
         paths = compare_paths(checked.eager, units, run.entry.probe_inputs(), run.log.of_category("TracerWarning"),
                               missing={k: r.line() for k, r in run.refusals.records.items()})
     run.progress.step("trace vs script on probe inputs:\n" + paths.table(run.entry.name))
-    _print_divergence(run.entry, paths, run.progress)
+    print_divergence(run.entry, paths, run.progress)
     return paths
 
 
@@ -281,7 +262,7 @@ def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: Tr
     request = run.options.precision
     if not request.wanted:
         return None
-    why_not = automatic_precision_skipped(request, built, run.entry)
+    why_not = automatic_skip_reason(request, built.weights.kind, run.entry.input_spec.preprocessing is not None)
     if why_not:
         run.progress.step(f"reduced precision not built: {why_not}")
         return None
@@ -297,38 +278,8 @@ def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: Tr
             for kind in request.variant_kinds:
                 run.refusals.refuse(kind, "precision", error)
             return None
-        _print_gate(variants, request.gate, run.progress)
+        print_gate(variants, request.gate, run.progress)
     return variants
-
-
-def variant_sources_wanted(run: ExportRun, built: BuiltModel) -> tuple[str, ...]:
-    """The off-by-default fp32 kinds that --precision auto's variants are made from (the OpenVINO IR, for its int8
-    and bf16), when the user named no --formats, the tool will build variants, and OpenVINO is installed."""
-    request = run.options.precision
-    if run.options.formats is not None or not request.automatic or automatic_precision_skipped(
-            request, built, run.entry):
-        return ()
-    wanted = {source for kind in map(kinds.get, request.variant_kinds) for source in kind.sources
-              if kinds.get(source).off_by_default}
-    return tuple(sorted(kind for kind in wanted if kinds.get(kind).format != kinds.OPENVINO or openvino_installed()))
-
-
-def openvino_installed() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("openvino") is not None
-
-
-def automatic_precision_skipped(request: PrecisionRequest, built: BuiltModel, entry: ModelEntry) -> str | None:
-    """Why the precisions the tool chose (--precision auto) are not built for this model, or None: a gate can judge
-    only a classifier's answers (an image contract to calibrate and check on) from trained weights."""
-    if not request.automatic:
-        return None
-    if entry.input_spec.preprocessing is None:
-        return "the accuracy gate judges a classifier's answers; this model has none (--precision names precisions)"
-    if built.weights.kind == "random":
-        return ("random weights: no gate can judge them (their top-1 is decided by near ties); --precision target "
-                "builds the target's precisions anyway")
-    return None
 
 
 def eligible_sources(artifacts: dict, parity: ParityReport, paths: TraceVsScript) -> list[str]:
@@ -401,35 +352,3 @@ class _Timer:
         self.stack.__exit__(*exc)
         self.timings[self.name] = self.timings.get(self.name, 0.0) + time.perf_counter() - self.start
         return False
-
-
-# ---------------------------------------------------------------- what the steps print
-
-def _print_parity(parity: ParityReport, progress: Progress) -> None:
-    summary = parity.summary()
-    cells = ", ".join(f"{k} {'ok' if s['passed'] else 'FAIL'} ({s['max_abs']:.1e})" for k, s in summary.items())
-    progress.step(f"parity vs eager (max abs): {cells}")
-
-
-def _print_second_opinion(second_opinion: dict, progress: Progress) -> None:
-    progress.step("onnx.reference.ReferenceEvaluator vs ONNX Runtime: " + ", ".join(
-        f"{k} {'agree' if v['agree'] else 'DISAGREE'} (max abs {v['max_abs']:.1e})"
-        for k, v in second_opinion.items()))
-
-
-def _print_divergence(entry: ModelEntry, paths: TraceVsScript, progress: Progress) -> None:
-    message = paths.warning()
-    if message and entry.warn_on_divergence:
-        progress.warn(message)
-    elif message:
-        progress.step("note: " + message)
-
-
-def _print_gate(variants: PrecisionReport, mode: str, progress: Progress) -> None:
-    results = [v.gate for v in variants.variants.values() if v.gate]
-    progress.step("accuracy gate (vs fp32 eager, held-out images):\n" + render_table(results))
-    for note in variants.notes:
-        progress.warn(note)
-    if variants.failures and mode == GATE_REPORT:
-        progress.warn("ACCURACY GATE FAILED for " + ", ".join(r.kind for r in variants.failures) + " (--gate "
-                      "report): kept in the export but NOT servable:\n" + render_table(variants.failures))

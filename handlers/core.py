@@ -27,6 +27,7 @@ from PIL import Image
 from contract.handler_config import HandlerConfig, read_labels
 from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
 from contract.records import CLASSIFICATION, ArtifactRecord, ContractError, ImageContract, Manifest
+from handlers.form_choice import measured_choice
 from handlers.policy import this_machine
 from handlers.request_body import ImageRequest, checked_topk
 from handlers.request_error import RequestError
@@ -164,14 +165,20 @@ class ImageClassifierCore:
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
                     threads: int | None = None, machine: MachineProfile | None = None,
-                    policy: ServingPolicy | None = None) -> "ImageClassifierCore":
+                    policy: ServingPolicy | None = None, measure: bool = False) -> "ImageClassifierCore":
         """Serve the first of the export's gated candidates this machine meets (`machine`: a simulated profile,
         for tests), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the
         serving policy the engine resolved (its threads run the model); without one, in_process_policy (the
-        archive's threads pin, else `threads`, else this machine's)."""
+        archive's threads pin, else `threads`, else this machine's). `measure` (what the engines ask): among the
+        candidates this machine meets, the fastest within a margin, measured under the policy
+        (handlers/form_choice.py)."""
         folder = Path(folder)
         manifest = Manifest.read(folder)
-        choice = choose_on(manifest, machine or this_machine_profile(str(device)))
+        machine = machine or this_machine_profile(str(device))
+        policy = policy or in_process_policy(settings, threads)
+        measured = measure and measured_choice(folder, manifest, machine, policy.threads_per_worker,
+                                               policy.batch_size, str(device), REBUILD)
+        choice = measured or choose_on(manifest, machine)
         record = manifest.artifacts[choice.kind]
         verify_file(folder / record.path, record.sha256, REBUILD)
         for path, sha256 in record.companions.items():
@@ -179,7 +186,6 @@ class ImageClassifierCore:
         cls.check_task(manifest)  # another task's archive, or one without an image contract, is refused here
         config = HandlerConfig.from_dict(settings)
         labels = labels_of(folder, manifest)
-        policy = policy or in_process_policy(settings, threads)
         threads = policy.threads_per_worker
         # torch's own pool runs the tensor work (softmax, a GPU decoder's resize) even when ONNX Runtime runs the
         # model; left at every core it competes with the other workers' inference, so it is pinned to the

@@ -137,10 +137,12 @@ class SegmenterCore(WholeImageCore):
 CORES = {core.TASK: core for core in (ImageClassifierCore, DetectorCore, SegmenterCore)}
 
 
-def open_core(folder: str | Path, device: str = "cpu", settings: dict | None = None, **options) -> ImageClassifierCore:
-    """The core of the archive's task (its manifest says which), set up as from_folder does: what every engine
-    opens, so a detector's archive gets the detector's handler and never a classifier's."""
-    return CORES[Manifest.read(folder).task].from_folder(folder, device, settings, **options)
+def open_core(folder: str | Path, device: str = "cpu", settings: dict | None = None, measure: bool = True,
+              **options) -> ImageClassifierCore:
+    """The core of the archive's task (its manifest says which), set up as from_folder does, serving the fastest
+    of its gated candidates on this machine (measure: handlers/form_choice.py): what every engine opens, so a
+    detector's archive gets the detector's handler and never a classifier's."""
+    return CORES[Manifest.read(folder).task].from_folder(folder, device, settings, measure=measure, **options)
 
 
 def photo_sized(plane: torch.Tensor, row: WholeImage, mode: str = "bilinear") -> torch.Tensor:

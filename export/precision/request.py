@@ -90,3 +90,32 @@ def hardware_refusal(precision: str, device: str, flags: set[str] | frozenset[st
 def cpu_has_native_bf16(flags: set[str] | frozenset[str] | None = None) -> bool:
     flags = cpu_flags() if flags is None else flags
     return any(feature in flags for feature in BF16_FLAGS)
+
+
+def automatic_skip_reason(request: PrecisionRequest, weights_kind: str, image_model: bool) -> str | None:
+    """Why the precisions the tool chose (--precision auto) are not built for this model, or None: a gate can judge
+    only a classifier's answers (an image contract to calibrate and check on) from trained weights."""
+    if not request.automatic:
+        return None
+    if not image_model:
+        return "the accuracy gate judges a classifier's answers; this model has none (--precision names precisions)"
+    if weights_kind == "random":
+        return ("random weights: no gate can judge them (their top-1 is decided by near ties); --precision target "
+                "builds the target's precisions anyway")
+    return None
+
+
+def sources_to_build(request: PrecisionRequest, formats_given: bool, skipped: str | None) -> tuple[str, ...]:
+    """The off-by-default fp32 kinds that --precision auto's variants are made from (the OpenVINO IR, for its int8
+    and bf16), when the user named no --formats, the tool builds variants (`skipped` None), and OpenVINO is
+    installed."""
+    if formats_given or not request.automatic or skipped:
+        return ()
+    wanted = {source for kind in map(kinds.get, request.variant_kinds) for source in kind.sources
+              if kinds.get(source).off_by_default}
+    return tuple(sorted(kind for kind in wanted if kinds.get(kind).format != kinds.OPENVINO or _installed("openvino")))
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(package) is not None
