@@ -25,6 +25,8 @@ class VariantContext:
     held_out: HeldOut
     progress: object
     target_flags: frozenset | None = None
+    automatic: bool = False  # the tool chose the precisions: a slow search is skipped once its precision has passed
+    passed: set = field(default_factory=set)  # the precisions of the variants that passed their gate so far
 
 
 @dataclass

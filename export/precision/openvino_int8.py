@@ -63,6 +63,10 @@ def build_openvino_int8(context: VariantContext, kind, source) -> Variant:
     restored = None
     if not gate.passed and not held_out.can_judge:
         restored = {"skipped": held_out.cannot_judge_note()}
+    elif not gate.passed and context.automatic and kind.precision in context.passed:
+        restored = {"skipped": "another int8 form passed its gate already (--precision auto); --precision int8 "
+                               "runs NNCF's accuracy control anyway"}
+        progress.step(f"openvino-int8: accuracy control skipped: {restored['skipped']}")
     elif not gate.passed:
         started = time.perf_counter()
         quantized = accuracy_controlled(nncf, fp32_ir, images, _fp32_logits(source, calibration.images))

@@ -111,6 +111,8 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
             continue
         try:
             report.variants[kind.name] = _build(context, kind, sources, report)
+            if report.variants[kind.name].gate and report.variants[kind.name].gate.passed:
+                context.passed.add(kind.precision)
         except Exception as error:  # noqa: BLE001 - a variant that cannot be made is refused, the others go on
             refusals.refuse(kind.name, "precision", error)
     report.ladder.update({kind: variant.images_per_s for kind, variant in report.variants.items()})
@@ -138,7 +140,8 @@ def _prepare(sources: VariantSources, request: PrecisionRequest, device: str,
     progress.step(f"held-out images for the accuracy gate: {holdout.origin} ({len(holdout)}); {held_out.labelled}")
     if not held_out.can_judge:  # said before any variant is made; accuracy.md and the manifest record it too
         progress.warn(held_out.cannot_judge_note())
-    return VariantContext(sources.stage, device, calibration, held_out, progress, request.target_flags), report
+    return VariantContext(sources.stage, device, calibration, held_out, progress, request.target_flags,
+                          request.automatic), report
 
 
 def _build(context: VariantContext, kind, sources: VariantSources, report: PrecisionReport) -> Variant:
