@@ -15,12 +15,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from contract.errors import VisionExportError
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 SCHEMA_VERSION = 4  # 4: the task, every output, the resize rule of whole-image models; 3: refused kinds are Refusals
 MANIFEST_NAME = "manifest.json"
@@ -34,6 +31,7 @@ DECODE_MODES = ("exact", "draft")
 # What a model answers; each task has its own request core (handlers/), which refuses another task's archive.
 CLASSIFICATION, DETECTION, SEGMENTATION = "classification", "detection", "segmentation"
 TASKS = (CLASSIFICATION, DETECTION, SEGMENTATION)
+_Record = TypeVar("_Record", bound="_Dataclass")
 
 
 class ContractError(VisionExportError):
@@ -50,7 +48,8 @@ class SchemaVersionError(ContractError):
                          f"rewrite it, or serve it with the version of this project that wrote it")
 
 
-_Record = TypeVar("_Record", bound="DataclassInstance")
+class _Dataclass(Protocol):  # any dataclass: what dataclasses.fields takes
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
 
 def _from_dict(cls: type[_Record], data: Any, where: str) -> _Record:
@@ -63,8 +62,7 @@ def _from_dict(cls: type[_Record], data: Any, where: str) -> _Record:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     missing = [n for n in required if n not in data]
     if unknown or missing:
-        problems = ([f"missing {', '.join(missing)}"] if missing else []) + \
-                   ([f"unknown {', '.join(unknown)}"] if unknown else [])
+        problems = [f"{kind} {', '.join(n)}" for kind, n in (("missing", missing), ("unknown", unknown)) if n]
         raise ContractError(f"{where}: {'; '.join(problems)}; re-run the export to rewrite it")
     return cls(**data)
 
@@ -105,8 +103,7 @@ class ImageContract:
             raise ContractError(f"preprocessing.decode {self.decode!r} is not one of {', '.join(DECODE_MODES)}")
 
     def to_dict(self) -> dict[str, Any]:
-        plain: dict[str, Any] = _plain(self)
-        return plain
+        return dict(_plain(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ImageContract":
@@ -183,8 +180,7 @@ class InputRecord:
         if len(self.value_range) != 2:
             raise ContractError(f"input.value_range must be (low, high), got {self.value_range!r}; re-run the export")
         self.value_range = (float(self.value_range[0]), float(self.value_range[1]))
-        # read from JSON (Manifest.from_dict), the nested records arrive as dicts: typed `object` until converted
-        preprocessing: object = self.preprocessing
+        preprocessing: object = self.preprocessing  # a dict where read from JSON (Manifest.from_dict)
         if isinstance(preprocessing, dict):
             self.preprocessing = ImageContract.from_dict(preprocessing)
         resize_rule: object = self.resize_rule
@@ -242,8 +238,7 @@ class ArtifactRecord:
     control_flow: dict[str, Any] = field(default_factory=dict)
     checks: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # kind-specific facts (quantizer settings, gate, ...)
-    # files the artifact opens beside its own (an OpenVINO IR's .bin weights): path relative to the export
-    # folder -> sha256; shipped and checked with it
+    # files it opens beside its own (an OpenVINO IR's .bin): export-relative path -> sha256, shipped and checked too
     companions: dict[str, str] = field(default_factory=dict)
 
     def accepts_input(self, chw: tuple[int, ...], example_shape: tuple[int, ...]) -> bool:
@@ -349,11 +344,8 @@ class Manifest:
         if data.get("limits") is not None:
             data["limits"] = DetectionLimits.from_dict(data["limits"])
         data["outputs"] = [_from_dict(OutputRecord, o, f"{where} outputs[{i}]") for i, o in enumerate(data.get("outputs") or [])]
-        data["artifacts"] = {k: _from_dict(ArtifactRecord, v, f"{where} artifacts.{k}")
-                             for k, v in (data.get("artifacts") or {}).items()}
-        data["refused"] = {k: _from_dict(Refusal, v, f"{where} refused.{k}")
-                           for k, v in (data.get("refused") or {}).items()}
-        data["files"] = {k: _from_dict(FileRecord, v, f"{where} files.{k}") for k, v in (data.get("files") or {}).items()}
+        for key, record in (("artifacts", ArtifactRecord), ("refused", Refusal), ("files", FileRecord)):
+            data[key] = {k: _from_dict(record, v, f"{where} {key}.{k}") for k, v in (data.get(key) or {}).items()}
         if data.get("serving") is not None:
             data["serving"] = _from_dict(ServingDecision, data["serving"], f"{where} serving")
         return _from_dict(cls, data, where)
@@ -376,8 +368,7 @@ class Manifest:
 
     # ---- writing
     def to_dict(self) -> dict[str, Any]:
-        plain: dict[str, Any] = _plain(self)
-        return plain
+        return dict(_plain(self))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
