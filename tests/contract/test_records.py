@@ -129,3 +129,17 @@ def test_a_manifest_names_its_task_and_refuses_one_it_does_not_know():
     assert Manifest.__dataclass_fields__["task"].default == "classification"
     with pytest.raises(ContractError, match="task 'captioning' is not one of classification, detection, segmentation"):
         Manifest.from_dict({"schema": SCHEMA_VERSION, "task": "captioning", "model": {}, "input": {}, "output": {}})
+
+
+@pytest.mark.parametrize("setting", ["topk", "simulate_hang_s"])
+def test_a_null_handler_setting_is_named_not_a_type_error(setting):
+    from contract.handler_config import HandlerConfig
+    with pytest.raises(ContractError, match=setting):
+        HandlerConfig.from_dict({setting: None})
+    assert HandlerConfig.from_dict({"threads": None}).threads is None  # null threads: not pinned
+
+
+def test_a_value_range_is_two_numbers():
+    from contract.records import InputRecord
+    with pytest.raises(ContractError, match="value_range"):
+        InputRecord((1, 3, 8, 8), value_range=(0.0, 0.5, 1.0))

@@ -95,3 +95,12 @@ def test_a_package_from_another_torch_is_refused_before_its_code_is_loaded(aoti_
     with pytest.raises(BuildMismatchError, match="compiled by torch 2.99.0, this is torch"):
         open_artifact("aoti", moved, RunOptions(threads=1))
 
+
+
+def test_a_build_record_that_is_not_an_object_is_refused(tmp_path):
+    from runtime.aoti import EXTRA_FOLDER
+    package = tmp_path / "listed.pt2"
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.writestr(f"model/{EXTRA_FOLDER}{BUILD_FILE}", "[1, 2]")
+    with pytest.raises(BuildMismatchError, match="is not a JSON object"):
+        read_build_facts(package)
