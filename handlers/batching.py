@@ -5,57 +5,75 @@ The model's serving policy decides (contract/policy.py): on a GPU, up to GPU_BAT
 GPU_BATCH_DELAY_MS of the first; on a CPU, batch size 1: each request runs alone, at once. Either way one
 thread runs the core in each worker process, as a TorchServe worker does: batches never overlap inside a
 worker, so the worker's thread budget (cores / workers) holds.
+
+`lanes` is how many batches may run at once: 1 for a core in this process (Ray's replicas, KServe with one
+worker); the worker count for a pool that runs each batch in one of its worker processes (serving/kserve/pool.py:
+its run_batch blocks until the worker it chose answers). As TorchServe's frontend does, a batch is formed only
+when a lane is free, one batch at a time, so a worker that is free takes the next batch whichever connection
+its requests came on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Sequence
+from typing import Any, Sequence
 
 from contract.policy import ServingPolicy
 from handlers.core import ImageClassifierCore, ImageRequest
 
 
 class Batcher:
-    def __init__(self, core: ImageClassifierCore, policy: ServingPolicy):
-        self.core = core
+    def __init__(self, core: ImageClassifierCore | Any, policy: ServingPolicy, lanes: int = 1):
+        self.core = core  # run_batch(rows) -> .answers (and .worker: which worker process answered, if any)
         self.size = policy.batch_size  # rows per batch at most; 1: no batching
         self.delay_ms = policy.max_batch_delay_ms  # how long the first request of a batch waits for others
-        self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="core")
+        self.lanes = lanes
+        self.executor = concurrent.futures.ThreadPoolExecutor(lanes, thread_name_prefix="core")
         self.queue: asyncio.Queue | None = None  # made in the event loop that serves (a spawned worker's own)
-        self.collector: asyncio.Task | None = None
+        self.forming: asyncio.Lock | None = None  # one batch is formed at a time, by a free lane
+        self.collectors: list[asyncio.Task] = []
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def answer(self, rows: Sequence[ImageRequest]) -> list:
         """Each row's answer dict or RequestError, in order."""
+        return (await self.answered(rows))[0]
+
+    async def answered(self, rows: Sequence[ImageRequest]) -> tuple[list, Any]:
+        """answer()'s list, and which worker answered (the core's result's `worker`; None without one)."""
         if self.size <= 1:
             return await self._run(list(rows))
-        if self.loop is not asyncio.get_running_loop():  # a queue and its collector belong to one event loop
+        if self.loop is not asyncio.get_running_loop():  # a queue and its collectors belong to one event loop
             self.loop = asyncio.get_running_loop()
             self.queue = asyncio.Queue()
-            self.collector = asyncio.create_task(self._collect())
+            self.forming = asyncio.Lock()
+            self.collectors = [asyncio.create_task(self._collect()) for _ in range(self.lanes)]
         answered = asyncio.get_running_loop().create_future()
         self.queue.put_nowait((list(rows), answered))
         return await answered
 
-    async def _run(self, rows: list[ImageRequest]) -> list:
+    async def _run(self, rows: list[ImageRequest]) -> tuple[list, Any]:
         loop = asyncio.get_running_loop()
-        return (await loop.run_in_executor(self.executor, self.core.run_batch, rows)).answers
+        result = await loop.run_in_executor(self.executor, self.core.run_batch, rows)
+        return result.answers, getattr(result, "worker", None)
 
     async def _collect(self) -> None:
+        """One lane: the next batch once this lane is free, run, each request given its rows' answers."""
         while True:
-            waiting = await self._next_batch()
+            async with self.forming:
+                waiting = await self._next_batch()
             rows = [row for request_rows, _ in waiting for row in request_rows]
             try:
-                answers = await self._run(rows)
-            except Exception as error:  # the core answers bad rows itself; this is our bug: every request gets it
+                answers, worker = await self._run(rows)
+            except Exception as error:  # the core answers bad rows itself; a worker that died, or our bug
                 for _, answered in waiting:
-                    answered.set_exception(error)
+                    if not answered.done():
+                        answered.set_exception(error)
                 continue
             start = 0
             for request_rows, answered in waiting:
-                answered.set_result(answers[start:start + len(request_rows)])
+                if not answered.done():  # its client may have gone
+                    answered.set_result((answers[start:start + len(request_rows)], worker))
                 start += len(request_rows)
 
     async def _next_batch(self) -> list[tuple[list, asyncio.Future]]:

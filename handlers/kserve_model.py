@@ -16,13 +16,17 @@ preprocessing and the request's life are the core's, exactly as under TorchServe
       segmenter one row per class present: `labels`, `indices`, `shares`, `image_index`, and `class_map_png`
       (BYTES [N], each image's class map). Request parameters: a detector's score_threshold and max_detections.
 A bad request raises RequestError: the ModelServer answers its status with {"code": ..., "error": ...}
-(serving/kserve/app.py maps it), the worker stays up.
+(serving/kserve/app.py maps it), the worker stays up. Every answer names the worker that answered in its
+X-Served-By header ("worker 2 pid 4242"): the policy's worker processes (serving/kserve/pool.py) with
+`--workers N`, N > 1; the server process itself with one worker.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +46,7 @@ logger = logging.getLogger(__name__)
 IMAGE = "image"  # the v2 input, and the v1 instance key
 B64 = "b64"  # KServe's v1 convention for binary values: {"b64": "<base64>"}
 TOPK = "topk"  # v1 instance key, v2 request parameter
+SERVED_BY = "X-Served-By"  # the response header naming the worker that answered (as Ray's engine names its replica)
 LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 LABELS, INDICES, PROBABILITIES = "labels", "indices", "probabilities"
 V1_SHAPE = 'v1 takes {"instances": [{"image": {"b64": "<base64 image>"}}]}'
@@ -60,48 +65,50 @@ OUTPUTS = {  # each task's v2 outputs: name -> (datatype, shape)
 
 class ImageClassifierModel(Model):
     """One model of the store, served from its unpacked archive (the folder TorchServe's worker would run in),
-    under the serving policy the server process read from its run config (threads, batching)."""
+    under the serving policy the server process read from its run config (threads, batching). With `workers`
+    (serving/kserve/pool.py's WorkerPool.open), the policy's worker processes run the core and the batcher hands
+    each batch to a free one; without, the core runs in this process (one worker)."""
 
     def __init__(self, name: str, folder: Path, policy: ServingPolicy, device: str = "cpu",
-                 settings: dict | None = None):
-        super().__init__(name)
+                 settings: dict | None = None, workers: Callable | None = None):
+        super().__init__(name, return_response_headers=True)
         self.folder = Path(folder)
         self.settings = settings  # model-config.yaml's handler section
         self.policy = policy
         self.device = device
-        self.core: ImageClassifierCore | None = None
+        self.workers = workers  # (folder, device, settings, policy) -> a started pool of worker processes
+        self.core: ImageClassifierCore | None = None  # or, with workers, the pool that runs one in each worker
         self.batcher: Batcher | None = None
+        self.rows_here = 0  # rows the core in this process answered (one worker)
 
     def load(self) -> bool:
-        """Open the archive's served artifact after checking its sha256; a refusal raises (HandlerSetupError,
-        IntegrityError) and the server does not start."""
-        self.core = open_core(self.folder, self.device, self.settings, policy=self.policy)
-        self.batcher = Batcher(self.core, self.policy)
+        """Open the archive's served artifact after checking its sha256 (in each worker process with `workers`);
+        a refusal raises (HandlerSetupError, IntegrityError) and the server does not start."""
+        if self.workers is None:
+            self.core = open_core(self.folder, self.device, self.settings, policy=self.policy)
+            self.batcher = Batcher(self.core, self.policy)
+        else:
+            self.core = self.workers(self.folder, self.device, self.settings, self.policy)
+            self.batcher = Batcher(self.core, self.policy, lanes=self.core.lanes)
         self.ready = True
         return self.ready
 
-    # KServe starts `--workers N` by pickling the registered models into N spawned processes. An open runtime
-    # session does not pickle, and each worker must own its copy with its own thread budget: the worker
-    # unpickles the folder and settings and opens the artifact itself (sha256-checked again), in load_copy()
-    # once it runs (serving/kserve/app.py), not while unpickling: KServe's parent kills a worker that does not
-    # answer its liveness ping within 5 s, and it answers only once unpickled; a ResNet-50 opened on a busy
-    # machine took longer, so workers were killed and restarted over and over.
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "core": None, "batcher": None, "ready": False, "copy_pending": self.ready}
+    def stop(self) -> None:  # KServe's unload; the pool also closes itself at exit
+        if self.workers is not None and self.core is not None:
+            self.core.close()
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        configure_logging()  # a spawned worker unpickles us before KServe configures its logging
-
-    def load_copy(self) -> None:
-        """Open this worker's own copy of a model that was loaded where it was pickled."""
-        if self.__dict__.pop("copy_pending", False):
-            self.load()
+    def here(self) -> str:
+        return f"worker 1 pid {os.getpid()}"
 
     def describe(self) -> dict:
-        """Which form serves here and why (serving/kserve/app.py answers it at DESCRIPTION_ROUTE)."""
-        return self.core.describe() if self.core else {"model": self.name, "ready": False,
-                                                       "policy": self.policy.describe()}
+        """Which form serves here and why (serving/kserve/app.py answers it at DESCRIPTION_ROUTE), and each
+        worker: its pid and the rows it answered."""
+        if self.core is None:
+            return {"model": self.name, "ready": False, "policy": self.policy.describe()}
+        if self.workers is not None:
+            return self.core.describe()
+        return {**self.core.describe(), "workers": [{"worker": 1, "pid": os.getpid(), "rows": self.rows_here,
+                                                     "restarts": 0}]}
 
     def get_input_types(self) -> list[dict]:
         return INPUT_METADATA
@@ -110,11 +117,17 @@ class ImageClassifierModel(Model):
         task = self.core.TASK if self.core else CLASSIFICATION
         return [{"name": name, "datatype": datatype, "shape": shape} for name, (datatype, shape) in OUTPUTS[task].items()]
 
-    async def predict(self, payload, headers: dict | None = None):
-        if isinstance(payload, InferRequest):
-            answers = answered(await self.batcher.answer(v2_rows(payload, self.core.TASK)))
-            return v2_response(payload, self.name, answers, self.core.TASK)
-        return {"predictions": answered(await self.batcher.answer(v1_rows(payload)))}
+    async def predict(self, payload, headers: dict | None = None, response_headers: dict | None = None):
+        v2 = isinstance(payload, InferRequest)
+        rows = v2_rows(payload, self.core.TASK) if v2 else v1_rows(payload)
+        answers, worker = await self.batcher.answered(rows)
+        if worker is None:
+            self.rows_here += len(rows)
+        if response_headers is not None:
+            response_headers[SERVED_BY] = worker or self.here()
+        if v2:
+            return v2_response(payload, self.name, answered(answers), self.core.TASK)
+        return {"predictions": answered(answers)}
 
 
 def configure_logging() -> None:

@@ -41,12 +41,13 @@ class KServeSettings(ServingSettings):
         return self.run_dir.absolute() / MODELS_DIR / model
 
     def pins_of(self, name: str) -> PolicyChoices:
-        """The archive's pins but its workers: KServe's worker processes serve every model of the server at once
-        (an archive's pinned workers hold under TorchServe and Ray)."""
+        """The archive's pins but its workers: every model of a KServe server gets the same worker count, the
+        command's or the machine's (an archive's pinned workers hold under TorchServe and Ray)."""
         return replace(super().pins_of(name), workers=None)
 
     def server_workers(self) -> int:
-        """KServe's --workers: every model's policy has the same (pins_of), a policy given whole its own."""
+        """The worker processes behind each model (--workers; serving/kserve/pool.py): every model's policy has
+        the same (pins_of), a policy given whole its own."""
         return max(policy.workers for policy in self.model_policies().values())
 
     def write(self) -> Path:

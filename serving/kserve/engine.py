@@ -30,8 +30,8 @@ class KServe(Engine):
     description = ("KServe's own ModelServer, our request core in it.\nIt has no token authorisation: in a cluster "
                    "the mesh or ingress guards it (docs/scaling.md).")
     settings_type = KServeSettings
-    # KServe's ModelServer stops its worker processes itself on SIGTERM, and starts a new one in place of a
-    # worker that died while it still runs.
+    # The server process stops its inference workers itself on SIGTERM, and starts a new one in place of a worker
+    # that died while it still runs (serving/kserve/pool.py).
     leader_stops_workers = True
     settings: KServeSettings
 

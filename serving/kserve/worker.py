@@ -1,13 +1,15 @@
 """The KServe server process: `python -m serving.kserve.worker RUN_DIR/kserve-settings.json` (started by
 server.py). Each archive of the store is unpacked as TorchServe unpacks it (manifest, artifact, labels,
 model-config.yaml, handlers/), opened through the same core after its sha256 check under the policy the run
-config holds for it, and served by KServe's ModelServer with the policy's worker processes (KServe's --workers:
-each spawned worker opens its own copy).
-A model that cannot be served stops the start with the core's reason (logged, exit 1).
+config holds for it, and served by KServe's ModelServer: one HTTP process (this one), and the policy's worker
+processes behind each model (serving/kserve/pool.py: each opens its own copy; one worker: the core runs here).
+A model that cannot be served stops the start with the core's reason (logged, exit 1); a taken port, exit 3; a
+worker that died and could not be started again stops the server, exit 1.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import sys
@@ -17,11 +19,13 @@ from pathlib import Path
 import yaml
 
 from contract.errors import VisionExportError
-from handlers.kserve_model import ImageClassifierModel
+from handlers.kserve_model import ImageClassifierModel, configure_logging
 from serving.kserve import app
 from serving.kserve.config import REFUSAL, KServeSettings
+from serving.kserve.pool import WorkerPool
 
 logger = logging.getLogger("serving.kserve")
+PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
 
 
 def unpack(archive: Path, folder: Path) -> Path:
@@ -44,30 +48,39 @@ def model_of(name: str, settings: KServeSettings) -> ImageClassifierModel:
     policy = settings.policies[name]
     folder = unpack(Path(settings.model_store) / f"{name}.mar", settings.unpacked(name))
     device = "cuda:0" if policy.device == "gpu" else "cpu"
-    model = ImageClassifierModel(name, folder, policy, device, model_config(folder).get("handler"))
+    workers = functools.partial(WorkerPool.open, name) if policy.workers > 1 else None
+    model = ImageClassifierModel(name, folder, policy, device, model_config(folder).get("handler"), workers)
     model.load()
     return model
 
 
-def serve(settings: KServeSettings) -> None:
+def serve(settings: KServeSettings) -> int:
     from kserve import ModelServer
+    taken = app.port_taken(settings.host, settings.http_port)
+    if taken is not None:
+        logger.error("cannot serve on %s:%d: %s", settings.host, settings.http_port, taken)
+        return PORT_TAKEN
     models = [model_of(name, settings) for name in settings.models]
     for name, policy in settings.policies.items():
         logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
     app.install(settings.host)
-    server = ModelServer(http_port=settings.http_port, workers=settings.server_workers(), enable_grpc=False)
+    server = ModelServer(http_port=settings.http_port, workers=1, enable_grpc=False)  # one HTTP process: app.py
     server.dataplane = app.RawBytesDataPlane(model_registry=server.registered_models)
     server.start(models)
+    broken = [model.core.broken for model in models if isinstance(model.core, WorkerPool) and model.core.broken]
+    if broken:
+        logger.error("stopped: %s", "; ".join(broken))
+        return 1
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    app.configure_logging()
+    configure_logging()
     try:
-        serve(KServeSettings.read(Path(argv[0])))
+        return serve(KServeSettings.read(Path(argv[0])))
     except VisionExportError as error:
         logger.error("%s %s", REFUSAL, error)
         return error.exit_code
-    return 0
 
 
 if __name__ == "__main__":

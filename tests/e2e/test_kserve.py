@@ -2,15 +2,21 @@
 through our request core, called by clients no one here wrote: `requests` for v1 and `tritonclient.http` for
 v2 (binary data and JSON). Every answer is compared with the same artifact run in-process on the same image
 (tests/answers.py), one test compares it with a real TorchServe's, and the bad-input matrix of the TorchServe
-path (tests/e2e/test_bad_input.py) gets the same statuses and reasons here."""
+path (tests/e2e/test_bad_input.py) gets the same statuses and reasons here. The server runs two inference
+workers behind its one HTTP process (serving/kserve/pool.py): one keep-alive connection is answered by both, a
+worker killed is replaced while the other answers, and one that cannot start again stops the server."""
 
 from __future__ import annotations
 
 import base64
+import collections
 import concurrent.futures
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 
 import numpy as np
@@ -32,8 +38,10 @@ from tests.e2e.test_bad_input import CASES, JPEG, OK
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
-# One worker that batches: concurrent requests share a batch (the archive pins the delay, 40 ms).
-BATCHING = PolicyChoices(workers=1, batch_size=4, threads_per_worker=2)
+# Two inference workers that batch: concurrent requests share a batch (the archive pins the delay, 40 ms), each
+# batch goes to a free worker. (One worker, the core in the server process: the serving command's test below.)
+BATCHING = PolicyChoices(workers=2, batch_size=4, threads_per_worker=1)
+REPLACED_S = 180  # how long a killed worker's replacement may take to serve (imports torch, opens the model)
 # Where KServe's wire differs from TorchServe's for the same body (TorchServe decodes text/* bodies to text).
 KSERVE_OUTCOMES = {"text/html": (415, "not an image")}
 
@@ -173,8 +181,9 @@ def test_the_model_description_says_which_form_serves_here_and_why(settings, res
     assert described.json()["artifact"] == served and described.json()["why"].startswith(f"serving {served} on ")
     # the model's serving policy as resolved by the engine and read from its run config, each value's reason
     assert described.json()["policy"] == settings.policies["resnet18"].describe()
-    assert {"workers 1: --workers", "batch size 4: --batch-size", "batch delay 40 ms: the archive pins it",
-            "threads 2: --threads"} == set(described.json()["policy"]["why"])
+    assert {"workers 2: --workers", "batch size 4: --batch-size", "batch delay 40 ms: the archive pins it",
+            "threads 1: --threads"} == set(described.json()["policy"]["why"])
+    assert [worker["worker"] for worker in described.json()["workers"]] == [1, 2]
     assert requests.get(f"{settings.url}/v2/models/nothing/description", timeout=10).status_code == 404
 
 
@@ -187,6 +196,55 @@ def test_v2_bad_requests_are_400_with_the_reason(client):
         _infer(client, [b"not an image"], binary=True)
     with pytest.raises(triton.InferenceServerException, match=r"\[400\].*topk"):
         _infer(client, [CAT.read_bytes()], binary=True, topk=0)
+
+
+# ---------------------------------------------------------------- requests spread over the inference workers
+def served_by(responses: list) -> collections.Counter:
+    """How many of the responses each worker answered (X-Served-By: "worker 2 pid 4242")."""
+    return collections.Counter(response.headers["X-Served-By"] for response in responses)
+
+
+def workers_of(settings) -> list[dict]:
+    return requests.get(f"{settings.url}/v2/models/resnet18/description", timeout=10).json()["workers"]
+
+
+def log_since(settings, offset: int) -> str:
+    return settings.log_file.read_bytes()[offset:].decode(errors="replace")
+
+
+def cat_body() -> dict:
+    return {"instances": [{"image": {"b64": b64(CAT.read_bytes())}}]}
+
+
+def test_one_keep_alive_connection_is_answered_by_both_workers(settings, expect):
+    """Before, each KServe worker process answered the connections it had accepted: a client holding one
+    connection, or a few the kernel hashed onto one worker's socket, was answered by one worker alone."""
+    offset = settings.log_file.stat().st_size
+    with requests.Session() as session:
+        responses = [session.post(settings.predict_url("resnet18"), json=cat_body(), timeout=60) for _ in range(12)]
+    assert [r.status_code for r in responses] == [200] * 12
+    assert_same_answer(responses[-1].json()["predictions"][0], expect(CAT.read_bytes()))
+    time.sleep(1)  # the access log's last line
+    connections = set(re.findall(r'127\.0\.0\.1:(\d+) - "POST /v1/models/resnet18', log_since(settings, offset)))
+    assert len(connections) == 1, f"the session used {len(connections)} connections"
+    shares = served_by(responses)
+    assert len(shares) == 2 and min(shares.values()) >= 4, shares
+
+
+def test_two_connections_at_once_spread_over_both_workers_and_the_description_counts_them(settings):
+    before = {worker["worker"]: worker["rows"] for worker in workers_of(settings)}
+
+    def send(count: int) -> list:
+        with requests.Session() as session:
+            return [session.post(settings.predict_url("resnet18"), json=cat_body(), timeout=60) for _ in range(count)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        responses = [response for sent in pool.map(send, [8, 8]) for response in sent]
+    assert [r.status_code for r in responses] == [200] * 16
+    shares = served_by(responses)
+    assert len(shares) == 2 and min(shares.values()) >= 4, shares
+    after = {worker["worker"]: worker["rows"] for worker in workers_of(settings)}
+    assert {index: after[index] - before[index] for index in after} == {
+        int(name.split()[1]): count for name, count in shares.items()}
 
 
 # ---------------------------------------------------------------- the same answers as TorchServe's
@@ -233,3 +291,44 @@ def test_a_tampered_archive_is_refused_with_the_cores_reason(resnet18_export, tm
     with pytest.raises(ServingError, match="sha256"):
         with KServe(settings).running(CAT, timeout=120):
             pass
+
+
+# ---------------------------------------------------------------- a worker that dies
+def test_a_killed_worker_is_reported_and_replaced_while_the_other_answers(settings):
+    first, second = workers_of(settings)
+    offset = settings.log_file.stat().st_size
+    os.kill(first["pid"], signal.SIGKILL)
+    time.sleep(1)  # the server sees it at once; a request sent as it dies would be answered 500, naming it
+    deadline, answered_by = time.monotonic() + REPLACED_S, collections.Counter()
+    while True:
+        response = predict(settings, cat_body())
+        assert response.status_code == 200, response.text
+        answered_by[response.headers["X-Served-By"]] += 1
+        workers = workers_of(settings)
+        if [worker["worker"] for worker in workers] == [1, 2]:
+            break
+        assert time.monotonic() < deadline, f"worker 1 not replaced in {REPLACED_S} s: {workers}"
+        time.sleep(0.5)
+    replaced, kept = workers
+    assert replaced["pid"] != first["pid"] and replaced["restarts"] == 1 and kept["pid"] == second["pid"]
+    kept_name, new_name = f"worker 2 pid {second['pid']}", f"worker 1 pid {replaced['pid']}"
+    assert answered_by[kept_name] >= 1 and set(answered_by) <= {kept_name, new_name}  # the other answered meanwhile
+    assert f"inference worker 1 pid {first['pid']} exited with code -9" in log_since(settings, offset)
+    responses = [predict(settings, cat_body()) for _ in range(4)]
+    assert new_name in served_by(responses)
+
+
+def test_a_worker_that_cannot_start_again_stops_the_server_with_the_reason(resnet18_export, tmp_path):
+    settings = KServeSettings(resnet18_export["model_store"], ("resnet18",), http_port=free_port(),
+                              run_dir=tmp_path / "run", flags=PolicyChoices(workers=2, threads_per_worker=1))
+    with KServe(settings).running(CAT) as process:
+        for artifact in settings.unpacked("resnet18").glob("*.onnx"):  # what a replacement opens: now tampered
+            data = bytearray(artifact.read_bytes())
+            data[-1] ^= 1
+            artifact.write_bytes(bytes(data))
+        first, _ = workers_of(settings)
+        os.kill(first["pid"], signal.SIGKILL)
+        assert process.wait(timeout=REPLACED_S * 3) == 1  # by itself: it neither hangs nor serves on half
+    log = settings.log_file.read_text()
+    assert "inference worker 1 could not be started again (3 tries)" in log and "sha256" in log, log[-3000:]
+    assert not group_alive(process.pid)

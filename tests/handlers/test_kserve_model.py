@@ -1,6 +1,6 @@
 """The KServe adapter in-process, with a real core on the session's resnet18 archive: KServe's own request types
 (InferRequest as its data plane builds them, from tritonclient's bytes) in, our answers or RequestErrors out,
-and concurrent requests batched by the policy."""
+concurrent requests batched by the policy, and the pool of worker processes the model runs on with --workers 2."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from handlers.batching import Batcher
 from handlers.kserve_model import ImageClassifierModel, answered, v1_rows, v2_rows
 from handlers.request_error import RequestError
 from serving.kserve.app import binary_request
+from serving.kserve.pool import WorkerPool
+from serving.processes import alive
 from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 
@@ -118,11 +120,22 @@ def test_the_model_runs_and_describes_the_policy_it_was_given(model):
     assert (model.batcher.size, model.batcher.delay_ms) == (4, 300)
 
 
-def test_a_pickled_model_opens_its_own_copy(model):
-    import pickle
-    copy = pickle.loads(pickle.dumps(model))  # what KServe's spawned workers receive
-    assert copy.core is None and not copy.ready  # opened by the worker once it runs, not while unpickling
-    copy.load_copy()
-    assert copy.core is not model.core and copy.ready and copy.core.record.kind == model.core.record.kind
-    copy.load_copy()  # once
-    assert pickle.loads(pickle.dumps(copy)).__dict__.get("copy_pending")
+def test_a_pool_of_two_workers_answers_as_the_core_each_batch_to_the_one_free_longest(resnet18_unpacked):
+    """Two spawned worker processes (serving/kserve/pool.py), each with its own core: a batch's answers and its
+    rows' errors as the core in process gives them, and one caller's batches alternate between the workers."""
+    two = resolve_policy(Machine(0, 2), flags=PolicyChoices(workers=2, threads_per_worker=1))
+    pool = WorkerPool.open("resnet18", resnet18_unpacked, "cpu", None, two)
+    try:
+        answered = pool.run_batch(v1_rows(CAT) + v1_rows(b"not an image"))
+        assert_same_answer(answered.answers[0], expected_answer(resnet18_unpacked, CAT))
+        error = answered.answers[1]
+        assert isinstance(error, RequestError) and error.code == 415 and "not an image" in error.message
+        workers = [pool.run_batch(v1_rows(CAT)).worker for _ in range(4)]
+        assert workers[0] == workers[2] != workers[1] == workers[3] and answered.worker in workers
+        described = pool.describe()
+        assert described["artifact"] == expected_answer(resnet18_unpacked, CAT)["artifact"]
+        assert [(w["worker"], w["rows"]) for w in described["workers"]] in ([(1, 4), (2, 2)], [(1, 2), (2, 4)])
+        pids = [w["pid"] for w in described["workers"]]
+    finally:
+        pool.close()
+    assert not any(alive(pid) for pid in pids)
