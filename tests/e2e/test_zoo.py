@@ -21,6 +21,8 @@ import requests
 
 from contract.handler_config import read_labels
 from contract.records import Manifest
+from export.forms import kinds
+from export.precision.gate import GATE_PASSED
 from handlers.policy import machine_policy
 from models.weights import state_dict_fingerprint
 from serving.torchserve import server
@@ -39,7 +41,7 @@ class ZooModel:
     name: str
     reference: str
     input_shape: str
-    made: frozenset  # the forms that must exist
+    made: frozenset  # the fp32 forms that must exist
     refused: dict = field(default_factory=dict)  # kind -> (step, exception type) it must be refused with
     why: str = ""  # why those forms are refused (the test's statement, checked against the recorded reasons)
     labels: str | None = None  # a file under tests/zoo, or "imagenet" (written by the fixture)
@@ -101,17 +103,46 @@ def _exported(zoo, name: str) -> tuple[Manifest, Path, str]:
 def test_each_model_is_exported_in_the_forms_it_can_be_and_says_why_not_the_others(zoo, name):
     model = BY_NAME[name]
     manifest, out, output = _exported(zoo, name)
-    assert set(manifest.artifacts) == model.made
-    assert {k: (r.step, r.error) for k, r in manifest.refused.items()} == model.refused
+    _assert_variants_passed_their_gate(manifest)
+    sources = {record.source for record in manifest.artifacts.values() if record.precision != "fp32"}
+    assert set(manifest.fp32_artifacts()) - sources == model.made - sources  # and a variant's own source form
+    variants = {kind.name for kind in kinds.all_kinds() if kind.is_variant}
+    refused_variants = {k for k, r in manifest.refused.items() if r.step == "precision"}  # as the CPU's precisions
+    assert refused_variants <= variants
+    assert {k: (r.step, r.error) for k, r in manifest.refused.items() if k not in refused_variants} == model.refused
     assert all(model.why in r.message for r in manifest.refused.values() if r.step == "build"), manifest.refused
-    assert manifest.parity["passed"] and manifest.decision().served in model.made
+    assert manifest.parity["passed"] and manifest.decision().served in manifest.artifacts
     assert model.served in (None, manifest.decision().served)
     assert "Traceback" not in output and "Torch IR graph" not in output  # tracebacks go to export.log only
     for kind, refusal in manifest.refused.items():
         assert f"{kind} NOT MADE, {refusal.line()}" in output  # one line in the progress output
         assert f"    {kind}: {refusal.line()}" in output  # and listed in the summary
-        assert kind in manifest.trace_vs_script["missing"]
+        assert kind in manifest.trace_vs_script["missing"] or kind in refused_variants
     assert ("export.log" in manifest.files) == any(r.log for r in manifest.refused.values())
+
+
+def _assert_variants_passed_their_gate(manifest: Manifest) -> None:
+    """Reduced-precision variants (--precision auto's, for a model with trained weights) depend on what this CPU
+    computes fast; each is made from a shipped fp32 form, and one that failed its accuracy gate is kept out of the
+    candidates with its reason (the export goes on)."""
+    decision, verdicts = manifest.decision(), manifest.precision.get("gate", {})
+    for kind, record in manifest.artifacts.items():
+        if record.precision == "fp32":
+            continue
+        assert record.source in manifest.fp32_artifacts(), (kind, record.source)
+        if verdicts[kind] != GATE_PASSED:
+            assert kind not in decision.servable and decision.candidates[kind].startswith("accuracy gate failed")
+    assert decision.served in decision.servable and set(decision.candidate_kinds()) <= set(decision.servable)
+
+
+def test_the_trained_model_gets_the_machines_precisions_by_default_and_random_ones_only_fp32(zoo):
+    effl0, _, output = _exported(zoo, "effl0")
+    if set(effl0.artifacts) != set(effl0.fp32_artifacts()):  # this CPU has a precision faster than fp32
+        assert "--precision auto: the target's, for trained weights" in output
+    for name in ("convnext", "vit"):  # random weights: no gate could judge a variant
+        manifest, _, output = _exported(zoo, name)
+        assert set(manifest.artifacts) == set(manifest.fp32_artifacts()), name
+        assert "reduced precision not built: random weights" in output or "reduced precision" not in output
 
 
 def test_the_unscriptable_package_model_is_refused_at_its_own_line_with_honest_weights(zoo):
@@ -124,7 +155,8 @@ def test_the_unscriptable_package_model_is_refused_at_its_own_line_with_honest_w
     spec.loader.exec_module(module)
     assert manifest.weights["state_dict_sha256"] == state_dict_fingerprint(module.factory())
     assert "**scripted is missing**: build: RuntimeError" in (out / "report.md").read_text()
-    assert manifest.decision().served == "onnx-dynamo"
+    fp32_servable = [kind for kind in manifest.decision().servable if manifest.artifacts[kind].precision == "fp32"]
+    assert fp32_servable[0] == "onnx-dynamo"  # the declared order's fp32 pick (a gated variant may be ahead of it)
 
 
 def test_traces_that_take_one_branch_are_kept_but_never_served(zoo):
