@@ -1,7 +1,7 @@
 """Detectors and segmenters end to end: `python -m export detection|segmentation` (torchvision's models, seeded
 random weights that still give boxes), every form that can be made and the others refused with the exporter's own
-reason, parity as sets of boxes, then both archives served by one real TorchServe and by KServe's ModelServer
-(v1 and v2): each answer equals the served form's answer in this process (handlers.tasks.open_core), on the
+reason, parity as sets of boxes, then both archives served by one real TorchServe, by KServe's ModelServer
+(v1 and v2) and by Ray Serve: each answer equals the served form's answer in this process (handlers.tasks.open_core), on the
 example photo and on a 12 MP phone JPEG turned sideways by its EXIF tag."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import requests
 from PIL import Image
 
-from contract.policy import PolicyChoices
+from contract.policy import PolicyChoices, ServingPolicy
 from contract.records import DETECTION, SEGMENTATION, Manifest
 from handlers.tasks import open_core
 from serving.kserve.config import KServeSettings
@@ -58,7 +57,7 @@ def phone_photo(tmp_path_factory) -> bytes:
 
 
 def unpacked(exports, arch: str) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix=f"{arch}-"))
+    folder = exports["base"] / "unpacked" / arch
     with zipfile.ZipFile(exports["store"] / f"{arch}.mar") as archive:
         archive.extractall(folder)
     return folder
@@ -179,3 +178,25 @@ def test_kserve_v1_and_v2_answer_what_the_served_form_answers(kserve, in_process
     assert np.allclose(np.array(outputs["boxes"]["data"]).reshape(-1, 4), [d["box"] for d in expected["detections"]])
     metadata = requests.get(f"http://127.0.0.1:{kserve.http_port}/v2/models/{SEGMENTER}", timeout=60).json()
     assert "class_map_png" in {o["name"] for o in metadata["outputs"]}
+
+
+@pytest.fixture(scope="module")
+def ray_served(exports, tmp_path_factory):
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
+    from serving.ray.config import RaySettings
+    from serving.ray.engine import RayServe
+    one_replica = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
+                                reason="tests: one replica per model, one core each")
+    settings = RaySettings(exports["store"], (DETECTOR, SEGMENTER), http_port=free_port(),
+                           run_dir=tmp_path_factory.mktemp("whole-image-ray"), policy=one_replica)
+    with RayServe(settings).running(CAT):
+        yield settings
+
+
+@pytest.mark.parametrize("arch", [DETECTOR, SEGMENTER])
+def test_ray_answers_what_the_served_form_answers_in_process(ray_served, in_process, phone_photo, arch):
+    for body in (CAT.read_bytes(), phone_photo):
+        served = requests.post(ray_served.predictions_url(arch), data=body, headers={"Content-Type": "image/jpeg"},
+                               timeout=300)
+        assert served.status_code == 200, served.text
+        assert served.json() == json.loads(json.dumps(in_process[arch].answer(body)))
