@@ -16,7 +16,7 @@ COMMANDS = {
               "and the ceilings measured in the same run (make bench)"),
     "inprocess": ("measure.inprocess.cli", "inprocess_main",
                   "every artifact of an export in one process, against this machine's GEMM peak (make bench-inprocess)"),
-    "peak": ("measure.inprocess.cli", "peak_main", "this machine's GEMM peak alone (fp32 and int8)"),
+    "peak": ("measure.inprocess.cli", "peak_main", "this machine's GEMM peak alone (fp32, bf16 and int8)"),
     "aoti-tuning": ("measure.inprocess.cli", "tuning_main", "AOTInductor's CPU options on one model"),
     "pipeline": ("measure.request_path.stages", "main",
                  "the request path's ceiling in one process (decode, preprocess, inference, encode), per body"),
