@@ -118,7 +118,7 @@ if [[ "$ENGINE" == kserve ]]; then
   status=0
   run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" "$PYTHON" -m serving --engine kserve \
     --model-store "$MODEL_STORE" --host "$KSERVE_HOST" --inference-port "$KSERVE_HTTP_PORT" \
-    --run-dir "$runtime_dir" || status=$?
+    --run-dir "$runtime_dir" --follow-logs || status=$?  # the server's log lines on stdout: docker logs
   log "the KServe server exited with status $status"
   exit "$status"
 fi

@@ -23,7 +23,7 @@ from contract.cli import moved, run_command
 from contract.policy import PolicyChoices, add_policy_options
 from serving import engine as engines
 from serving.engine import DEFAULT_ENGINE, Engine
-from serving.processes import serve_until_stopped, sigterm_interrupts, start_until_ready
+from serving.processes import LogFollower, serve_until_stopped, sigterm_interrupts, start_until_ready
 from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models
 
 PROG = "python -m serving"
@@ -80,6 +80,9 @@ def parser_for(engine_type: type[Engine]) -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=READY_TIMEOUT_S,
                         help="seconds to wait until every model has answered a real prediction")
     parser.add_argument("--detach", action="store_true", help="leave the server running and return")
+    parser.add_argument("--follow-logs", action="store_true",
+                        help="in the foreground, copy the server's log lines to stdout as they are written (what a "
+                             "container's entrypoint does, so that `docker logs` has them)")
     engine_type.add_arguments(parser.add_argument_group(f"the {engine_type.name} engine's options"))
     add_policy_options(parser)
     return parser
@@ -102,7 +105,8 @@ def serve(engine_type: type[Engine], args: argparse.Namespace) -> int:
     if args.detach:
         print(f"stop with: {engine.stop_command()}")
         return 0
-    return serve_until_stopped(process, lambda: engine.stop(process), engine.title, engine.exit_reason)
+    follow = LogFollower(engine.log_files()) if args.follow_logs else None
+    return serve_until_stopped(process, lambda: engine.stop(process), engine.title, engine.exit_reason, follow)
 
 
 def stop_every_engine(run_dir: Path) -> int:

@@ -94,6 +94,10 @@ class Engine(ABC):
         """What its logs say when a model will not load (waiting on is pointless); None while nothing does."""
         return None
 
+    @abstractmethod
+    def log_files(self) -> list[Path]:
+        """The files its server logs to (what --follow-logs copies to stdout)."""
+
     # ---------------------------------------------------------------- what a user is told
     @abstractmethod
     def announcement(self) -> str:

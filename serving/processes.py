@@ -186,18 +186,53 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+class LogFollower:
+    """The lines a server writes to its log files, copied to a stream as they come (as `tail -F` does): a
+    container's log (`docker logs`) then holds what the server says, not only what its launcher said. A file
+    that does not exist yet is read once it does; one cut shorter (written anew) is read from its start."""
+
+    def __init__(self, paths: list[Path], out=None):
+        self.paths, self.out = paths, out
+        self.offsets = {path: 0 for path in paths}
+
+    def pump(self) -> None:
+        out = self.out or sys.stdout
+        for path in self.paths:
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size < self.offsets[path]:
+                self.offsets[path] = 0
+            if size == self.offsets[path]:
+                continue
+            with open(path, "rb") as log_file:
+                log_file.seek(self.offsets[path])
+                data = log_file.read(size - self.offsets[path])
+            complete = data.rfind(b"\n") + 1  # a line still being written waits for its end
+            self.offsets[path] += complete
+            if complete:
+                out.write(data[:complete].decode(errors="replace"))
+        out.flush()
+
+
 def serve_until_stopped(process: subprocess.Popen, stop: Callable[[], object], name: str,
-                        exit_reason: Callable[[], str]) -> int:
-    """The foreground server: Ctrl-C or SIGTERM stops it (0); its own exit is an error with its reason (1)."""
+                        exit_reason: Callable[[], str], follow: LogFollower | None = None) -> int:
+    """The foreground server: Ctrl-C or SIGTERM stops it (0); its own exit is an error with its reason (1).
+    With `follow`, the server's log lines are copied to stdout meanwhile."""
     sigterm_interrupts()
+    pump = follow.pump if follow else lambda: None
     try:
         print("Ctrl-C to stop", flush=True)
         while process.poll() is None:
+            pump()
             time.sleep(0.5)
+        pump()
         print(f"{name} exited with code {process.returncode}: {exit_reason()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         stop()
+        pump()
         print(f"\n{name} stopped")
         return 0
 

@@ -66,6 +66,9 @@ class KServe(Engine):
     def answer_of(self, response: requests.Response) -> dict:
         return response.json()["predictions"][0]
 
+    def log_files(self) -> list[Path]:
+        return [self.settings.log_file]
+
     def exit_reason(self) -> str:
         """The worker's refusal when it logged one, else the end of the log."""
         log_file = self.settings.log_file

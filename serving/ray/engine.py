@@ -97,6 +97,9 @@ class RayServe(Engine):
         refusals = [line.split(REFUSAL, 1)[1].strip() for line in self.log_text().splitlines() if REFUSAL in line]
         return refusals[-1] if refusals else None
 
+    def log_files(self) -> list[Path]:
+        return [self.settings.log_file]
+
     def exit_reason(self) -> str:
         """The server's refusal when it logged one, else the end of its log."""
         return self.load_failure() or (" | ".join(self.log_text().strip().splitlines()[-LOG_TAIL_LINES:])

@@ -24,7 +24,7 @@ from serving.engine import Engine, await_prediction, register
 from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, ServingError, policies_text
 from serving.torchserve import config as ts
 from serving.torchserve.config import ServerSettings, token_auth_switched_on, write_run_config
-from serving.torchserve.logs import exit_reason, load_failure
+from serving.torchserve.logs import FRONTEND_LOG, WORKER_LOG, exit_reason, load_failure
 
 if TYPE_CHECKING:
     import requests
@@ -98,6 +98,9 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
 
     def load_failure(self) -> str | None:
         return load_failure(self.settings.log_dir)
+
+    def log_files(self) -> list[Path]:
+        return [self.settings.log_dir / name for name in (FRONTEND_LOG, WORKER_LOG)]
 
     def exit_reason(self) -> str:
         return exit_reason(self.settings.log_dir)

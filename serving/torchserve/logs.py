@@ -14,12 +14,13 @@ FAILURES_BEFORE_GIVING_UP = 2  # TorchServe retries a failing worker forever; tw
 ARCHIVE_UNREADABLE = re.compile(r"Failed to load model: (\S+)\s*\n([^\n]+)")
 REFUSAL = "REFUSING TO SERVE:"  # what the handler logs when the artifact's sha256 differs
 BIND_FAILURE = re.compile(r"Failed to bind to address (\S+)")
+FRONTEND_LOG, WORKER_LOG = "ts_log.log", "model_log.log"  # what our log4j2.xml writes in LOG_LOCATION
 
 
 def load_failure(log_dir: Path) -> str | None:
     """The handler's error once workers have failed to load more than once, or the archive TorchServe could not
     open; None while nothing says the model will not load."""
-    model_log, frontend = log_dir / "model_log.log", log_dir / "ts_log.log"
+    model_log, frontend = log_dir / WORKER_LOG, log_dir / FRONTEND_LOG
     text = _text(frontend)
     unreadable = ARCHIVE_UNREADABLE.search(text)
     if unreadable:  # the frontend could not even open the archive (truncated, not a zip): no worker will start
@@ -36,8 +37,8 @@ def load_failure(log_dir: Path) -> str | None:
 
 def exit_reason(log_dir: Path) -> str:
     """Why TorchServe stopped or never answered, from the most specific log that says so."""
-    return (_bind_failure(log_dir / "console.log") or _last_exception(log_dir / "model_log.log")
-            or _last_matching(log_dir / "ts_log.log") or _last_matching(log_dir / "model_log.log")
+    return (_bind_failure(log_dir / "console.log") or _last_exception(log_dir / WORKER_LOG)
+            or _last_matching(log_dir / FRONTEND_LOG) or _last_matching(log_dir / WORKER_LOG)
             or _tail(log_dir / "console.log")
             or f"see logs in {log_dir}")
 

@@ -428,5 +428,14 @@ def test_kserve_answers_as_the_archive_in_process(project, kserve, phone_jpeg, p
     assert_same_answer(project.predict(body), expected_answer(kserve["archive"], body))
 
 
+def test_kserve_logs_are_the_containers_logs(project, kserve):
+    """`python -m serving --follow-logs` in the entrypoint: what the server and its core log is in `docker logs`,
+    the served form's choice and each request, not only the entrypoint's lines."""
+    project.predict(CAT.read_bytes())
+    time.sleep(2)  # the follower copies every half second
+    logs = project.logs(kserve["container"])
+    assert "handlers.core INFO serving " in logs and f'"POST /v1/models/{MODEL}:predict' in logs, logs[-3000:]
+
+
 def test_kserve_down_under_load_stops_within_the_grace_period(project, kserve):
     down_under_load(project, kserve["container"], kserve["archive"])

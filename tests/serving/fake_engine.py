@@ -74,6 +74,9 @@ class FakeEngine(Engine):
     def log_file(self) -> Path:
         return self.settings.log_dir / "fake.log"
 
+    def log_files(self) -> list[Path]:
+        return [self.log_file]
+
     def launch(self) -> subprocess.Popen:
         return self.popen([sys.executable, "-c", SERVER, str(self.settings.port), ",".join(self.settings.models)],
                           self.log_file, {**os.environ, **self.settings.extra_env})

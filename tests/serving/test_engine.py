@@ -5,18 +5,21 @@ every model has answered, printed as the others are, stopped with its whole proc
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
+import requests
 
 from serving import cli
 from serving import engine as engines
-from serving.processes import group_alive
+from serving.processes import LogFollower, group_alive
 from serving.settings import ServingError, free_port
 from tests.conftest import ROOT
 from tests.serving.fake_engine import FakeEngine, FakeSettings
@@ -158,3 +161,39 @@ def test_sigterm_while_the_models_load_stops_the_server_too(store, tmp_path):
         server.kill()
     assert "interrupted; the fake server stopped" in server.stdout.read()
     assert not group_alive(pgid) and not (run_dir / "fake.pgid").exists()
+
+
+def test_follow_logs_copies_the_servers_log_lines_to_stdout_while_it_serves(store, tmp_path):
+    """What a container's entrypoint runs, so that `docker logs` has what the server says (here: its access log)."""
+    run_dir, port = tmp_path / "run", free_port()
+    server = subprocess.Popen(with_fake_engine("--engine", "fake", "--model-store", str(store), "--models", "b",
+                                               "--run-dir", str(run_dir), "--port", str(port), "--workers", "1",
+                                               "--follow-logs"),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines_until_ready(server)
+        assert requests.post(f"http://127.0.0.1:{port}/predictions/nothing", data=b"x", timeout=10).status_code == 404
+        time.sleep(1.5)  # the follower looks every half second
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+    finally:
+        server.kill()
+    after_ready = server.stdout.read()
+    assert "listening" in after_ready and '"POST /predictions/b HTTP/1.1" 200' in after_ready  # the readiness probe
+    assert '"POST /predictions/nothing HTTP/1.1" 404' in after_ready
+
+
+def test_the_log_follower_waits_for_a_file_and_a_whole_line_and_reads_a_file_written_anew_from_its_start(tmp_path):
+    log, out = tmp_path / "server.log", io.StringIO()
+    follower = LogFollower([log], out)
+    follower.pump()  # not written yet
+    log.write_text("one\ntw")
+    follower.pump()
+    assert out.getvalue() == "one\n"  # "tw" is still being written
+    with open(log, "a") as appended:
+        appended.write("o\n")
+    follower.pump()
+    assert out.getvalue() == "one\ntwo\n"
+    log.write_text("new\n")  # the server started again and wrote its log anew (truncated)
+    follower.pump()
+    assert out.getvalue() == "one\ntwo\nnew\n"
