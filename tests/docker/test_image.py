@@ -434,7 +434,8 @@ def test_kserve_logs_are_the_containers_logs(project, kserve):
     project.predict(CAT.read_bytes())
     time.sleep(2)  # the follower copies every half second
     logs = project.logs(kserve["container"])
-    assert "handlers.core INFO serving " in logs and f'"POST /v1/models/{MODEL}:predict' in logs, logs[-3000:]
+    assert "handlers.core INFO serving " in logs, logs[-3000:]  # the served form and why
+    assert "handlers.core INFO batch of 1: decode=" in logs and f'"POST /v1/models/{MODEL}%3Apredict' in logs
 
 
 def test_kserve_down_under_load_stops_within_the_grace_period(project, kserve):
