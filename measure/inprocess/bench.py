@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from contract.errors import VisionExportError
-from contract.records import MANIFEST_NAME, Manifest
+from contract.records import CLASSIFICATION, MANIFEST_NAME, Manifest
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
 
 # Re-exported: the CLI's defaults, and what serving's benchmark and the tests use as `measure.inprocess.bench`.
@@ -127,18 +127,19 @@ def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, sa
     sample_shape = manifest.input.example_shape[1:]
     flops = count_flops(module, torch.rand(1, *sample_shape))
     report.flops_per_image[model] = flops
+    batches = batches_for(manifest, plan.batches, say)
     say(f"{model}: {flops / 1e9:.2f} GFLOP per image (torch.utils.flop_counter), "
-        f"{len(manifest.artifacts) + 1} targets x {len(plan.threads)} thread counts x {len(plan.batches)} batches")
-    inputs = {b: torch.rand(b, *sample_shape, generator=torch.Generator().manual_seed(b)) for b in plan.batches}
+        f"{len(manifest.artifacts) + 1} targets x {len(plan.threads)} thread counts x {len(batches)} batches")
+    inputs = {b: torch.rand(b, *sample_shape, generator=torch.Generator().manual_seed(b)) for b in batches}
     targets = targets_for(folder, manifest, module)
-    total, done = len(targets) * len(plan.threads) * len(plan.batches), 0
+    total, done = len(targets) * len(plan.threads) * len(batches), 0
     for threads in plan.threads:
         opened = open_targets(model, targets, threads, report, say, first=threads == plan.threads[0])
         runs: dict[tuple[str, int], list[float]] = {}
         for round_index in range(plan.rounds):  # every target once per round: a neighbour's load hits them alike
             last = round_index == plan.rounds - 1
             for target, backend in opened:
-                for batch in plan.batches:
+                for batch in batches:
                     timed = runs.setdefault((target.name, batch), [])
                     timed.extend(time_runs(lambda b=backend, x=inputs[batch]: b.predict(x),
                                            plan.warmup if round_index == 0 else 0, plan.repeats, plan.min_seconds))
@@ -147,8 +148,18 @@ def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, sa
                         report.rows.append(row)
                         done += 1
                         say(f"  [{done}/{total}] {progress_line(row)}")
-        done += (len(targets) - len(opened)) * len(plan.batches)
+        done += (len(targets) - len(opened)) * len(batches)
         del opened
+
+
+def batches_for(manifest: Manifest, batches: list[int], say: Callable[[str], None]) -> list[int]:
+    """The batch sizes a model's forms take: a detector's or segmenter's graphs take one image of any size (their
+    outputs are per image), so batch 1 alone, said once."""
+    if manifest.task == CLASSIFICATION or batches == [1]:
+        return batches
+    say(f"{manifest.model.name}: a {manifest.task} model's forms take one image at a time: batch 1 only "
+        f"(not {', '.join(str(b) for b in batches if b != 1)})")
+    return [1]
 
 
 def open_targets(model: str, targets: list[Target], threads: int, report: Report, say, first: bool) -> list:

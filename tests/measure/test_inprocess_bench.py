@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from contract.records import ContractError, InputRecord, Manifest, ModelInfo, OutputRecord
+from contract.records import DETECTION, ContractError, InputRecord, Manifest, ModelInfo, OutputRecord
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
 from measure.cli import main as measure_main
 from measure.inprocess import bench
@@ -149,6 +149,18 @@ def test_the_model_and_its_weights_are_rebuilt_from_the_manifest(tmp_path):
     assert weights_from_manifest(manifest_of({}, {"kind": "imagenet", "source": "url"})) == "imagenet"
     state = tmp_path / "weights.pt"
     assert weights_from_manifest(manifest_of({}, {"kind": "path", "source": str(state)})) == str(state)
+
+
+def test_a_detector_is_timed_one_image_at_a_time_and_says_so():
+    """A detector's or segmenter's forms take one image of any size (outputs per image): batch 8 would be refused
+    by the runtime with a traceback."""
+    said = []
+    detector = dataclasses.replace(manifest_of({"registry": "cf-branch"}, {"kind": "random", "source": ""}),
+                                   task=DETECTION)
+    assert bench.batches_for(detector, [1, 8, 32], said.append) == [1]
+    assert said == ["m: a detection model's forms take one image at a time: batch 1 only (not 8, 32)"]
+    classifier = manifest_of({"registry": "cf-branch"}, {"kind": "random", "source": ""})
+    assert bench.batches_for(classifier, [1, 8, 32], said.append) == [1, 8, 32] and len(said) == 1
 
 
 def test_a_manifest_the_model_cannot_be_rebuilt_from_says_so():
