@@ -52,8 +52,11 @@ class ArtifactKind:
     rank_reason: str
     tolerance: Tolerance | None = None  # parity against eager; None: gated on accuracy instead
     build: Callable | None = None  # fp32 kinds: build(context, kind) -> exporters.Artifact
-    needs: tuple[str, ...] = ()  # kinds built first whose in-memory module this one reads
+    needs: tuple[str, ...] = ()  # kinds built first whose in-memory module (a variant: whose file) this one reads
     precision: str = FP32
+    # RunOptions.precision its backend runs it with: fp32 for a file that holds its precision (int8 runs as-is); a
+    # file run in another precision names it (bf16 autocast, OpenVINO's bf16 hint, an int8 IR's remainder in bf16)
+    run_precision: str = FP32
     sources: tuple[str, ...] = ()  # variants: the fp32 kinds it may be made from, in order of preference
     off_by_default: str = ""  # why --formats leaves it out unless asked for (empty: built by default)
     announce: str = ""  # a slow exporter's progress line before it starts
@@ -71,6 +74,12 @@ class ArtifactKind:
     @property
     def is_variant(self) -> bool:
         return self.precision != FP32
+
+    @property
+    def runs_beyond_its_precision(self) -> bool:
+        """It runs in a precision the request did not name (int8 with its remainder in bf16): built only where that
+        precision is fast (export.precision.request.left_out_here)."""
+        return self.run_precision not in (FP32, self.precision)
 
     def spatial_dynamic(self, resizes_in_graph: bool, source_dynamic: bool = False) -> bool:
         """Whether the artifact accepts spatial sizes other than the example's."""
@@ -99,6 +108,11 @@ OPENVINO_INT8_WHY = ("OpenVINO's int8 CPU kernels: ahead of ONNX Runtime fp32 ev
 OPENVINO_BF16_RANK = ("after the int8 forms and before fp32: at the CPU policy's one thread per worker, batch 1, it "
                       "ran a little behind onnx-int8 (ahead of both int8 forms only at 2 threads, batch 8); chosen "
                       f"only on a CPU that computes in bf16 ({MEASURED})")
+OPENVINO_INT8_BF16_RANK = ("after openvino-int8 (the same int8 IR with its remainder in f32: nearer fp32, so near ties "
+                           "go to it) and before onnx-int8 and openvino-bf16 (the bulk of it in int8); chosen only on "
+                           f"a CPU that computes in bf16 and served only within the gate ({MEASURED})")
+OPENVINO_INT8_BF16_WHY = ("the layers NNCF left in floating point run in bf16 only with avx512_bf16/amx_bf16; without "
+                          f"them OpenVINO runs them in f32 and it is openvino-int8 again ({MEASURED})")
 OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an AVX2 "
                      f"CPU); with them it runs well ahead of fp32 ({MEASURED})")
 
@@ -189,9 +203,15 @@ for _kind in (
         serving_rank=0, rank_reason=OPENVINO_INT8_RANK, precision="int8", sources=("openvino",), runs_on=Needs(CPU),
         fast_on=Needs(CPU), fast_why=OPENVINO_INT8_WHY),
     ArtifactKind(
+        name="openvino-int8-bf16", file_name=OPENVINO_INT8_IR, companions=(OPENVINO_INT8_WEIGHTS,), format=OPENVINO,
+        exporter="the openvino-int8 IR compiled with INFERENCE_PRECISION_HINT bf16 (no second quantization)",
+        input_sizes=SOURCE_SIZES, serving_rank=2, rank_reason=OPENVINO_INT8_BF16_RANK, precision="int8",
+        run_precision="bf16", sources=("openvino",), needs=("openvino-int8",), runs_on=Needs(CPU),
+        fast_on=Needs(CPU, (BF16_FLAGS,)), fast_why=OPENVINO_INT8_BF16_WHY),
+    ArtifactKind(
         name="openvino-bf16", file_name=OPENVINO_IR, companions=(OPENVINO_WEIGHTS,), format=OPENVINO,
         exporter="the openvino IR compiled with INFERENCE_PRECISION_HINT bf16", input_sizes=SOURCE_SIZES,
-        serving_rank=8, rank_reason=OPENVINO_BF16_RANK, precision="bf16", sources=("openvino",),
+        serving_rank=8, rank_reason=OPENVINO_BF16_RANK, precision="bf16", run_precision="bf16", sources=("openvino",),
         runs_on=Needs(CPU), fast_on=Needs(CPU, (BF16_FLAGS,)), fast_why=OPENVINO_BF16_WHY),
     ArtifactKind(
         name="onnx-fp16", file_name="model.fp16.onnx", format=ONNX, exporter="onnxruntime.transformers.float16",
@@ -202,13 +222,13 @@ for _kind in (
         name="scripted-bf16", file_name="model.scripted.pt", format=TORCHSCRIPT,
         exporter="torch.autocast(bfloat16) around the scripted module", input_sizes=SOURCE_SIZES, serving_rank=None,
         rank_reason="fast only on CPUs with native bf16: served when asked (--serve)",
-        precision="bf16", sources=("scripted",), fast_on=Needs(cpu_any=(BF16_FLAGS,)),
+        precision="bf16", run_precision="bf16", sources=("scripted",), fast_on=Needs(cpu_any=(BF16_FLAGS,)),
         fast_why="PyTorch's CPU autocast emulates bf16 without avx512_bf16/amx_bf16, many times slower than fp32"),
     ArtifactKind(
         name="scripted-fp16", file_name="model.scripted.pt", format=TORCHSCRIPT,
         exporter="torch.autocast(float16) around the scripted module", input_sizes=SOURCE_SIZES, serving_rank=None,
         rank_reason="fast only on a GPU: served when asked (--serve)",
-        precision="fp16", sources=("scripted",), runs_on=Needs(CUDA)),
+        precision="fp16", run_precision="fp16", sources=("scripted",), runs_on=Needs(CUDA)),
 ):
     register(_kind)
 

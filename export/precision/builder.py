@@ -27,6 +27,7 @@ class VariantContext:
     target_flags: frozenset | None = None
     automatic: bool = False  # the tool chose the precisions: a slow search is skipped once its precision has passed
     passed: set = field(default_factory=set)  # the precisions of the variants that passed their gate so far
+    made: dict = field(default_factory=dict)  # kind -> Variant made so far (a kind may run another's file)
 
 
 @dataclass

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.records import INPUT_NAME
-from export.forms import kinds
 from export.precision import int8_fallback
 from export.precision.builder import Variant, VariantContext
 from export.precision.calibration import ImageSet, TensorReader
@@ -112,7 +111,7 @@ def build_int8(context: VariantContext, kind, source) -> Variant:
                                "top1_agreement": g.metrics["top1_agreement"]} for a, (_, s, g) in candidates.items()},
               "fp32_fallback": _fallback_choice(fallback, speed, gate)}
     return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
-                   run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate, images_per_s=speed,
+                   run_precision=kind.run_precision, source=source.kind, made_by=made_by, gate=gate, images_per_s=speed,
                    files=(RANGES_FILE,), choice=choice)
 
 

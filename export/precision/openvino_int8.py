@@ -19,7 +19,6 @@ import torch
 
 from export.checks.agreement import agreement_metrics
 from export.errors import ExportError
-from export.forms import kinds
 from export.forms.openvino_ir import save_ir
 from export.precision.builder import Variant, VariantContext
 from export.precision.gate import INT8_TOLERANCE, gated_top1
@@ -83,7 +82,7 @@ def build_openvino_int8(context: VariantContext, kind, source) -> Variant:
                "nncf": nncf.__version__, "openvino": openvino.get_version(), "calibration_images": len(images),
                "plain_quantization": plain, "accuracy_control": restored, "timings": timings}
     return Variant(kind=kind.name, path=stage / kind.file_name, format=kind.format, precision=kind.precision,
-                   run_precision=kinds.FP32, source=source.kind, made_by=made_by, gate=gate,
+                   run_precision=kind.run_precision, source=source.kind, made_by=made_by, gate=gate,
                    images_per_s=held_out.speed(backend))
 
 

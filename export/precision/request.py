@@ -38,7 +38,20 @@ class PrecisionRequest:
 
     @property
     def variant_kinds(self) -> list[str]:
-        """The variant kinds the requested precisions make, in table order."""
+        """The variant kinds the requested precisions make here, in table order."""
+        return self.kinds_to_build()
+
+    def kinds_to_build(self, flags: set[str] | frozenset[str] | None = None) -> list[str]:
+        """The variant kinds the requested precisions make on a CPU with `flags` (default: read here)."""
+        left_out = self.left_out(flags)
+        return [name for name in self._requested_kinds() if name not in left_out]
+
+    def left_out(self, flags: set[str] | frozenset[str] | None = None) -> dict[str, str]:
+        """The kinds of the requested precisions not built here (this CPU's `flags`; default: read here), with why."""
+        return {name: why for name in self._requested_kinds()
+                if (why := left_out_here(kinds.get(name), self.target_flags, flags))}
+
+    def _requested_kinds(self) -> list[str]:
         return [k.name for k in kinds.all_kinds() if k.is_variant and k.precision in self.precisions]
 
 
@@ -84,6 +97,23 @@ def hardware_refusal(precision: str, device: str, flags: set[str] | frozenset[st
         return ("bf16 on this CPU would be emulated: it has no native bf16 (" + " / ".join(BF16_FLAGS) + "), and "
                 "emulated bf16 is many times slower than fp32 (docs/precision.md); use int8 on this machine, or "
                 "export bf16 where the CPU has it (or on a GPU with --device cuda)")
+    return None
+
+
+def left_out_here(kind, target_flags: frozenset | None = None,
+                  flags: set[str] | frozenset[str] | None = None) -> str | None:
+    """Why a kind of a requested precision is not built, or None. One that runs in a precision the request did not
+    name (int8 with its remainder in bf16) is built only where both this machine, which gates it, and the target
+    (`target_flags`; None: this machine) are fast with it, as --precision builds bf16 only where it is native."""
+    if not kind.runs_beyond_its_precision:
+        return None
+    here = MachineProfile("this CPU", frozenset(cpu_flags() if flags is None else flags))
+    target = here if target_flags is None else MachineProfile("the --target machine", frozenset(target_flags))
+    for machine in dict.fromkeys((here, target)):
+        why = kind.fast_on.unmet(machine)
+        if why:
+            return (f"it runs its {kind.precision} file's remainder in {kind.run_precision}, not fast on {machine.name} "
+                    f"({why})")
     return None
 
 

@@ -10,6 +10,8 @@ one gates what it made on the held-out images, export.precision.gate):
   scripted-bf16  the scripted TorchScript artifact run under torch.autocast(bfloat16) (fast only on CPUs with
                  native bf16: AVX512-BF16 or AMX), and openvino-bf16 the OpenVINO IR under the bf16 inference
                  precision hint: no new file (export.precision.half)
+  openvino-int8-bf16  openvino-int8's IR under the bf16 hint, its remainder in bf16: no new file, no second
+                 quantization; built only where this machine and the target compute in bf16 (export.precision.half)
   onnx-fp16      the fp32 ONNX converted to float16, and scripted-fp16 the scripted artifact under CUDA fp16
                  autocast: both need --device cuda (export.precision.half)
 """
@@ -43,6 +45,7 @@ ACCURACY_FILES = ("accuracy.md", "accuracy.json")
 BUILDERS = {  # kind -> build(context, kind, source) -> Variant
     INT8.name: build_int8,
     "openvino-int8": build_openvino_int8,
+    "openvino-int8-bf16": half.run_in_precision,
     "openvino-bf16": half.run_in_precision,
     "scripted-bf16": half.run_in_precision,
     "scripted-fp16": half.run_in_precision,
@@ -105,6 +108,10 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
     """Builds every requested variant in the stage, gated, and writes accuracy.md/json. A variant that cannot be
     made is refused into `refusals` and the others go on; a model none can be made for raises PrecisionError."""
     context, report = _prepare(sources, request, device, progress)
+    context.made = report.variants
+    for name, why in request.left_out().items():
+        if not kinds.opt_in_source_missing(kinds.get(name), sources.fp32_artifacts):
+            progress.step(f"{name} not made: {why}")
     for kind in map(kinds.get, request.variant_kinds):
         if kinds.opt_in_source_missing(kind, sources.fp32_artifacts):
             progress.step(f"{kind.name} not made: its source {kind.sources[0]} is built when named in --formats")
