@@ -115,8 +115,10 @@ def _rate(folder: Path, manifest: Manifest, kind: str, threads: int, shape: tupl
 
 
 def _key(manifest: Manifest, met: list[str], machine: MachineProfile, threads: int, shape: tuple, device: str) -> str:
-    facts = [manifest.artifacts[kind].sha256 for kind in met] + sorted(machine.flags) + [str(threads), str(shape),
-                                                                                          device, str(os.cpu_count())]
+    """Each candidate by its kind and its file's sha256: kinds that run one file in two precisions (an int8 IR with
+    its remainder in f32 or bf16) share the file, not the measurement."""
+    facts = [f"{kind} {manifest.artifacts[kind].sha256}" for kind in met] + sorted(machine.flags) + [
+        str(threads), str(shape), device, str(os.cpu_count())]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:24]
 
 

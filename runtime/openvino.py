@@ -2,7 +2,9 @@
 
 The inference precision is always set: without it OpenVINO runs an fp32 IR in bf16 on CPUs with AVX512_BF16 or
 AMX, which would break fp32 parity. On a CPU without native bf16 a bf16 hint is silently run in f32 (measured on
-an AVX2 EPYC), so describe() reports the precision the compiled model actually runs in, read back from it.
+an AVX2 EPYC), so describe() reports the precision the compiled model actually runs in, read back from it. The hint
+is the precision of the floating-point layers: an int8 IR's quantized layers run in int8 whatever it says, and under
+bf16 the layers NNCF left in floating point run in bf16 (openvino-int8-bf16).
 """
 
 from __future__ import annotations
