@@ -5,12 +5,16 @@ OpenVINO is tests/export/forms/test_openvino_kinds.py's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from export.forms import kinds
-from export.precision.builder import VariantContext
+from export.precision.builder import Variant, VariantContext
+from export.precision.gate import INT8_TOLERANCE, AccuracyGateError, GateResult
 from export.precision.half import run_in_precision
 from export.precision.request import PrecisionError, PrecisionRequest, check_hardware, target_precisions
+from export.precision.variants import PrecisionReport
 from runtime.machine import BF16_FLAGS, CPU, PROFILES, Needs
 
 KIND = "openvino-int8-bf16"
@@ -63,3 +67,20 @@ def test_it_is_refused_when_the_int8_ir_it_runs_was_not_made(tmp_path):
     context = VariantContext(tmp_path, "cpu", None, held_out=None, progress=None)
     with pytest.raises(PrecisionError, match="runs the openvino-int8 file, which was not made"):
         run_in_precision(context, kinds.get(KIND), source=None)
+
+
+def test_its_failed_gate_sets_it_aside_and_never_fails_an_enforced_export():
+    """--precision int8 names int8: openvino-int8 failing its gate fails the export (enforce), the tool's bf16
+    remainder of the same file failing is kept out of the candidates and the export goes on."""
+    def failed(kind: str) -> Variant:
+        metrics = {"top1_agreement": 0.71, "top5_agreement": 1.0, "mean_logit_error": 0.1, "relative_logit_error": 0.1,
+                   "max_logit_error": 1.0, "confident_images": 51, "top1_agreement_confident": 0.961}
+        gate = GateResult(kind, "int8", 128, INT8_TOLERANCE, metrics, ["top-1 agreement 96.1% < 98.0%"])
+        return Variant(kind, Path(f"{kind}.xml"), "openvino", "int8", "fp32", "openvino", {}, gate)
+    extra_only = PrecisionReport({KIND: failed(KIND)})
+    assert [g.kind for g in extra_only.set_aside] == [KIND]
+    extra_only.raise_on_failure()  # nothing raised
+    both = PrecisionReport({"openvino-int8": failed("openvino-int8"), KIND: failed(KIND)})
+    with pytest.raises(AccuracyGateError) as raised:
+        both.raise_on_failure()
+    assert [g.kind for g in raised.value.results] == ["openvino-int8"]
