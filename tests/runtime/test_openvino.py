@@ -5,6 +5,7 @@ reports having run in."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,14 +20,20 @@ from tests.runtime.test_backends import Tiny
 openvino = pytest.importorskip("openvino")
 
 
-@pytest.fixture(scope="module")
-def ir(tmp_path_factory) -> dict:
-    folder = tmp_path_factory.mktemp("openvino")
+def tiny_onnx(folder: Path, size: tuple = (1, 3, 16, 16)) -> tuple[torch.nn.Module, Path]:
+    """The small CNN (seeded) and its ONNX file with a dynamic batch, as the legacy exporter writes it."""
     torch.manual_seed(0)
     module = Tiny().eval()
     onnx_path = folder / "tiny.onnx"
-    torch.onnx.export(module, (torch.rand(1, 3, 16, 16),), str(onnx_path), dynamo=False, input_names=["input"],
+    torch.onnx.export(module, (torch.rand(size),), str(onnx_path), dynamo=False, input_names=["input"],
                       output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    return module, onnx_path
+
+
+@pytest.fixture(scope="module")
+def ir(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("openvino")
+    module, onnx_path = tiny_onnx(folder)
     save_ir(openvino.convert_model(str(onnx_path)), folder / "tiny.openvino.xml")
     return {"module": module, "xml": folder / "tiny.openvino.xml", "folder": folder}
 

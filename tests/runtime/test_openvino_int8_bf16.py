@@ -10,7 +10,7 @@ import torch
 
 from export.forms.openvino_ir import save_ir
 from runtime import RunOptions, open_artifact
-from tests.runtime.test_backends import Tiny
+from tests.runtime.test_openvino import tiny_onnx
 
 openvino = pytest.importorskip("openvino")
 nncf = pytest.importorskip("nncf")
@@ -21,11 +21,7 @@ SIZE = (1, 3, 16, 16)
 @pytest.fixture(scope="module")
 def int8_ir(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("openvino-int8")
-    torch.manual_seed(0)
-    module = Tiny().eval()
-    onnx_path = folder / "tiny.onnx"
-    torch.onnx.export(module, (torch.rand(SIZE),), str(onnx_path), dynamo=False, input_names=["input"],
-                      output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    module, onnx_path = tiny_onnx(folder, SIZE)
     images = [torch.rand(SIZE, generator=torch.Generator().manual_seed(i)).numpy() for i in range(16)]
     quantized = nncf.quantize(openvino.convert_model(str(onnx_path)), nncf.Dataset(images), subset_size=len(images),
                               ignored_scope=nncf.IgnoredScope(types=["MatMul"]))  # the head stays in floating point
