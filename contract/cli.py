@@ -9,7 +9,7 @@ import errno
 import sys
 from typing import Callable
 
-from contract.errors import EXIT_ERROR, EXIT_INTERRUPTED, VisionExportError
+from contract.errors import EXIT_ERROR, EXIT_INTERRUPTED, INTERRUPTIONS, VisionExportError
 
 INTERRUPTED = "interrupted: nothing was swapped into the output folder; re-run to export"
 
@@ -26,7 +26,7 @@ def run_command(command: Callable[[], int], interrupted: str = INTERRUPTED) -> i
         for note in getattr(error, "__notes__", []):
             print(f"  {note}", file=sys.stderr)
         return error.exit_code
-    except KeyboardInterrupt:
+    except INTERRUPTIONS:
         print(f"\n{interrupted}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as error:

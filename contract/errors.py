@@ -14,6 +14,15 @@ EXIT_INTEGRITY = 4
 EXIT_INTERRUPTED = 130
 
 
+class Stopped(BaseException):
+    """SIGTERM, as a command that serves turns it (serving/processes.py: sigterm_interrupts): a stop to clean up
+    after, as Ctrl-C is. Not a KeyboardInterrupt: CPython remembers one that reaches certain interpreter frames as
+    unhandled, even when a caller handles it, and then ends the process by SIGINT instead of its exit status."""
+
+
+INTERRUPTIONS = (KeyboardInterrupt, Stopped)  # what run_command and the foreground loops catch as "stop"
+
+
 class VisionExportError(Exception):
     """Root of every user-facing error."""
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.files import atomic_write_text
+from serving.processes import sigterm_interrupts
 from serving.settings import EXAMPLE_IMAGE
 from serving.torchserve.config import ServerSettings, on_free_ports
 
@@ -72,12 +72,8 @@ def load_command_settings(args) -> ServerSettings:
     return settings
 
 
-def interrupt_on_sigterm(signum, frame):
-    raise KeyboardInterrupt  # so `timeout`, CI cancellation or kill stop TorchServe on the way out
-
-
 def run_load_command(body) -> int:
     """run_command with SIGTERM treated as Ctrl-C, so a stopped command stops its TorchServe too."""
     from contract.cli import run_command
-    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    sigterm_interrupts()  # so `timeout`, CI cancellation or kill stop TorchServe on the way out
     return run_command(body, interrupted=INTERRUPTED)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from contract.errors import VisionExportError
+from contract.errors import INTERRUPTIONS, Stopped, VisionExportError
 
 if TYPE_CHECKING:
     import requests
@@ -177,13 +177,13 @@ def running_until_exit(start: Callable[[], subprocess.Popen], wait: Callable[[su
 
 
 def sigterm_interrupts() -> None:
-    """SIGTERM from now on is Ctrl-C (KeyboardInterrupt): what runs stops its server on the way out, as
+    """SIGTERM from now on is a stop as Ctrl-C is (Stopped): what runs stops its server on the way out, as
     start_until_ready and serve_until_stopped do, rather than dying and leaving it running."""
     signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    raise Stopped
 
 
 class LogFollower:
@@ -230,7 +230,7 @@ def serve_until_stopped(process: subprocess.Popen, stop: Callable[[], object], n
         pump()
         print(f"{name} exited with code {process.returncode}: {exit_reason()}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except INTERRUPTIONS:
         stop()
         pump()
         print(f"\n{name} stopped")

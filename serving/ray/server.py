@@ -18,7 +18,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from contract.errors import VisionExportError
+from contract.errors import INTERRUPTIONS, VisionExportError
 from handlers.policy import this_machine
 from serving.processes import sigterm_interrupts
 from serving.ray import cluster
@@ -104,7 +104,7 @@ def serve_until_stopped(settings: RaySettings, head) -> int:
     try:
         while head is None or head.poll() is None:
             time.sleep(WATCH_INTERVAL_S)
-    except KeyboardInterrupt:  # SIGTERM (sigterm_interrupts) or Ctrl-C
+    except INTERRUPTIONS:  # SIGTERM (sigterm_interrupts) or Ctrl-C
         return 0
     logger.error("the Ray head node exited with code %s: %s", head.returncode,
                  cluster.log_tail(settings.log_dir / "ray-head.log"))
@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
         sigterm_interrupts()  # ray.init put its own in place (sys.exit, which would skip our clean-up)
         deploy(settings)
         code = serve_until_stopped(settings, head)
-    except KeyboardInterrupt:
+    except INTERRUPTIONS:
         logger.info("stopped while starting")
     except VisionExportError as error:
         logger.error("%s %s", REFUSAL, error)
