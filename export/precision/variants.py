@@ -86,7 +86,8 @@ class PrecisionReport:
         return [g for g in self.failures if kinds.get(g.kind).needs]
 
     def raise_on_failure(self) -> None:
-        fatal = [g for g in self.failures if g not in self.set_aside]
+        aside = self.set_aside
+        fatal = [g for g in self.failures if g not in aside]
         if fatal:
             raise AccuracyGateError(fatal, render_table(fatal))
 

@@ -103,7 +103,7 @@ def _exported(zoo, name: str) -> tuple[Manifest, Path, str]:
 def test_each_model_is_exported_in_the_forms_it_can_be_and_says_why_not_the_others(zoo, name):
     model = BY_NAME[name]
     manifest, out, output = _exported(zoo, name)
-    _assert_variants_passed_their_gate(manifest)
+    _assert_variants_are_served_only_when_gated(manifest)
     sources = {record.source for record in manifest.artifacts.values() if record.precision != "fp32"}
     assert set(manifest.fp32_artifacts()) - sources == model.made - sources  # and a variant's own source form
     variants = {kind.name for kind in kinds.all_kinds() if kind.is_variant}
@@ -121,7 +121,7 @@ def test_each_model_is_exported_in_the_forms_it_can_be_and_says_why_not_the_othe
     assert ("export.log" in manifest.files) == any(r.log for r in manifest.refused.values())
 
 
-def _assert_variants_passed_their_gate(manifest: Manifest) -> None:
+def _assert_variants_are_served_only_when_gated(manifest: Manifest) -> None:
     """Reduced-precision variants (--precision auto's, for a model with trained weights) depend on what this CPU
     computes fast; each is made from a shipped fp32 form, and one that failed its accuracy gate is kept out of the
     candidates with its reason (the export goes on)."""
