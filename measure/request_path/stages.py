@@ -4,7 +4,8 @@
     python -m measure pipeline --export-dir artifacts/resnet50 --images bodies/
 
 For each body (an image file, or every image of a folder), it times the code each TorchServe worker runs,
-handlers.core's decode -> preprocess -> inference -> encode (`ImageClassifierCore.run_batch`), at one
+handlers.core's decode -> preprocess -> inference -> encode (`run_batch` of the export's task's core: a
+classifier's crop and top-k, a detector's whole-image resize and boxes, handlers/tasks.py), at one
 worker's thread budget under this machine's serving policy, and beside it the model alone on the same
 already-preprocessed rows. A served rate can be no better than the pipeline's, so every served figure of the
 same body has its ceiling here; where the pipeline row is far below the model-only one, the request path, not
@@ -18,9 +19,11 @@ import argparse
 import statistics
 from pathlib import Path
 
+from contract.records import Manifest
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest
 from handlers.policy import machine_policy, this_machine
 from handlers.request_error import RequestError
+from handlers.tasks import CORES
 from measure.command import MeasureError, write_tables
 from runtime.images import shown_size
 from runtime.timing import time_runs
@@ -101,7 +104,8 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     gpus, cores = this_machine()
     policy = machine_policy(gpus, cores)
-    cores_by_mode = [ImageClassifierCore.from_folder(args.export_dir, device="cuda" if gpus else "cpu",
+    task_core = CORES[Manifest.read(args.export_dir).task]  # a detector's request path is its own
+    cores_by_mode = [task_core.from_folder(args.export_dir, device="cuda" if gpus else "cpu",
                                                      threads=policy.threads_per_worker, settings=settings)
                      for settings in DECODE_CHOICES[args.decode]]
     cores_by_mode = list({each.decode_mode(): each for each in cores_by_mode}.values())  # the export's may be exact

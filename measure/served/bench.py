@@ -43,7 +43,7 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.files import atomic_write_text
-from contract.records import MANIFEST_NAME, Manifest
+from contract.records import CLASSIFICATION, MANIFEST_NAME, Manifest
 from export.package.archive import build_archive
 from handlers.policy import machine_policy, this_machine
 from measure.command import run_load_command
@@ -62,9 +62,13 @@ from measure.served.configurations import (
     RAY,
     build_naive_archive,
     ceiling_of,
+    configuration,
+    default_names,
+    known,
     naive_policy,
     runnable,
     served_kind,
+    task_refusals,
     ungated_verdict,
 )
 from measure.served.rows import DEFAULT_WARMUP_S, LoadPlan, Served, load_rows, raw_wire
@@ -77,7 +81,6 @@ from serving.torchserve.config import ServerSettings, on_free_ports
 
 DEFAULT_DURATION_S = 20
 DEFAULT_LEVELS = "1,4,8,16"
-DEFAULT_CONFIGURATIONS = ",".join(CONFIGURATIONS)  # those whose engine is not installed are skipped, saying so
 
 
 class BenchError(VisionExportError):
@@ -87,21 +90,20 @@ class BenchError(VisionExportError):
 # ------------------------------------------------------------------ one configuration, served
 def prepare_server(name: str, export_dir: Path, manifest: Manifest, scratch: Path,
                    token_auth: bool) -> ServerSettings:
-    configuration = CONFIGURATIONS[name]
-    store = scratch / name / "store"
-    settings = on_free_ports(store, scratch / name / "run")
+    row = configuration(name)
+    store = scratch / name.replace(":", "-") / "store"
+    settings = on_free_ports(store, store.parent / "run")
     settings.model_name = manifest.model.name
     settings.token_auth = token_auth
-    settings.extra_env = dict(configuration.env)
+    settings.extra_env = dict(row.env)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     if name == NAIVE:
         build_naive_archive(export_dir, manifest, store)
-        config = scratch / name / "config.properties"
+        config = store.parent / "config.properties"
         config.write_text(NAIVE_CONFIG)
         settings.config, settings.policy = config, naive_policy()
     else:
-        build_archive(export_dir, manifest, store, None, configuration.artifact, configuration.overrides,
-                      configuration.speed_only_ungated)
+        build_archive(export_dir, manifest, store, None, row.artifact, row.overrides, row.speed_only_ungated)
     return settings
 
 
@@ -237,7 +239,11 @@ def parse_args(argv):
                         help="seconds of load on each server before its rows, so each is measured in its steady state "
                              "(TorchServe's frontend JIT-compiles over its first thousands of requests; default "
                              "%(default)s)")
-    parser.add_argument("--configurations", default=DEFAULT_CONFIGURATIONS)
+    parser.add_argument("--configurations", default=None,
+                        help=f"comma-separated, of {', '.join(CONFIGURATIONS)} and form:KIND (one of the export's "
+                             "servable forms under the default policy). Default: all of them for a classifier (an "
+                             "engine not installed is skipped, saying so); for a detector or segmenter, default, "
+                             "each other servable form, kserve and ray")
     parser.add_argument("--inprocess", default="run",
                         help="run (default: the in-process benchmark first, same export), none, or a bench.json")
     parser.add_argument("--pipeline", choices=("run", "none"), default="run",
@@ -260,28 +266,42 @@ def image_files(spec: str) -> list[Path]:
     return files
 
 
-def check(args) -> tuple[list[int], list[str]]:
+def check(args) -> tuple[list[int], list[str], Manifest]:
+    """The options checked before anything runs: (concurrencies, configurations, the export's manifest)."""
     if not (args.export_dir / MANIFEST_NAME).is_file():
         raise BenchError(f"{args.export_dir} has no {MANIFEST_NAME}: run `python -m export ...` first, "
                          "or pass --export-dir")
+    levels = concurrency_levels(args)
+    explicit = args.configurations is not None
+    asked = [n for n in args.configurations.split(",") if n] if explicit else []
+    unknown = [n for n in asked if not known(n)]
+    if unknown:
+        raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGURATIONS)} "
+                         "or form:KIND")
+    manifest = Manifest.read(args.export_dir)
+    names = asked if explicit else default_names(manifest)
+    refused = task_refusals(names, manifest)
+    if refused:
+        raise BenchError(f"{manifest.model.name} is a {manifest.task} model; " + "; ".join(refused)
+                         + ": leave these out of --configurations")
+    if LITSERVE in names and not peer.installed():
+        raise BenchError("the litserve configuration needs LitServe: pip install -e '.[dev]' (or pip install "
+                         "litserve python-multipart), or leave litserve out of --configurations")
+    names = with_installed_engines(names, explicit)
+    require_hey()  # after the options, so a typo is reported on machines without hey too
+    return levels, names, manifest
+
+
+def concurrency_levels(args) -> list[int]:
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
         raise BenchError(f"--concurrency {args.concurrency!r}: give integers separated by commas, e.g. 1,4,8,16") from None
-    names = [n for n in args.configurations.split(",") if n]
-    unknown = [n for n in names if n not in CONFIGURATIONS]
-    if unknown:
-        raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGURATIONS)}")
     if not levels or min(levels) < 1 or args.duration < 1 or (args.requests is not None and args.requests < 1):
         raise BenchError("--concurrency, --duration and --requests must be at least 1")
     if args.warmup < 0:
         raise BenchError("--warmup: give seconds, 0 or more")
-    if LITSERVE in names and not peer.installed():
-        raise BenchError("the litserve configuration needs LitServe: pip install -e '.[dev]' (or pip install "
-                         "litserve python-multipart), or leave litserve out of --configurations")
-    names = with_installed_engines(names, explicit=args.configurations != DEFAULT_CONFIGURATIONS)
-    require_hey()  # after the options, so a typo is reported on machines without hey too
-    return levels, names
+    return levels
 
 
 def with_installed_engines(names: list[str], explicit: bool) -> list[str]:
@@ -298,7 +318,7 @@ def with_installed_engines(names: list[str], explicit: bool) -> list[str]:
 
 
 def describe(names: list[str]) -> dict[str, str]:
-    described = {name: CONFIGURATIONS[name].description for name in names}
+    described = {name: configuration(name).description for name in names}
     if LITSERVE in described:
         described[LITSERVE] += f" (litserve {peer.litserve_version()})"
     return described
@@ -306,10 +326,9 @@ def describe(names: list[str]) -> dict[str, str]:
 
 def _main(argv) -> int:
     args = parse_args(argv)
-    levels, names = check(args)
+    levels, names, manifest = check(args)
     files = image_files(args.images)
     args.out.mkdir(parents=True, exist_ok=True)
-    manifest = Manifest.read(args.export_dir)
     names = runnable(names, manifest)
     measured = inprocess_report(args.inprocess, args.export_dir, args.out)
     best, alone = model_alone(measured, manifest.model.name)
@@ -324,7 +343,8 @@ def _main(argv) -> int:
             rows += bench_configuration(name, args.export_dir, manifest, files, levels, Path(scratch), plan,
                                         args.token_auth)
     report.add_ratios(rows, best, ceilings.of_row if ceilings else None, alone)
-    compared = comparisons.compare(rows, reference_body(files), best_fp32_peak_fraction(measured))
+    compared = comparisons.compare(rows, reference_body(files), best_fp32_peak_fraction(measured),
+                                   classifier=manifest.task == CLASSIFICATION)
     write_results(args, manifest, rows, compared, descriptions, best.get("fp32", {}))
     return 0
 

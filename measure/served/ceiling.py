@@ -3,7 +3,7 @@ request path of `python -m measure pipeline` (handlers.core's decode -> preproce
 one process) at one worker's thread budget of this machine's serving policy, times the policy's workers.
 Measured in the same run as the served rows, so every served figure has the ceiling of its own body beside it.
 
-The core is set up as ImageClassifierCore.from_folder sets it up, with the configuration's artifact instead
+The core (the export's task's: handlers/tasks.py) is set up as from_folder sets it up, with the configuration's artifact instead
 of the export's decided one (the int8 and naive rows serve other kinds). `workers x per worker` is an upper
 bound: the workers' threads never exceed the cores, but they share memory bandwidth.
 """
@@ -21,6 +21,7 @@ from contract.handler_config import HandlerConfig
 from contract.records import Manifest
 from handlers.core import REBUILD, ImageClassifierCore, labels_of, run_precision
 from handlers.policy import ServingPolicy
+from handlers.tasks import CORES
 from measure.request_path import stages
 from runtime import RunOptions, open_artifact, verify_file
 
@@ -50,15 +51,17 @@ class Ceilings:
 
 def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int, device: str,
              settings: dict | None = None) -> ImageClassifierCore:
-    """handlers.core's request path with the artifact `kind` of the export, on `device` with `threads` and the
-    handler `settings`."""
+    """The request path of the export's task (handlers/tasks.py) with its artifact `kind`, on `device` with
+    `threads` and the handler `settings`."""
     record, config = manifest.artifacts[kind], HandlerConfig.from_dict(settings)
     verify_file(export_dir / record.path, record.sha256, REBUILD)
     torch.set_num_threads(threads)
     backend = open_artifact(record.format, export_dir / record.path,
                             RunOptions(device=device, threads=threads, precision=run_precision(record, config, device)),
                             name=record.kind)
-    return ImageClassifierCore(manifest, record, backend, labels_of(export_dir, manifest), config, device, threads)
+    core = CORES[manifest.task]
+    core.check_task(manifest)
+    return core(manifest, record, backend, labels_of(export_dir, manifest), config, device, threads)
 
 
 def measure(export_dir: Path, manifest: Manifest, wanted: list[tuple[str, str, dict]], files: list[Path],

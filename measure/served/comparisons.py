@@ -195,13 +195,17 @@ def versus_gemm_peak(fraction: float | None) -> Comparison:
 
 
 # ------------------------------------------------------------------ the run, compared
-def compare(rows: list[dict], reference: str, gemm_peak_fraction: float | None) -> list[Comparison]:
-    """Every comparison of one run; `reference` is the body the model-alone and fp32-ONNX comparisons use."""
+def compare(rows: list[dict], reference: str, gemm_peak_fraction: float | None,
+            classifier: bool = True) -> list[Comparison]:
+    """Every comparison of one run; `reference` is the body the model-alone and fp32-ONNX comparisons use. A
+    detector's or segmenter's run has no naive baseline, peer or fp32-ONNX choice to compare with (the benchmark
+    refuses those rows for it): its bounds are its model alone and its request path."""
     served = at_compared(rows, DEFAULT)
-    return ([versus_model_alone(served.get(reference))] + versus_request_path(served)
-            + versus_other(served, rows, NAIVE, NAIVE_BASELINE) + versus_other(served, rows, LITSERVE, PEER)
-            + tails(served) + versus_fp32_onnx(rows, served.get(reference), reference)
-            + [errors(rows), versus_gemm_peak(gemm_peak_fraction)])
+    classifier_only = (versus_other(served, rows, NAIVE, NAIVE_BASELINE) + versus_other(served, rows, LITSERVE, PEER)
+                       + versus_fp32_onnx(rows, served.get(reference), reference)) if classifier else []
+    peak = [versus_gemm_peak(gemm_peak_fraction)] if classifier or gemm_peak_fraction is not None else []
+    return ([versus_model_alone(served.get(reference))] + versus_request_path(served) + tails(served)
+            + classifier_only + [errors(rows)] + peak)
 
 
 def table(comparisons: list[Comparison]) -> str:

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contract.records import Manifest
+from contract.records import CLASSIFICATION, Manifest
 from export.package.archive import archive_files
 from handlers.policy import ServingPolicy
 
@@ -37,12 +37,14 @@ class Configuration:
     overrides: dict = field(default_factory=dict)  # pinned model-config keys (win over the serve-time policy)
     env: dict = field(default_factory=dict)  # extra environment for TorchServe and its workers
     speed_only_ungated: bool = False  # may serve a variant that failed its accuracy gate, labelled as such
+    classifier_only: str = ""  # why a detector's or segmenter's export cannot have this row (empty: any task can)
 
 
 CONFIGURATIONS = {
     NAIVE: Configuration("baseline: traced TorchScript, a handler as TorchServe's docs teach (PIL + torchvision "
                          "transforms), TorchServe's default workers (one per core), torch's default threads, "
-                         "no batching", NAIVE_ARTIFACT),
+                         "no batching", NAIVE_ARTIFACT,
+                         classifier_only="its handler is TorchServe's documented image classifier (crop, top-k)"),
     DEFAULT: Configuration("the policy `python -m serving` decides for this machine, the export's served artifact"),
     INT8: Configuration("the default policy with the int8 ONNX (export --precision fp32,int8); when its "
                         "accuracy gate failed (random weights) it is served here for its speed only and the "
@@ -67,10 +69,13 @@ CONFIGURATIONS = {
                                     "every core, no batching", None,
                                     {"minWorkers": CORES, "maxWorkers": CORES, "batchSize": 1, "threads": CORES}),
     "exact-decode": Configuration("the default with the handler setting decode: exact (every pixel decoded): "
-                                  "the request path before draft decoding", None, {"decode": "exact"}),
+                                  "the request path before draft decoding", None, {"decode": "exact"},
+                                  classifier_only="a whole-image task decodes every pixel already (no draft "
+                                                  "decode to turn off)"),
     LITSERVE: Configuration("the peer a user would pick instead: the export's served artifact and the same "
                             "preprocessing behind a minimal LitServe server (measure/served/peer_litserve.py: ONNX "
-                            "Runtime with 1 intra-op thread, 2 workers), sent each image as a multipart form file"),
+                            "Runtime with 1 intra-op thread, 2 workers), sent each image as a multipart form file",
+                            classifier_only="the peer runs a classifier's crop and top-k"),
     KSERVE: Configuration("the second engine: the same archive and request core in KServe's own ModelServer "
                           "(python -m serving --engine kserve), the default policy's worker processes and threads, "
                           "sent each image as KServe's v1 JSON (base64 in instances)"),
@@ -78,6 +83,39 @@ CONFIGURATIONS = {
                        "(python -m serving --engine ray, a head node of its own), the default policy's replicas and "
                        "CPUs, behind Serve's HTTP proxy; sent each image raw, as to TorchServe"),
 }
+
+FORM_PREFIX = "form:"  # form:KIND, a row of the default policy serving that one of the export's servable forms
+
+
+def configuration(name: str) -> Configuration:
+    """The row family `name` names: one of CONFIGURATIONS, or form:KIND."""
+    if name.startswith(FORM_PREFIX):
+        kind = name[len(FORM_PREFIX):]
+        return Configuration(f"the default policy serving the export's {kind} form alone", kind)
+    return CONFIGURATIONS[name]
+
+
+def known(name: str) -> bool:
+    return name in CONFIGURATIONS or (name.startswith(FORM_PREFIX) and len(name) > len(FORM_PREFIX))
+
+
+def default_names(manifest: Manifest) -> list[str]:
+    """What --configurations runs when not given. A classifier: every configuration. A detector or segmenter:
+    the served choice, each other form that passed parity on its own (the ceiling of each form served), and the
+    other engines; the classifier's baseline, peer and decode rows have no meaning there."""
+    if manifest.task == CLASSIFICATION:
+        return list(CONFIGURATIONS)
+    decision = manifest.decision()
+    forms = [f"{FORM_PREFIX}{kind}" for kind in decision.servable if kind != decision.served]
+    return [DEFAULT, *forms, KSERVE, RAY]
+
+
+def task_refusals(names: list[str], manifest: Manifest) -> list[str]:
+    """Why each of names cannot run on this export's task (empty: all can)."""
+    if manifest.task == CLASSIFICATION:
+        return []
+    return [f"{name}: {configuration(name).classifier_only}" for name in names if configuration(name).classifier_only]
+
 
 NAIVE_CONFIG = """# TorchServe with its defaults, on loopback only (the naive baseline of python -m measure bench)
 inference_address=http://127.0.0.1:8080
@@ -97,21 +135,21 @@ def ceiling_of(name: str, manifest: Manifest) -> tuple[str, str, dict]:
     """(key, artifact kind, handler settings) of the request path a configuration's pipeline ceiling measures:
     its artifact, decoded as its handler settings say (a decode setting gets a ceiling of its own)."""
     kind = served_kind(name, manifest)
-    settings = {k: v for k, v in CONFIGURATIONS[name].overrides.items() if k == "decode"}
+    settings = {k: v for k, v in configuration(name).overrides.items() if k == "decode"}
     return (f"{kind} (decode {settings['decode']})" if settings else kind), kind, settings
 
 
 def served_kind(name: str, manifest: Manifest) -> str:
     """The artifact kind a configuration serves."""
-    return CONFIGURATIONS[name].artifact or manifest.decision().served_kind()
+    return configuration(name).artifact or manifest.decision().served_kind()
 
 
 def ungated_verdict(name: str, manifest: Manifest) -> str | None:
     """'speed only, accuracy gate failed: ...' when this configuration serves a variant that failed its gate."""
-    configuration = CONFIGURATIONS[name]
-    why_not = manifest.decision().candidates.get(configuration.artifact, "")
-    if configuration.speed_only_ungated and why_not.startswith("accuracy gate"):
-        print(f"  {name}: SPEED ONLY, NOT SERVABLE: {configuration.artifact} {why_not}", flush=True)
+    row = configuration(name)
+    why_not = manifest.decision().candidates.get(row.artifact, "")
+    if row.speed_only_ungated and why_not.startswith("accuracy gate"):
+        print(f"  {name}: SPEED ONLY, NOT SERVABLE: {row.artifact} {why_not}", flush=True)
         return f"speed only, {why_not}"
     return None
 
@@ -122,11 +160,11 @@ def runnable(names: list[str], manifest: Manifest) -> list[str]:
     served = manifest.decision().served
     kept = []
     for name in names:
-        artifact = CONFIGURATIONS[name].artifact
+        artifact = configuration(name).artifact
         if artifact is not None and artifact not in manifest.artifacts:
             print(f"skipping {name}: this export has no {artifact} "
                   f"(python -m export ... --precision fp32,int8 adds onnx-int8)", flush=True)
-        elif artifact == served and name != NAIVE and not CONFIGURATIONS[name].overrides and DEFAULT in names:
+        elif artifact == served and name != NAIVE and not configuration(name).overrides and DEFAULT in names:
             print(f"skipping {name}: the export serves {artifact} already, so it is the default row", flush=True)
         else:
             kept.append(name)

@@ -187,6 +187,8 @@ def test_a_whole_run_is_compared_once_per_comparison_and_body(tmp_path):
     assert names[0].endswith("/ onnx-dynamo alone in-process at batch 8") and names[-1].startswith("best fp32")
     empty = comparisons.compare([], "cat.jpg", None)
     assert all(c.cleared is None and c.detail.startswith("not measured") for c in empty)
+    detector = [c.name for c in comparisons.compare(rows[1:3], "cat.jpg", None, classifier=False)]
+    assert len(detector) == 5 and not [n for n in detector if "naive" in n or "litserve" in n or "fp32-onnx" in n]
     files = [_image(tmp_path / "vga.jpg", (64, 48)), _image(tmp_path / "cat.jpg", (32, 32))]
     assert bench.reference_body(files) == "cat.jpg" and bench.reference_body(files[:1]) == "vga.jpg"
 

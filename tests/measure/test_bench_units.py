@@ -161,7 +161,7 @@ def test_bad_options_are_errors_that_say_what_to_give(tmp_path):
 
 def test_an_optional_engine_not_installed_is_skipped_by_default_and_refused_when_asked_for(monkeypatch, capsys):
     monkeypatch.setitem(configurations.OPTIONAL_ENGINES, configurations.RAY, "no_such_engine_module")
-    names = bench.DEFAULT_CONFIGURATIONS.split(",")
+    names = list(configurations.CONFIGURATIONS)
     assert configurations.RAY in names
     assert bench.with_installed_engines(names, explicit=False) == [n for n in names if n != configurations.RAY]
     assert "skipping ray: its engine is not installed (pip install -e '.[ray]')" in capsys.readouterr().out
@@ -229,3 +229,21 @@ def test_the_server_trees_cpu_time_is_counted_per_row_and_a_gone_server_counts_n
         child.wait()
     assert bench_rows.tree_cpu_s(child.pid) == {} and bench_rows.tree_cpu_s(None) == {}
     assert bench_rows.cpu_window(bench_rows.Served("x", "u", 1.0, {}), lambda: 1) == (1, None)
+
+
+def test_a_detectors_bench_serves_each_servable_form_and_refuses_the_classifier_rows(tmp_path):
+    import dataclasses
+    detector = dataclasses.replace(manifest("onnx-traced", ("traced", "scripted", "onnx-traced"),
+                                            name="fasterrcnn", candidates={"traced": "parity failed on blank"}),
+                                   task="detection")
+    assert configurations.default_names(detector) == ["default", "form:scripted", "kserve", "ray"]
+    assert configurations.served_kind("form:scripted", detector) == "scripted"
+    assert configurations.ceiling_of("form:scripted", detector) == ("scripted", "scripted", {})
+    assert "naive" in configurations.default_names(manifest("onnx-dynamo", ("traced", "onnx-dynamo")))
+    refused = configurations.task_refusals(["default", "naive", "litserve", "exact-decode"], detector)
+    assert [line.split(":")[0] for line in refused] == ["naive", "litserve", "exact-decode"]
+    (tmp_path / "manifest.json").write_text(detector.to_json())
+    with pytest.raises(bench.BenchError, match="fasterrcnn is a detection model; naive: its handler is"):
+        bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--configurations", "default,naive"]))
+    with pytest.raises(bench.BenchError, match="unknown configuration.*form:"):
+        bench.check(bench.parse_args(["--export-dir", str(tmp_path), "--configurations", "form:"]))
