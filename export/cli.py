@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "tensor (SQNR). Writes divergence.KIND.md / .json into the folder.")
     explain.add_argument("folder", type=Path)
     explain.add_argument("--kind", required=True, help="the artifact kind to explain (see manifest.json)")
+    explain.add_argument("--image", type=Path, default=None, metavar="PHOTO",
+                         help="explain on this photo, made the model's input as served (default: the probe the "
+                              "export recorded the form wrong on, else parity's inputs and the probes)")
 
     return parser
 

@@ -134,7 +134,7 @@ def explain_command(args) -> int:
     """Where one form of an export diverges (export.divergence), on the first input it fails, else the worst."""
     from export.divergence.command import explain_folder
     manifest, entry, module, progress = _rebuilt(args.folder)
-    report = explain_folder(args.folder, manifest, entry, module, args.kind, progress)
+    report = explain_folder(args.folder, manifest, entry, module, args.kind, progress, args.image)
     print(report.markdown())
     for suffix, text in (("md", report.markdown()), ("json", json.dumps(report.as_dict(), indent=2, default=str))):
         atomic_write_text(args.folder / f"divergence.{args.kind}.{suffix}", text)

@@ -1,25 +1,34 @@
-"""`python -m export explain FOLDER --kind KIND`: one form of a finished export explained on request, on the
-first input (parity's, then the trace-vs-script probes) where it leaves its tolerance, else on the one where it
-comes closest; the int8 form against its fp32 source on calibration images."""
+"""`python -m export explain FOLDER --kind KIND [--image PHOTO]`: one form of a finished export explained on
+request, on the photo given, else on the first of the export's inputs (the probes it recorded the form wrong on,
+then parity's, then the other probes) where it leaves its tolerance, else on the one where it comes closest; a
+detector's output compared as a set (export.divergence.sets); a form the export refused is made again to be
+explained (export.divergence.remake); the int8 form against its fp32 source on calibration images."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from export.checks.parity import compare_outputs, parity_inputs
+from contract.records import DETECTION
 from export.divergence.explain import explain, runner_for
-from export.divergence.taps import MAX_ROWS
+from export.divergence.inputs import candidates, failing_input
+from export.divergence.remake import Form
 from export.errors import ExportError
 from export.forms import kinds
+from export.forms.tolerances import held_to
 from runtime import RunOptions, open_artifact
 
 
-def explain_folder(folder: Path, manifest, entry, module: torch.nn.Module, kind: str, progress):
+def explain_folder(folder: Path, manifest, entry, module, kind: str, progress, image: Path | None = None):
     records = manifest.artifacts
+    if kind not in records and kind in manifest.refused:
+        from export.divergence.remake import remade
+        with remade(kind, manifest, entry, module, progress) as form:
+            report = explain_form(kind, form, manifest, entry, module, progress, image)
+        report.notes.insert(0, form.note)
+        return report
     if kind not in records:
-        raise ExportError(f"--kind {kind}: not in this export; its kinds: {', '.join(records)}")
+        refused = f"; refused: {', '.join(manifest.refused)}" if manifest.refused else ""
+        raise ExportError(f"--kind {kind}: not in this export; its kinds: {', '.join(records)}{refused}")
     record = records[kind]
     if record.precision == "int8":
         return _explain_int8(folder, manifest, entry, module, record, progress)
@@ -27,37 +36,28 @@ def explain_folder(folder: Path, manifest, entry, module: torch.nn.Module, kind:
         raise ExportError(f"--kind {kind}: a {record.precision} variant is gated on accuracy, not held to eager "
                           "layer by layer; explain its fp32 source instead (--kind "
                           f"{record.source})")
+    form = Form(record.format, folder / record.path, record.spatial_dynamic)
+    return explain_form(kind, form, manifest, entry, module, progress, image)
+
+
+def explain_form(kind: str, form: Form, manifest, entry, module, progress, image: Path | None):
     tolerance = kinds.get(kind).tolerance
-    backend = open_artifact(record.format, folder / record.path, RunOptions(), kind)
-    name, batch, output = _failing_input(manifest, entry, module, backend, tolerance, record.spatial_dynamic,
-                                         progress)
-    progress.step(f"explaining {kind} on '{name}' (every intermediate of eager and the form kept)")
-    runner = runner_for(record.format, folder / record.path, module, entry.example_input())
-    return explain(kind, runner, module, output, batch, name, tolerance)
-
-
-def _failing_input(manifest, entry, module, backend, tolerance, spatial_dynamic: bool, progress):
-    """(name, batch, the form's output) of the first input out of tolerance, else of the closest call."""
-    candidates = [(b.name, b.tensor) for b in parity_inputs(manifest.input.example_shape, manifest.input.value_range,
-                                                            spatial_dynamic=spatial_dynamic)]
-    candidates += list((entry.probe_inputs() or {}).items()) if entry.probe_inputs else []
-    worst = None
-    for name, tensor in candidates:
-        batch = tensor[:MAX_ROWS]
-        try:
-            output = backend(batch)
-        except Exception as error:  # noqa: BLE001 - an input this form does not take (a size it does not claim)
-            progress.step(f"not explained on '{name}': the form does not run it ({type(error).__name__})")
-            continue
-        with torch.inference_mode():
-            metrics, passed = compare_outputs(module(batch), output, tolerance)
-        if not passed:
-            return name, batch, output
-        if worst is None or metrics["max_abs"] > worst[0]:
-            worst = (metrics["max_abs"], name, batch, output)
-    if worst is None:
-        raise ExportError("the form ran none of the parity or probe inputs; run python -m export parity FOLDER")
-    return worst[1:]
+    sets = held_to(tolerance, DETECTION, entry.limits) if entry.task == DETECTION else None
+    backend = open_artifact(form.format, form.path, RunOptions(), kind)
+    tried = candidates(manifest, entry, kind, form.spatial_dynamic, image)
+    found = failing_input(module, backend, sets or tolerance, tried, progress)
+    progress.step(f"explaining {kind} on '{found.name}' (every intermediate of eager and the form kept)")
+    runner = runner_for(form.format, form.path, module, entry.example_input())
+    try:
+        report = explain(kind, runner, module, found.output, found.batch, found.name, tolerance, sets=sets)
+    except (RuntimeError, ValueError, IndexError) as error:  # the runtime with every value kept refused the input
+        raise ExportError(f"{kind}: its intermediates could not be read on '{found.name}' ({type(error).__name__}: "
+                          f"{str(error).strip().splitlines()[-1][:200] if str(error).strip() else ''}); try "
+                          "another input with --image, or another kind") from None
+    if found.not_run:
+        report.notes.append("inputs the form does not run at all (an error, no intermediates to compare): "
+                            + "; ".join(found.not_run))
+    return report
 
 
 def _explain_int8(folder: Path, manifest, entry, module, record, progress):

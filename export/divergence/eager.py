@@ -49,12 +49,14 @@ class EagerTaps:
 
         def _record(module, output, line):
             path = self.paths.get(id(module))
-            tensor = output[0] if isinstance(output, (tuple, list)) and output else output
-            if path is None or not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            values = list(output) if isinstance(output, (tuple, list)) else [output]
+            floats = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
+            if path is None or not floats:
                 return
-            key = counter.key(path)
+            key, tensor = counter.key(path), floats[0]
+            others = tuple(as_value(v) for v in floats[1:]) if keep(key) else ()
             found.append(Tap(key, type(module).__name__, line, as_value(tensor) if keep(key) else None,
-                             tuple(tensor.shape), name=key))
+                             tuple(tensor.shape), name=key, others=others))
 
         handles = [m.register_forward_hook(record) for m in self.module.modules()]
         try:

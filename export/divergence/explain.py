@@ -17,9 +17,10 @@ from torch import nn
 from export.divergence.compare import Matching, match, owners, plan_passes
 from export.divergence.eager import EagerTaps
 from export.divergence.report import Divergence
+from export.divergence.sets import SetVerdict, compare_set_outputs, diagnose, without_root
 from export.divergence.taps import MAX_ROWS, MEMORY_BUDGET_BYTES, TapRunner
 from export.errors import ExportError
-from export.forms.tolerances import Tolerance
+from export.forms.tolerances import SetTolerance, Tolerance
 
 EXPORTED_PROGRAM_FILE = "model.exported.pt2"  # the kind "exported": what an AOTInductor package was compiled from
 
@@ -52,20 +53,29 @@ def _aoti_source(path: Path, module: nn.Module, example: torch.Tensor, known: se
     return ProgramTaps(export_program(torch_export_form(module), example, spatial_dynamic=False), NOTE_AOTI, known)
 
 
-def explain(kind: str, runner: TapRunner, module: nn.Module, form_output: torch.Tensor, batch: torch.Tensor,
-            inputs: str, tolerance: Tolerance, budget: int = MEMORY_BUDGET_BYTES) -> Divergence:
-    """The divergence report of a form whose output on `batch` was `form_output` (as served)."""
+def explain(kind: str, runner: TapRunner, module: nn.Module, form_output, batch: torch.Tensor, inputs: str,
+            tolerance: Tolerance, budget: int = MEMORY_BUDGET_BYTES, sets: SetTolerance | None = None) -> Divergence:
+    """The divergence report of a form whose output on `batch` was `form_output` (as served). With `sets` (a
+    detector) the output is compared as a set and the model's own call is left out of the element-wise rows."""
     started, batch = time.perf_counter(), batch[:MAX_ROWS]
     eager = EagerTaps(module.eval())
     matching, passes, kept = _matched(eager, runner, batch, tolerance, budget)
     expected = eager.output(batch)
-    output = form_output[:MAX_ROWS]
-    output_max_abs = ((output.double() - expected.double()).abs().max().item() if output.shape == expected.shape
-                      else float("inf"))
+    verdict = None
+    if sets is not None:
+        matching = without_root(matching)
+        comparison = compare_set_outputs(expected, form_output, sets)
+        verdict = SetVerdict(comparison, sets, diagnose(kind, matching, comparison))
+        output_max_abs = (comparison.worst_score_diff or 0.0) if comparison.passed else float("inf")
+    else:
+        output = form_output[:MAX_ROWS]
+        output_max_abs = ((output.double() - expected.double()).abs().max().item()
+                          if output.shape == expected.shape else float("inf"))
     first = matching.first
     divergence = Divergence(kind, f"'{inputs}', {len(batch)} row(s)", tolerance, matching, output_max_abs,
-                            runner.note, definition=eager.definition(first.key.split("@")[0]) if first else "")
-    divergence.notes += _notes(matching, output_max_abs, tolerance)
+                            runner.note, definition=eager.definition(first.key.split("@")[0]) if first else "",
+                            sets=verdict)
+    divergence.notes += [] if verdict else _notes(matching, output_max_abs, tolerance)
     divergence.cost = {"seconds": round(time.perf_counter() - started, 2), "passes": passes,
                        "intermediates_mb": round(kept / 2**20, 1), "peak_rss_mb": _peak_rss_mb()}
     return divergence
@@ -122,7 +132,15 @@ def explain_failures(parity, module: nn.Module, artifacts: dict, backends: dict,
         try:
             runner = runner_for(artifact.format, artifact.path, module, example)
             found[kind] = explain(kind, runner, module, backends[kind](batch[:MAX_ROWS]), batch, comparison.inputs,
-                                  comparison.tolerance)
+                                  *_tolerances(kind, comparison.tolerance))
         except Exception as error:  # noqa: BLE001 - the report is help on top of a failure; say why it is missing
             found[kind] = f"{kind}: no divergence report ({type(error).__name__}: {str(error)[:300]})"
     return found
+
+
+def _tolerances(kind: str, held_to: Tolerance | SetTolerance) -> tuple:
+    """(the element-wise tolerance of the tensors inside, the budget default, the set tolerance or None)."""
+    if isinstance(held_to, SetTolerance):  # a detector: its tensors inside are held to its kind's tolerance
+        from export.forms import kinds
+        return kinds.get(kind).tolerance, MEMORY_BUDGET_BYTES, held_to
+    return held_to, MEMORY_BUDGET_BYTES, None

@@ -5,10 +5,14 @@ and one line for the failure message."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from export.divergence.compare import Matching, Row
 from export.divergence.taps import short_source
 from export.forms.tolerances import Tolerance
+
+if TYPE_CHECKING:
+    from export.divergence.sets import SetVerdict
 
 
 @dataclass
@@ -22,6 +26,7 @@ class Divergence:
     definition: str = ""  # where the first diverging module's class defines forward (user modules)
     notes: list[str] = field(default_factory=list)
     cost: dict = field(default_factory=dict)  # seconds, peak_rss_mb, passes
+    sets: SetVerdict | None = None  # a detector: its output compared as a set, and where the difference lies
 
     @property
     def first(self) -> Row | None:
@@ -29,6 +34,9 @@ class Divergence:
 
     def line(self) -> str:
         first = self.first
+        if self.sets is not None:
+            verdict = "the set agrees" if self.sets.passed else "the set differs"
+            return f"{self.kind}: {verdict} ({self.sets.comparison.line()}); {self.sets.diagnosis}"
         if first is None and self.output_max_abs <= self.tolerance.atol:
             return f"{self.kind}: agrees with eager on these rows (every module output and the output within tolerance)"
         if first is None:
@@ -45,16 +53,21 @@ class Divergence:
                 "downstream": [r.as_dict() for r in self.matching.downstream()],
                 "compared": len(self.matching.rows), "not_in_form": self.matching.missing,
                 "output_max_abs": self.output_max_abs, "runner": self.runner_note, "notes": self.notes,
-                "cost": self.cost, "summary": self.line()}
+                "cost": self.cost, "summary": self.line(),
+                "set": self.sets.as_dict() if self.sets is not None else None}
 
     def markdown(self) -> str:
         lines = [f"### Where {self.kind} diverges", "", f"**{self.line()}**", ""]
+        if self.sets is not None:
+            lines += self.sets.markdown() + [""]
         first = self.first
         if first is not None:
             lines += self._first_lines(first)
+        output = ("" if self.sets is not None else
+                  f"; the form's own output differs by max abs {self.output_max_abs:.3g}")
         lines += [f"Run on {self.inputs}; {len(self.matching.rows)} module outputs compared "
-                  f"(tolerance atol {self.tolerance.atol:g} / rtol {self.tolerance.rtol:g}); the form's own output "
-                  f"differs by max abs {self.output_max_abs:.3g}. Intermediates: {self.runner_note}."]
+                  f"(tolerance atol {self.tolerance.atol:g} / rtol {self.tolerance.rtol:g}){output}. "
+                  f"Intermediates: {self.runner_note}."]
         lines += [f"- {note}" for note in self.notes]
         if self.matching.missing:
             lines.append(f"- {len(self.matching.missing)} module call(s) left no value of their own in the form "
@@ -74,7 +87,15 @@ class Divergence:
         if self.definition:
             lines.append(f"- the module's forward: {short_source(self.definition)}")
         lines += ["", "| module | type | op | line | max abs | rel. L2 | within |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| `{r.key or '(root)'}` | {r.module_type} | {r.op} | {short_source(r.source)} | {r.max_abs:.3g} "
-                  f"| {r.relative_l2:.3g} | {'yes' if r.within else 'NO'}{' - ' + r.note if r.note else ''} |"
+        lines += [f"| `{r.key or '(root)'}` | {r.module_type} | {r.op} | {short_source(r.source)} | {_abs(r)} "
+                  f"| {_l2(r)} | {'yes' if r.within else 'NO'}{' - ' + r.note if r.note else ''} |"
                   for r in self.matching.downstream()]
         return lines + [""]
+
+
+def _abs(row: Row) -> str:
+    return "-" if row.shape_differs else f"{row.max_abs:.3g}"  # no element-wise difference between other shapes
+
+
+def _l2(row: Row) -> str:
+    return "-" if row.shape_differs else f"{row.relative_l2:.3g}"

@@ -34,6 +34,9 @@ class Tap:
     value: torch.Tensor | None = None  # float32 on the CPU; None when this pass does not keep the key
     shape: tuple[int, ...] = ()
     name: str = ""  # the form's own name for the value (ONNX tensor, FX node, TorchScript value)
+    # eager only: a module answering a tuple (PNet's box offsets and scores) has more than one value; the form's
+    # value made last within the module may be any of them, so the others are kept to compare with
+    others: tuple[torch.Tensor, ...] = ()
 
     @property
     def module(self) -> str:

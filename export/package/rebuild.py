@@ -6,7 +6,7 @@ from contract.records import ContractError, Manifest
 from models.registry import ModelEntry
 
 # manifest.weights["kind"] -> the --weights choice that builds those weights again ("path" gives its source)
-WEIGHTS_CHOICE = {"imagenet": "imagenet", "random": "random", "factory": "auto"}
+WEIGHTS_CHOICE = {"imagenet": "imagenet", "random": "random", "factory": "auto", "trained": "auto", "coco": "coco"}
 
 
 def entry_from_manifest(manifest: Manifest) -> ModelEntry:
