@@ -27,6 +27,7 @@ from export.package.archive import ArchiveRequest, PendingArchive, prepare_archi
 from export.package.manifest import ExportFindings, assemble_manifest, write_manifest
 from export.package.reports import write_reports
 from export.package.selection import Candidate, artifact_needs, decide
+from export.precision.detector_variants import DetectorSources, build_detector_variants
 from export.precision.gate import GATE_ENFORCE
 from export.precision.request import PrecisionRequest, automatic_skip_reason, sources_to_build
 from export.precision.variants import PrecisionReport, VariantSources, build_variants
@@ -262,6 +263,8 @@ def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: Tr
     request = run.options.precision
     if not request.wanted:
         return None
+    if run.entry.held_out is not None:  # a trained detector: gated box by box on its held-out photos
+        return _detector_variants(run, built, checked, paths)
     why_not = automatic_skip_reason(request, built.weights.kind, run.entry.input_spec.preprocessing is not None)
     if why_not:
         run.progress.step(f"reduced precision not built: {why_not}")
@@ -280,6 +283,14 @@ def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: Tr
             return None
         print_gate(variants, request.gate, run.progress)
     return variants
+
+
+def _detector_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: TraceVsScript) -> PrecisionReport | None:
+    sources = DetectorSources(run.stage, built.module, checked.artifacts,
+                              eligible_sources(checked.artifacts, checked.parity, paths), run.entry.held_out,
+                              run.entry.limits, run.example, built.weights.kind)
+    with run.timed("precision"):
+        return build_detector_variants(sources, run.options.precision, run.options.device, run.progress, run.refusals)
 
 
 def eligible_sources(artifacts: dict, parity: ParityReport, paths: TraceVsScript) -> list[str]:

@@ -78,13 +78,25 @@ def face_photos() -> dict[str, Tensor]:
             "10 x 10 (under the smallest face)": photo_tensor(data.astronaut()[200:210, 200:210])}
 
 
-def face_grid(rows: int = 5, columns: int = 5, zoom: int = 4):
-    """scikit-image's Labeled Faces in the Wild crops (25 x 25 grey, faces first), enlarged and tiled."""
+def face_grid(rows: int = 5, columns: int = 5, zoom: int = 4, first: int = 0):
+    """scikit-image's Labeled Faces in the Wild crops (25 x 25 grey; the first 100 faces, the other 100 not) from
+    `first` on, enlarged and tiled."""
     import numpy as np
     from skimage import data
-    faces = (data.lfw_subset()[:rows * columns] * 255).round().astype(np.uint8)
+    faces = (data.lfw_subset()[first:first + rows * columns] * 255).round().astype(np.uint8)
     tiles = [np.kron(face, np.ones((zoom, zoom), np.uint8)) for face in faces]
     return np.concatenate([np.concatenate(tiles[r * columns:(r + 1) * columns], axis=1) for r in range(rows)])
+
+
+def held_out_photos() -> dict[str, Tensor]:
+    """Real photographs that are none of the probes, on which a reduced-precision cascade is gated box by box:
+    lfw_subset's faces after the probe grid's 25, tiled at other sizes, its crops without a face, and a cat."""
+    from skimage import data
+    return {"lfw_subset faces 26-50, 5 x 5 grid, x3 (75 px faces)": photo_tensor(face_grid(zoom=3, first=25)),
+            "lfw_subset faces 51-75, 5 x 5 grid, x5": photo_tensor(face_grid(zoom=5, first=50)),
+            "lfw_subset faces 76-100, 5 x 5 grid, x4": photo_tensor(face_grid(first=75)),
+            "lfw_subset crops 101-125 (no faces), 5 x 5 grid, x4": photo_tensor(face_grid(first=100)),
+            "chelsea (a cat, no face)": photo_tensor(data.chelsea())}
 
 
 PASTED_FACE = (160, 40, 290, 200)  # the astronaut's head, left top right bottom
@@ -112,6 +124,7 @@ def mtcnn_entry(**fields) -> ModelEntry:
         input_spec=InputSpec(shape=EXAMPLE_SHAPE, resizes_in_graph=True, min_size=0, resize_rule=SERVING_RULE,
                              dynamic_batch=False),
         build=build, probe_inputs=face_photos, example=example_photo, source={"registry": ENTRY_NAME},
+        held_out=held_out_photos,
         outputs=("boxes", "labels", "scores"), limits=LIMITS)
     return dataclasses.replace(entry, **fields)
 

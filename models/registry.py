@@ -96,6 +96,8 @@ class ModelEntry:
     outputs: tuple[str, ...] = ("output",)  # the names of its outputs, in order
     limits: DetectionLimits | None = None  # detection: its score threshold and cap on boxes
     example: Callable[[], torch.Tensor] | None = None  # the tracing example, when uniform noise is not one
+    # A trained detector: held-out photographs (none of them a probe) on which reduced precision is gated box by box.
+    held_out: Callable[[], dict[str, torch.Tensor]] | None = None
 
     def example_input(self) -> torch.Tensor:
         if self.example is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from contract.records import CLASSIFICATION, DETECTION
 from export.errors import ExportError
 from export.forms import exporters, openvino_ir, torch_export
 from export.forms.tolerances import (
@@ -64,6 +65,7 @@ class ArtifactKind:
     fast_on: Needs = Needs()  # what it needs to be fast, besides running (bf16: native bf16 instructions)
     fast_why: str = ""  # the measurement behind fast_on (docs/hardware-choice.md)
     companions: tuple[str, ...] = ()  # files beside file_name that it opens too (an OpenVINO IR's weights)
+    task: str = CLASSIFICATION  # variants: the task whose gate judges it (top-1 agreement, or boxes for detection)
 
     def __post_init__(self):
         if self.input_sizes not in INPUT_SIZES:
@@ -117,6 +119,11 @@ OPENVINO_INT8_BF16_WHY = ("the layers NNCF left in floating point run in bf16 on
                           "them OpenVINO runs them in f32 and it is openvino-int8 again (docs/precision.md)")
 OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an AVX2 "
                      f"CPU); with them it runs well ahead of fp32 ({MEASURED})")
+# A detector's networks in bf16 (docs/mtcnn.md#reduced-precision has its measurements).
+BACKBONE_BF16_RANK = ("just before scripted, its fp32 source, so that the load-time measurement weighs the two; "
+                      "a detector's box-gated variant, chosen only on a CPU that computes in bf16 (docs/mtcnn.md)")
+BACKBONE_BF16_WHY = ("oneDNN runs the bf16 convolutions natively only with avx512_bf16/amx_bf16; elsewhere they are "
+                     "emulated, slower than fp32 (docs/precision.md)")
 
 
 def register(kind: ArtifactKind) -> ArtifactKind:
@@ -226,6 +233,12 @@ for _kind in (
         rank_reason="fast only on CPUs with native bf16: served when asked (--serve)",
         precision="bf16", run_precision="bf16", sources=("scripted",), fast_on=Needs(cpu_any=(BF16_FLAGS,)),
         fast_why="PyTorch's CPU autocast emulates bf16 without avx512_bf16/amx_bf16, many times slower than fp32"),
+    ArtifactKind(
+        name="scripted-bf16-backbone", file_name="model.bf16-backbone.scripted.pt", format=TORCHSCRIPT,
+        exporter="torch.jit.script of the model with every Conv2d and Linear in bf16 between fp32 tensors "
+                 "(channels_last); boxes, NMS and crops stay fp32 (export/precision/backbone.py)",
+        input_sizes=SOURCE_SIZES, serving_rank=38, rank_reason=BACKBONE_BF16_RANK, precision="bf16",
+        sources=("scripted",), fast_on=Needs(CPU, (BF16_FLAGS,)), fast_why=BACKBONE_BF16_WHY, task=DETECTION),
     ArtifactKind(
         name="scripted-fp16", file_name="model.scripted.pt", format=TORCHSCRIPT,
         exporter="torch.autocast(float16) around the scripted module", input_sizes=SOURCE_SIZES, serving_rank=None,

@@ -54,6 +54,30 @@ BF16_TOLERANCE = INT8_TOLERANCE
 FP16_TOLERANCE = GateTolerance(min_top1_agreement=0.99, min_top5_agreement=0.995, max_relative_logit_error=0.05,
                                max_accuracy_drop_points=0.5)
 TOLERANCE_BY_PRECISION = {"int8": INT8_TOLERANCE, "bf16": BF16_TOLERANCE, "fp16": FP16_TOLERANCE}
+
+
+@dataclass(frozen=True)
+class BoxGateTolerance:
+    """A detector's gate (export.precision.detections): its boxes matched to fp32's as parity matches them."""
+
+    box_iou: float  # a box is fp32's box of the same label (the same object) from this IoU
+    min_mean_box_iou: float  # the matched boxes' mean IoU with fp32's: where the objects are
+    min_recall: float  # fp32's boxes matched, over all held-out photos
+    min_precision: float  # the variant's boxes matched, over all held-out photos
+    max_score_diff: float  # the largest score difference of a matched pair; also the edge of the score threshold
+    min_mask_iou: float  # a matched mask (Mask R-CNN) overlaps fp32's from this IoU
+
+
+# Why these bounds. The same object: IoU 0.5, the match detection benchmarks count (PASCAL VOC, WIDER FACE), because
+# a cascade's NMS may keep a neighbouring candidate when two scores are close, and that box overlaps fp32's by less
+# than rounding would (docs/mtcnn.md#reduced-precision); where the boxes are: their mean IoU with fp32's >= 0.9, which
+# a network that shifts or resizes every box fails. 98 % recall and precision allow one box in 50 to cross the score
+# threshold, as parity excuses a box at the edge, while a broken network loses or invents many. bf16 rounds each value
+# to 2^-9 of itself; through a detector's networks a probability moves by thousandths, and 0.02 leaves headroom while
+# a broken layer moves scores by tenths.
+BF16_BOX_TOLERANCE = BoxGateTolerance(box_iou=0.5, min_mean_box_iou=0.9, min_recall=0.98, min_precision=0.98,
+                                      max_score_diff=0.02, min_mask_iou=0.9)
+BOX_TOLERANCE_BY_PRECISION = {"bf16": BF16_BOX_TOLERANCE}
 # Top-1 agreement is counted where fp32 is confident (export.checks.agreement.CONFIDENT_MARGIN); on fewer than this
 # many confident images (e.g. a random-weight model) it is counted on every image.
 MIN_CONFIDENT_IMAGES = 32

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.records import CLASSIFICATION
 from export.errors import ExportError
 from export.forms import kinds
 from export.precision.calibration import DEFAULT_CALIBRATION_SAMPLES
@@ -41,18 +42,19 @@ class PrecisionRequest:
         """The variant kinds the requested precisions make here, in table order."""
         return self.kinds_to_build()
 
-    def kinds_to_build(self, flags: set[str] | frozenset[str] | None = None) -> list[str]:
-        """The variant kinds the requested precisions make on a CPU with `flags` (default: read here)."""
-        left_out = self.left_out(flags)
-        return [name for name in self._requested_kinds() if name not in left_out]
+    def kinds_to_build(self, flags: set[str] | frozenset[str] | None = None, task: str = CLASSIFICATION) -> list[str]:
+        """The variant kinds the requested precisions make for a `task`'s model on a CPU with `flags` (default: read
+        here)."""
+        left_out = self.left_out(flags, task)
+        return [name for name in self._requested_kinds(task) if name not in left_out]
 
-    def left_out(self, flags: set[str] | frozenset[str] | None = None) -> dict[str, str]:
+    def left_out(self, flags: set[str] | frozenset[str] | None = None, task: str = CLASSIFICATION) -> dict[str, str]:
         """The kinds of the requested precisions not built here (this CPU's `flags`; default: read here), with why."""
-        return {name: why for name in self._requested_kinds()
+        return {name: why for name in self._requested_kinds(task)
                 if (why := left_out_here(kinds.get(name), self.target_flags, flags))}
 
-    def _requested_kinds(self) -> list[str]:
-        return [k.name for k in kinds.all_kinds() if k.is_variant and k.precision in self.precisions]
+    def _requested_kinds(self, task: str) -> list[str]:
+        return [k.name for k in kinds.all_kinds() if k.is_variant and k.precision in self.precisions and k.task == task]
 
 
 def parse_precisions(text: str) -> tuple[str, ...]:
