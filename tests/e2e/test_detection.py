@@ -19,7 +19,10 @@ from PIL import Image
 
 from contract.policy import PolicyChoices, ServingPolicy
 from contract.records import DETECTION, SEGMENTATION, Manifest
+from handlers.policy import machine_policy, this_machine
 from handlers.tasks import open_core
+from measure.request_path import stages
+from measure.served import ceiling, configurations
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
 from serving.settings import free_port
@@ -200,3 +203,24 @@ def test_ray_answers_what_the_served_form_answers_in_process(ray_served, in_proc
                                timeout=300)
         assert served.status_code == 200, served.text
         assert served.json() == json.loads(json.dumps(in_process[arch].answer(body)))
+
+
+def test_each_served_form_of_a_detector_gets_its_request_path_measured_beside_the_model_alone(exports, tmp_path):
+    """`python -m measure pipeline` and the serving benchmark's ceilings run the detector's own request core
+    (whole-image resize, boxes), one row per form the benchmark serves (its servable forms)."""
+    export_dir, out = exports["base"] / DETECTOR, tmp_path / "pipeline"
+    assert stages.main(["--export-dir", str(export_dir), "--images", str(CAT), "--seconds", "0.1",
+                        "--out", str(out)]) == 0
+    report = json.loads((out / "pipeline.json").read_text())
+    manifest = Manifest.read(export_dir)
+    assert report["context"]["model"] == DETECTOR and [row["decode"] for row in report["rows"]] == ["exact"]
+    assert report["rows"][0]["shown"] == list(Image.open(CAT).size) and report["rows"][0]["stage_ms"]["inference"] > 0
+    names = configurations.default_names(manifest)
+    forms = [n for n in names if n.startswith(configurations.FORM_PREFIX)]
+    assert names[0] == "default" and {"kserve", "ray"} <= set(names)
+    assert {n.split(":")[1] for n in forms} == set(manifest.decision().servable) - {manifest.decision().served}
+    policy = machine_policy(*this_machine())
+    found = ceiling.measure(export_dir, manifest, [configurations.ceiling_of(n, manifest) for n in names[:2]],
+                            [CAT], policy, 0.1)
+    assert set(found.per_kind) == {manifest.decision().served, forms[0].split(":")[1]}
+    assert all(found.of(kind, CAT.name) > 0 for kind in found.per_kind)
