@@ -80,6 +80,8 @@ def owners(form: list[Tap]) -> dict[str, int]:
         parts = tap.module.split(".") if tap.module else []
         enclosing = {".".join(parts[:depth]) for depth in range(len(parts))}
         open_parents &= enclosing | {tap.module}
+        if tap.key == tap.module:  # a first call's own value: its children's values that follow are its too
+            open_parents.add(tap.module)
         for parent in enclosing:
             if parent not in last or parent in open_parents:
                 last[parent] = index
@@ -97,6 +99,9 @@ def match(eager: list[Tap], form: list[Tap], tolerance: Tolerance) -> Matching:
             continue
         if index in claimed or reference.value is None or form[index].value is None:
             continue  # a parent whose value is its last child's (already compared), or not kept in this pass
+        if not _comparable(reference, form[index]):
+            result.missing.append(reference.key)
+            continue
         claimed.add(index)
         result.rows.append(compare_tap(reference, form[index], tolerance, _folded_run(owner, eager, position)))
     return result
@@ -141,6 +146,13 @@ def _row(reference: Tap, candidate: Tap, tolerance: Tolerance) -> Row:
     within = finite and (elementwise or relative_l2 <= L2_FACTOR * max(tolerance.atol, tolerance.rtol))
     return Row(**base, max_abs=diff.max().item() if diff.numel() else 0.0, relative_l2=relative_l2, within=within,
                note="" if finite else "non-finite values")
+
+
+def _comparable(reference: Tap, candidate: Tap) -> bool:
+    """False for a module answering a tuple whose value in the form has none of its outputs' shapes: the form's
+    last value within it is then not one of its outputs (an ONNX Flatten after its heads), and says nothing."""
+    shapes = {tuple(reference.value.shape)} | {tuple(o.shape) for o in reference.others}
+    return not reference.others or tuple(candidate.value.shape) in shapes
 
 
 def _same_output(reference: Tap, candidate: Tap) -> torch.Tensor:
