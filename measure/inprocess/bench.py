@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from contract.errors import VisionExportError
-from contract.records import CLASSIFICATION, MANIFEST_NAME, Manifest
+from contract.records import CLASSIFICATION, DETECTION, MANIFEST_NAME, Manifest
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
 
 # Re-exported: the CLI's defaults, and what serving's benchmark and the tests use as `measure.inprocess.bench`.
@@ -90,16 +90,42 @@ class Target:
     precision: str  # what it computes in (the manifest's `precision`)
     open: Callable[[RunOptions], object]
     run_precision: str = "fp32"  # RunOptions.precision it needs (bf16: autocast; int8 ONNX runs as-is: fp32)
+    batches: tuple[int, ...] = ()  # the batch sizes it takes (empty: the export's, batches_for)
 
 
-def targets_for(folder: Path, manifest: Manifest, module: torch.nn.Module) -> list[Target]:
+class ImagesInOneCall(torch.nn.Module):
+    """A torchvision detector given N same-size images in one call (its transform pads them into one tensor):
+    the most that batching requests could buy, which the exported one-image graphs cannot take."""
+
+    def __init__(self, detector: torch.nn.Module):
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(found["scores"] for found in self.detector(list(batch)))
+
+
+LIST_BATCH_CAP = 8  # images per call of ImagesInOneCall: enough to show whether batching pays, short enough to run
+
+
+def targets_for(folder: Path, manifest: Manifest, module: torch.nn.Module,
+                batches: tuple[int, ...] = ()) -> list[Target]:
+    """Eager, every artifact of the manifest, and for a torchvision detector (with `batches`) eager with several
+    images in one call."""
     targets = [Target("eager", "eager", "fp32", lambda options: EagerBackend(module, options))]
+    listed = tuple(b for b in batches if b <= LIST_BATCH_CAP)
+    if manifest.task == DETECTION and hasattr(module, "model") and len(listed) > 1:
+        targets.append(Target("eager-list", "eager", "fp32", listed_backend(module.model), batches=listed))
     for kind, record in manifest.artifacts.items():
         path = folder / record.path
         targets.append(Target(kind, record.format, record.precision,
                               lambda options, r=record, p=path, k=kind: open_artifact(r.format, p, options, k),
                               record.run_precision))
     return targets
+
+
+def listed_backend(detector: torch.nn.Module) -> Callable[[RunOptions], object]:
+    return lambda options: EagerBackend(ImagesInOneCall(detector), options, name="eager-list")
 
 
 def eager_module(manifest: Manifest) -> torch.nn.Module:
@@ -128,18 +154,19 @@ def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, sa
     flops = count_flops(module, torch.rand(1, *sample_shape))
     report.flops_per_image[model] = flops
     batches = batches_for(manifest, plan.batches, say)
+    targets = targets_for(folder, manifest, module, tuple(plan.batches))
     say(f"{model}: {flops / 1e9:.2f} GFLOP per image (torch.utils.flop_counter), "
-        f"{len(manifest.artifacts) + 1} targets x {len(plan.threads)} thread counts x {len(batches)} batches")
-    inputs = {b: torch.rand(b, *sample_shape, generator=torch.Generator().manual_seed(b)) for b in batches}
-    targets = targets_for(folder, manifest, module)
-    total, done = len(targets) * len(plan.threads) * len(batches), 0
+        f"{len(targets)} targets x {len(plan.threads)} thread counts x {len(batches)} batches")
+    inputs = {b: torch.rand(b, *sample_shape, generator=torch.Generator().manual_seed(b))
+              for b in {*batches, *(b for t in targets for b in t.batches)}}
+    total, done = sum(len(t.batches or batches) for t in targets) * len(plan.threads), 0
     for threads in plan.threads:
         opened = open_targets(model, targets, threads, report, say, first=threads == plan.threads[0])
         runs: dict[tuple[str, int], list[float]] = {}
         for round_index in range(plan.rounds):  # every target once per round: a neighbour's load hits them alike
             last = round_index == plan.rounds - 1
             for target, backend in opened:
-                for batch in batches:
+                for batch in target.batches or batches:
                     timed = runs.setdefault((target.name, batch), [])
                     timed.extend(time_runs(lambda b=backend, x=inputs[batch]: b.predict(x),
                                            plan.warmup if round_index == 0 else 0, plan.repeats, plan.min_seconds))
@@ -148,7 +175,7 @@ def bench_export(folder: Path, plan: Plan, peaks: list[Peak], report: Report, sa
                         report.rows.append(row)
                         done += 1
                         say(f"  [{done}/{total}] {progress_line(row)}")
-        done += (len(targets) - len(opened)) * len(batches)
+        done += sum(len(t.batches or batches) for t in targets) - sum(len(t.batches or batches) for t, _ in opened)
         del opened
 
 
@@ -158,7 +185,9 @@ def batches_for(manifest: Manifest, batches: list[int], say: Callable[[str], Non
     if manifest.task == CLASSIFICATION or batches == [1]:
         return batches
     say(f"{manifest.model.name}: a {manifest.task} model's forms take one image at a time: batch 1 only "
-        f"(not {', '.join(str(b) for b in batches if b != 1)})")
+        f"(not {', '.join(str(b) for b in batches if b != 1)})"
+        + ("; eager-list times torchvision's own list of same-size images per call, what batching could buy"
+           if manifest.task == DETECTION else ""))
     return [1]
 
 

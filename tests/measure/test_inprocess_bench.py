@@ -158,9 +158,25 @@ def test_a_detector_is_timed_one_image_at_a_time_and_says_so():
     detector = dataclasses.replace(manifest_of({"registry": "cf-branch"}, {"kind": "random", "source": ""}),
                                    task=DETECTION)
     assert bench.batches_for(detector, [1, 8, 32], said.append) == [1]
-    assert said == ["m: a detection model's forms take one image at a time: batch 1 only (not 8, 32)"]
+    assert said == ["m: a detection model's forms take one image at a time: batch 1 only (not 8, 32); eager-list "
+                    "times torchvision's own list of same-size images per call, what batching could buy"]
     classifier = manifest_of({"registry": "cf-branch"}, {"kind": "random", "source": ""})
     assert bench.batches_for(classifier, [1, 8, 32], said.append) == [1, 8, 32] and len(said) == 1
+
+
+def test_a_torchvision_detector_is_also_timed_with_several_images_in_one_call(tmp_path):
+    """What batching could buy, measured on the detector itself (its exported graphs take one image)."""
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    from models.detection import flat_outputs
+    model = flat_outputs(fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None).eval())
+    detector = dataclasses.replace(manifest_of({"registry": "cf-branch"}, {"kind": "random", "source": ""}),
+                                   task=DETECTION)
+    targets = {t.name: t for t in bench.targets_for(tmp_path, detector, model, (1, 4, 32))}
+    assert set(targets) == {"eager", "eager-list"} and targets["eager-list"].batches == (1, 4)  # 32: past the cap
+    scores = targets["eager-list"].open(bench.RunOptions(threads=1)).predict(torch.rand(3, 3, 64, 80))
+    assert len(scores) == 3  # one answer per image of the call
+    assert [t.name for t in bench.targets_for(tmp_path, detector, model, (1,))] == ["eager"]
 
 
 def test_a_manifest_the_model_cannot_be_rebuilt_from_says_so():
