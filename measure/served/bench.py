@@ -43,6 +43,7 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.files import atomic_write_text
+from contract.policy import ServingPolicy
 from contract.records import CLASSIFICATION, MANIFEST_NAME, Manifest
 from export.package.archive import build_archive
 from handlers.policy import machine_policy, this_machine
@@ -194,14 +195,22 @@ def inprocess_report(source: str, export_dir: Path, out: Path) -> inprocess.Repo
     return result
 
 
-def model_alone(measured: inprocess.Report | None, model: str) -> tuple[dict, dict]:
+def model_alone(measured: inprocess.Report | None, model: str, policy: ServingPolicy | None = None) -> tuple[dict, dict]:
     """The in-process rows of `model` as the served rows' ceilings, images/s per batch: the best of each
     precision, and each artifact kind's own (a served row is held to its own artifact alone where the run timed
-    it). A bench.json of several models gives each its own rows."""
+    it). At each batch, the best of one process at any thread count, or the serving `policy`'s workers each
+    running it at their thread budget (counted as the pipeline ceiling counts them: an upper bound, they share
+    memory bandwidth); a detector runs one image at a time, so its workers, not its threads, are its parallelism.
+    A bench.json of several models gives each its own rows."""
     rows = [r for r in measured.rows if r.model == model] if measured else []
 
     def per_batch(**which) -> dict[int, float]:
-        return {b: r.images_per_s for b, r in inprocess.best_rows(rows, **which).items()}
+        rates = {b: r.images_per_s for b, r in inprocess.best_rows(rows, **which).items()}
+        if policy is not None:
+            per_worker = [r for r in rows if r.threads == policy.threads_per_worker and r.device == "cpu"]
+            for b, r in inprocess.best_rows(per_worker, **which).items():
+                rates[b] = max(rates.get(b, 0.0), policy.workers * r.images_per_s)
+        return rates
     precisions = sorted({r.precision for r in rows})
     kinds = sorted({r.artifact for r in rows})
     return ({p: per_batch(precision=p) for p in precisions}, {k: per_batch(artifact=k) for k in kinds})
@@ -331,7 +340,7 @@ def _main(argv) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     names = runnable(names, manifest)
     measured = inprocess_report(args.inprocess, args.export_dir, args.out)
-    best, alone = model_alone(measured, manifest.model.name)
+    best, alone = model_alone(measured, manifest.model.name, machine_policy(*this_machine()))
     ceilings = pipeline_ceilings(args, manifest, names, files)
     descriptions = describe(names)
     for name in names:

@@ -175,7 +175,8 @@ SIZES_NOTE = ("*pipeline ceiling*: `python -m measure pipeline`'s request path (
               "one worker's thread budget, times the serving policy's workers, measured in this run (pipeline.md); "
               "for `mix` the ceiling of the same composition of bodies the row served. *model-only*: the best "
               "in-process throughput of the model alone (bench.md) at the largest batch <= the concurrency, of the "
-              "row's precision. `mix` rows send every body at once (one hey per body, the clients split between "
+              "row's artifact (else its precision): one process at any thread count, or the policy's workers at "
+              "their thread budget, whichever is more. `mix` rows send every body at once (one hey per body, the clients split between "
               "them); their latencies are the largest of the bodies' percentiles, an upper bound (`≤`).")
 
 

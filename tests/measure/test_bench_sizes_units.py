@@ -200,3 +200,16 @@ def test_a_served_row_is_held_to_its_own_artifact_alone_where_the_run_timed_it()
                       {"openvino-bf16": {8: 100.0}, "onnx-dynamo": {8: 50.0}})
     assert (rows[0]["inprocess_per_s"], rows[0]["vs_inprocess"]) == (100.0, 0.9)  # not bf16's best (120)
     assert (rows[1]["inprocess_per_s"], rows[1]["vs_inprocess"]) == (50.0, 0.9)  # not fp32's best (60)
+
+
+def test_the_model_alone_ceiling_counts_the_policys_workers_where_they_beat_one_process():
+    from contract.policy import ServingPolicy
+    from measure.inprocess.records import Report, Row
+
+    def timed(threads, batch, per_s, artifact="onnx-traced"):
+        return Row("m", artifact, "onnx", "fp32", "cpu", threads, batch, 1000 * batch / per_s, per_s, 1.0, None, "X", [1.0])
+    measured = Report({}, rows=[timed(1, 1, 10.0), timed(2, 1, 7.5), timed(1, 8, 30.0), timed(2, 8, 70.0)])
+    two_workers = ServingPolicy(2, 1, 0, 1, "cpu", "test")
+    best, alone = bench.model_alone(measured, "m", two_workers)
+    assert alone["onnx-traced"] == {1: 20.0, 8: 70.0}  # batch 1: 2 workers x 10; batch 8: one process, 2 threads
+    assert bench.model_alone(measured, "m")[1]["onnx-traced"] == {1: 10.0, 8: 70.0}  # no policy: one process
