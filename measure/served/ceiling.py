@@ -14,16 +14,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from contract.files import atomic_write_text
-from contract.handler_config import HandlerConfig
 from contract.records import Manifest
-from handlers.core import REBUILD, ImageClassifierCore, labels_of, run_precision
 from handlers.policy import ServingPolicy
-from handlers.tasks import CORES
 from measure.request_path import stages
-from runtime import RunOptions, open_artifact, verify_file
 
 DEFAULT_SECONDS = 3.0  # timed seconds per body and artifact (stages.py's default)
 
@@ -49,21 +43,6 @@ class Ceilings:
         return sum(composition.values()) / sum(n / ceilings[body] for body, n in composition.items())
 
 
-def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int, device: str,
-             settings: dict | None = None) -> ImageClassifierCore:
-    """The request path of the export's task (handlers/tasks.py) with its artifact `kind`, on `device` with
-    `threads` and the handler `settings`."""
-    record, config = manifest.artifacts[kind], HandlerConfig.from_dict(settings)
-    verify_file(export_dir / record.path, record.sha256, REBUILD)
-    torch.set_num_threads(threads)
-    backend = open_artifact(record.format, export_dir / record.path,
-                            RunOptions(device=device, threads=threads, precision=run_precision(record, config, device)),
-                            name=record.kind)
-    core = CORES[manifest.task]
-    core.check_task(manifest)
-    return core(manifest, record, backend, labels_of(export_dir, manifest), config, device, threads)
-
-
 def measure(export_dir: Path, manifest: Manifest, wanted: list[tuple[str, str, dict]], files: list[Path],
             policy: ServingPolicy, seconds: float, device: str = "cpu") -> Ceilings:
     """`wanted`: (key, artifact kind, handler settings) per ceiling (bench_configurations.ceiling_of)."""
@@ -71,7 +50,7 @@ def measure(export_dir: Path, manifest: Manifest, wanted: list[tuple[str, str, d
     for key, kind, settings in {key: (key, kind, settings) for key, kind, settings in wanted}.values():
         print(f"pipeline ceiling of {key} ({policy.threads_per_worker} thread(s) x {policy.workers} worker(s)):",
               flush=True)
-        core = core_for(export_dir, manifest, kind, policy.threads_per_worker, device, settings)
+        core = stages.core_for(export_dir, manifest, kind, policy.threads_per_worker, device, settings)
         per_kind[key] = {}
         for path in files:
             row = stages.measure_body(core, path, policy.batch_size, seconds)
