@@ -157,3 +157,17 @@ def test_fp16_on_a_cpu_worker_is_said_and_runs_fp32(unpacked, caplog):
 def test_a_model_folder_without_a_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(ContractError, match="manifest.json not found"):
         ImageClassifierCore.from_folder(tmp_path)
+
+
+def test_every_classs_rle_from_one_pass_equals_each_masks_own():
+    """A segmenter's answer: rle_per_class reads the class map once and gives what rle gives per class."""
+    from handlers.tasks import rle, rle_per_class
+    generator = torch.Generator().manual_seed(0)
+    for class_map in (torch.randint(0, 5, (7, 9), generator=generator, dtype=torch.uint8),
+                      torch.zeros(4, 6, dtype=torch.uint8), torch.full((3, 3), 2, dtype=torch.uint8),
+                      torch.randint(0, 2, (1, 1), generator=generator, dtype=torch.uint8),
+                      torch.randint(0, 21, (48, 64), generator=generator, dtype=torch.uint8).repeat_interleave(5, 1)):
+        found = rle_per_class(class_map)
+        assert set(found) == set(class_map.unique().tolist())
+        for index, mask in found.items():
+            assert mask == rle(class_map == index), (class_map.shape, index)
