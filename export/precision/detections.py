@@ -12,42 +12,14 @@ The metrics are pure functions of two answers per photo (export.checks.detection
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 from contract.records import DetectionLimits
 from export.checks.detections import Detections, SetComparison, compare_detections, match_boxes
 from export.forms.tolerances import SetTolerance
-from export.precision.gate import BOX_TOLERANCE_BY_PRECISION, GATE_PASSED, BoxGateTolerance
-
-
-@dataclass
-class BoxGateResult:
-    """A detector variant's gate, shaped as export.precision.gate.GateResult (kind, failures, verdict, as_dict)."""
-
-    kind: str
-    precision: str
-    images: int
-    tolerance: BoxGateTolerance
-    metrics: dict
-    failures: list[str] = field(default_factory=list)
-    ran_in: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    @property
-    def verdict(self) -> str:
-        return GATE_PASSED if self.passed else "failed: " + "; ".join(self.failures)
-
-    def as_dict(self) -> dict:
-        return {"kind": self.kind, "precision": self.precision, "ran_in": self.ran_in, "images": self.images,
-                "passed": self.passed, "verdict": self.verdict, "tolerance": asdict(self.tolerance),
-                "metrics": self.metrics}
+from export.precision.gate import BOX_TOLERANCE_BY_PRECISION, BoxGateTolerance, GateResult
 
 
 def judge_boxes(kind: str, precision: str, reference: dict[str, Detections], candidate: dict[str, Detections],
-                limits: DetectionLimits, tolerance: BoxGateTolerance | None = None) -> BoxGateResult:
+                limits: DetectionLimits, tolerance: BoxGateTolerance | None = None) -> GateResult:
     """Every check of the box-level gate on the photos of `reference` (fp32's answers, by photo name)."""
     tolerance = tolerance or BOX_TOLERANCE_BY_PRECISION[precision]
     sets = SetTolerance(box_iou=tolerance.box_iou, score_atol=tolerance.max_score_diff,
@@ -55,7 +27,7 @@ def judge_boxes(kind: str, precision: str, reference: dict[str, Detections], can
     found = {name: compare_detections(reference[name], candidate[name], sets, limits) for name in reference}
     ious = [pair[2] for name in reference for pair in match_boxes(reference[name], candidate[name], sets.box_iou)]
     metrics = {**box_metrics(found), "mean_box_iou": sum(ious) / len(ious) if ious else None}
-    return BoxGateResult(kind, precision, len(reference), tolerance, metrics, box_failures(metrics, tolerance))
+    return GateResult(kind, precision, len(reference), tolerance, metrics, box_failures(metrics, tolerance))
 
 
 def box_metrics(found: dict[str, SetComparison]) -> dict:
@@ -112,7 +84,7 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def render_box_table(results: list[BoxGateResult]) -> str:
+def render_box_table(results: list[GateResult]) -> str:
     """One row per variant and photo, then the variant's totals and verdict."""
     lines = ["| artifact | photo | fp32 boxes | boxes | matched | worst IoU | worst score diff | verdict |",
              "|" + "---|" * 8]

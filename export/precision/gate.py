@@ -109,10 +109,11 @@ def _few_confident_hint(results: list["GateResult"]) -> str:
 
 @dataclass
 class GateResult:
+    """A variant's verdict: a classifier's (top-1 agreement, GateTolerance) or a detector's (boxes, BoxGateTolerance)."""
     kind: str
     precision: str
     images: int
-    tolerance: GateTolerance
+    tolerance: GateTolerance | BoxGateTolerance
     metrics: dict
     failures: list[str] = field(default_factory=list)
     ran_in: str = ""  # the precision the backend actually computed in (see ran_in_precision); "" before it was asked
