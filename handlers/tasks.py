@@ -120,7 +120,8 @@ class SegmenterCore(WholeImageCore):
 
     def encode_response(self, output, masks: str) -> dict:
         logits, row = output
-        class_map = photo_sized(logits[0].argmax(0).to(torch.uint8).float(), row, mode="nearest").to(torch.uint8)
+        # max(0)'s indices are argmax(0)'s (the first of a tie), computed several times faster over the class axis
+        class_map = photo_sized(logits[0].max(0).indices.to(torch.uint8).float(), row, mode="nearest").to(torch.uint8)
         counts = torch.bincount(class_map.flatten(), minlength=logits.shape[1])  # linear, where unique sorts
         present = [(index, count) for index, count in enumerate(counts.tolist()) if count]
         masks_of = rle_per_class(class_map) if masks == "rle" else {}
