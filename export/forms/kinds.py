@@ -120,9 +120,9 @@ OPENVINO_INT8_BF16_WHY = ("the layers NNCF left in floating point run in bf16 on
 OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an AVX2 "
                      f"CPU); with them it runs well ahead of fp32 ({MEASURED})")
 # A detector's networks in bf16 (docs/mtcnn.md#reduced-precision has its measurements).
-BACKBONE_BF16_RANK = ("just after scripted, its fp32 source: the load-time measurement serves it only where it is "
-                      "more than the margin faster (with channels_last fp32 networks it is about as fast: "
-                      "docs/mtcnn.md), so an answer no faster is never the reduced-precision one")
+BACKBONE_BF16_RANK = ("just before scripted, its fp32 source: the gated candidates end at the first that runs "
+                      "anywhere, so both ship and the load-time measurement weighs them; a detector's box-gated "
+                      "variant, built only on a CPU that computes in bf16 (docs/mtcnn.md)")
 BACKBONE_BF16_WHY = ("oneDNN runs the bf16 convolutions natively only with avx512_bf16/amx_bf16; elsewhere they are "
                      "emulated, slower than fp32 (docs/precision.md)")
 
@@ -238,7 +238,7 @@ for _kind in (
         name="scripted-bf16-backbone", file_name="model.bf16-backbone.scripted.pt", format=TORCHSCRIPT,
         exporter="torch.jit.script of the model with every Conv2d and Linear in bf16 between fp32 tensors "
                  "(channels_last); boxes, NMS and crops stay fp32 (export/precision/backbone.py)",
-        input_sizes=SOURCE_SIZES, serving_rank=42, rank_reason=BACKBONE_BF16_RANK, precision="bf16",
+        input_sizes=SOURCE_SIZES, serving_rank=38, rank_reason=BACKBONE_BF16_RANK, precision="bf16",
         sources=("scripted",), fast_on=Needs(CPU, (BF16_FLAGS,)), fast_why=BACKBONE_BF16_WHY, task=DETECTION),
     ArtifactKind(
         name="scripted-fp16", file_name="model.scripted.pt", format=TORCHSCRIPT,
