@@ -62,3 +62,15 @@ def test_a_body_the_handler_refuses_is_named_with_its_reason(resnet18_export, tm
     empty.mkdir()
     with pytest.raises(stages.MeasureError, match="no image file there"):
         stages.bodies(empty)
+
+
+def test_any_form_of_the_export_is_measured_with_artifact_and_an_unknown_one_is_named(resnet18_export, tmp_path):
+    out = tmp_path / "out"
+    assert stages.main(["--export-dir", str(resnet18_export["out"]), "--images", str(ROOT / "examples" / "cat.jpg"),
+                        "--artifact", "traced", "--decode", "exact", "--seconds", "0.1", "--out", str(out)]) == 0
+    assert json.loads((out / "pipeline.json").read_text())["context"]["artifact"] == "traced"
+    result = subprocess.run([sys.executable, "-m", "measure", "pipeline", "--export-dir", str(resnet18_export["out"]),
+                             "--artifact", "nope", "--out", str(tmp_path / "x")],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode != 0 and "--artifact nope: this export has " in result.stderr, result.stderr
+    assert "traced" in result.stderr.split("this export has ")[1] and "Traceback" not in result.stderr
