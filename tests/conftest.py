@@ -211,3 +211,21 @@ def resnet18_inprocess_bench(resnet18_export, tmp_path_factory) -> dict:
                        "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     return {"out": out, "stdout": done.stdout}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module's tests: small convolutions and gathers (MTCNN's) run faster than handed
+    between two, and the other test worker keeps the second core."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def mtcnn_detector():
+    """MTCNN with facenet-pytorch's trained networks (its tests skip where the wheel is not installed)."""
+    from models import mtcnn
+    return mtcnn.trained_detector()

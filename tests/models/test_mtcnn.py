@@ -24,28 +24,14 @@ skimage_data = pytest.importorskip("skimage.data")
 # Against facenet-pytorch: the same algorithm on the same pixels, so the same boxes up to float rounding.
 AS_FACENET = SetTolerance(box_iou=0.9, score_atol=1e-3, edge=0.0, mask_iou=0.0)
 FACES = {"astronaut": 1, "camera": 1, "grid": 25, "pasted": 2}  # facenet-pytorch's own counts
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small convolutions and gathers: one thread beats handing work between two (and leaves one to the other
-    test worker)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def detector():
-    return mtcnn.trained_detector()
-
-
-@pytest.fixture(scope="module")
-def scripted(detector):
+def scripted(mtcnn_detector):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script's deprecation notice
-        return torch.jit.script(detector)
+        return torch.jit.script(mtcnn_detector)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +44,10 @@ def photos():
 
 
 @pytest.fixture(scope="module")
-def answers(detector, photos):
+def answers(mtcnn_detector, photos):
     """Eager's answer per photo, computed once."""
     with torch.no_grad():
-        return {name: Detections.of(detector(mtcnn_entry.photo_tensor(array))) for name, array in photos.items()}
+        return {name: Detections.of(mtcnn_detector(mtcnn_entry.photo_tensor(array))) for name, array in photos.items()}
 
 
 def facenet_detect(array: np.ndarray) -> Detections:
@@ -127,10 +113,10 @@ def test_the_scripted_cascade_answers_as_eager(scripted, photos, answers):
 
 
 @pytest.mark.parametrize("size", [(1, 1), (10, 10), (11, 300), (19, 19)])
-def test_an_image_under_the_smallest_face_gives_no_boxes(size, detector, scripted):
+def test_an_image_under_the_smallest_face_gives_no_boxes(size, mtcnn_detector, scripted):
     image = torch.rand(1, 3, *size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        for form in (detector, scripted):
+        for form in (mtcnn_detector, scripted):
             assert_empty(form(image))
 
 
@@ -146,12 +132,12 @@ def assert_empty(outputs) -> None:
     assert (boxes.dtype, labels.dtype, scores.dtype) == (torch.float32, torch.int64, torch.float32)
 
 
-def test_a_trace_freezes_the_cascade_to_its_image(detector, photos, answers):
+def test_a_trace_freezes_the_cascade_to_its_image(mtcnn_detector, photos, answers):
     """The trace unrolls the pyramid and the last NMS for the astronaut: another photo fails in the graph, or,
     with more candidates than the astronaut's, answers wrong without a word. So the cascade is scripted."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(detector, mtcnn_entry.photo_tensor(photos["astronaut"]), check_trace=False)
+        traced = torch.jit.trace(mtcnn_detector, mtcnn_entry.photo_tensor(photos["astronaut"]), check_trace=False)
     with torch.no_grad():
         assert torch.equal(traced(mtcnn_entry.photo_tensor(photos["astronaut"]))[0], answers["astronaut"].boxes)
         with pytest.raises(RuntimeError, match="out of range"):

@@ -29,26 +29,13 @@ GRID = "lfw_subset faces 26-50, 5 x 5 grid, x3 (75 px faces)"  # a held-out phot
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def detector():
-    return mtcnn.trained_detector()
-
-
-@pytest.fixture(scope="module")
 def photos():
     return mtcnn_entry.held_out_photos()
 
 
 @pytest.fixture(scope="module")
-def fp32(detector, photos, one_thread):
-    return answers(detector, photos)
+def fp32(mtcnn_detector, photos, one_thread):
+    return answers(mtcnn_detector, photos)
 
 
 def answers(model, photos) -> dict[str, Detections]:
@@ -56,13 +43,13 @@ def answers(model, photos) -> dict[str, Detections]:
         return {name: Detections.of(model(photo)) for name, photo in photos.items()}
 
 
-def test_only_the_networks_layers_compute_in_bf16(detector):
-    candidate, layers = bf16_backbone(detector)
+def test_only_the_networks_layers_compute_in_bf16(mtcnn_detector):
+    candidate, layers = bf16_backbone(mtcnn_detector)
     in_bf16 = {name for name, p in candidate.named_parameters() if p.dtype == torch.bfloat16}
-    convolutions = sum(isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) for m in detector.modules())
+    convolutions = sum(isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) for m in mtcnn_detector.modules())
     assert layers == convolutions and len(in_bf16) == 2 * layers  # each layer's weight and bias
     assert all(name.endswith((".layer.weight", ".layer.bias")) for name in in_bf16)
-    assert all(p.dtype == torch.float32 for p in detector.parameters())  # the fp32 module is left as it was
+    assert all(p.dtype == torch.float32 for p in mtcnn_detector.parameters())  # the fp32 module is left as it was
     with torch.inference_mode():
         boxes, labels, scores = torch.jit.script(candidate)(mtcnn_entry.example_photo())
     assert boxes.dtype == scores.dtype == torch.float32 and len(scores) == 1
@@ -74,8 +61,8 @@ def test_the_held_out_photos_are_none_of_the_probes_and_hold_faces_and_none(phot
     assert [len(answer) for answer in fp32.values()] == [25, 25, 25, 0, 0]
 
 
-def test_the_bf16_cascade_finds_the_same_faces(detector, photos, fp32):
-    candidate, _ = bf16_backbone(detector)
+def test_the_bf16_cascade_finds_the_same_faces(mtcnn_detector, photos, fp32):
+    candidate, _ = bf16_backbone(mtcnn_detector)
     gate = judge_boxes(KIND, "bf16", fp32, answers(candidate, photos), mtcnn_entry.LIMITS)
     assert gate.verdict == GATE_PASSED, gate.failures
     assert gate.metrics["recall"] == gate.metrics["precision"] == 1.0
@@ -83,8 +70,8 @@ def test_the_bf16_cascade_finds_the_same_faces(detector, photos, fp32):
     assert 0 < gate.metrics["worst_score_diff"] <= BF16_BOX_TOLERANCE.max_score_diff
 
 
-def test_a_cascade_that_loses_faces_fails_and_names_the_photo(detector, photos, fp32):
-    blind_to_small_faces = mtcnn.MTCNNDetector(detector.pnet, detector.rnet, detector.onet, min_face_size=90.0)
+def test_a_cascade_that_loses_faces_fails_and_names_the_photo(mtcnn_detector, photos, fp32):
+    blind_to_small_faces = mtcnn.MTCNNDetector(mtcnn_detector.pnet, mtcnn_detector.rnet, mtcnn_detector.onet, min_face_size=90.0)
     gate = judge_boxes(KIND, "bf16", fp32, answers(blind_to_small_faces, photos), mtcnn_entry.LIMITS)
     assert not gate.passed and gate.metrics["recall"] < BF16_BOX_TOLERANCE.min_recall
     lost = next(row for row in gate.metrics["photos"] if row["photo"] == GRID)["lost"]
