@@ -54,6 +54,7 @@ class SetComparison:
     extra: list[dict] = field(default_factory=list)  # candidate boxes with no partner, not excused
     at_edge: int = 0  # unmatched boxes excused: within the edge of the other side's cut
     worst_box_iou: float | None = None
+    mean_box_iou: float | None = None
     worst_score_diff: float | None = None
     worst_mask_iou: float | None = None
     failures: list[str] = field(default_factory=list)
@@ -119,6 +120,7 @@ def _hold_pairs(result: SetComparison, reference: Detections, candidate: Detecti
         return
     refs, cands = [p[0] for p in pairs], [p[1] for p in pairs]
     result.worst_box_iou = min(p[2] for p in pairs)
+    result.mean_box_iou = sum(p[2] for p in pairs) / len(pairs)
     result.worst_score_diff = float((reference.scores[refs] - candidate.scores[cands]).abs().max())
     if result.worst_score_diff > tolerance.score_atol:
         result.failures.append(f"a matched score differs by {result.worst_score_diff:.3g} "

@@ -13,7 +13,7 @@ The metrics are pure functions of two answers per photo (export.checks.detection
 from __future__ import annotations
 
 from contract.records import DetectionLimits
-from export.checks.detections import Detections, SetComparison, compare_detections, match_boxes
+from export.checks.detections import Detections, SetComparison, compare_detections
 from export.forms.tolerances import SetTolerance
 from export.precision.gate import BOX_TOLERANCE_BY_PRECISION, BoxGateTolerance, GateResult
 
@@ -25,8 +25,10 @@ def judge_boxes(kind: str, precision: str, reference: dict[str, Detections], can
     sets = SetTolerance(box_iou=tolerance.box_iou, score_atol=tolerance.max_score_diff,
                         edge=tolerance.max_score_diff, mask_iou=tolerance.min_mask_iou, limits=limits)
     found = {name: compare_detections(reference[name], candidate[name], sets, limits) for name in reference}
-    ious = [pair[2] for name in reference for pair in match_boxes(reference[name], candidate[name], sets.box_iou)]
-    metrics = {**box_metrics(found), "mean_box_iou": sum(ious) / len(ious) if ious else None}
+    matched = [c for c in found.values() if c.matched]
+    mean_iou = (sum(c.mean_box_iou * c.matched for c in matched) / sum(c.matched for c in matched)
+                if matched else None)  # over every matched pair of every photo
+    metrics = {**box_metrics(found), "mean_box_iou": mean_iou}
     return GateResult(kind, precision, len(reference), tolerance, metrics, box_failures(metrics, tolerance))
 
 
