@@ -165,9 +165,10 @@ class ImageClassifierCore:
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
                     threads: int | None = None, machine: MachineProfile | None = None,
-                    policy: ServingPolicy | None = None, measure: bool = False) -> "ImageClassifierCore":
+                    policy: ServingPolicy | None = None, measure: bool = False,
+                    kind: str | None = None) -> "ImageClassifierCore":
         """Serve the first of the export's gated candidates this machine meets (`machine`: a simulated profile,
-        for tests), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the
+        for tests), or the artifact `kind` when a caller names one (a benchmark's row), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the
         serving policy the engine resolved (its threads run the model); without one, in_process_policy (the
         archive's threads pin, else `threads`, else this machine's). `measure` (what the engines ask): among the
         candidates this machine meets, the fastest within a margin, measured under the policy
@@ -176,10 +177,10 @@ class ImageClassifierCore:
         manifest = Manifest.read(folder)
         machine = machine or this_machine_profile(str(device))
         policy = policy or in_process_policy(settings, threads)
-        measured = measure and measured_choice(folder, manifest, machine, policy.threads_per_worker,
-                                               policy.batch_size, str(device), REBUILD)
-        choice = measured or choose_on(manifest, machine)
-        record = manifest.artifacts[choice.kind]
+        measured = kind is None and measure and measured_choice(folder, manifest, machine, policy.threads_per_worker,
+                                                                policy.batch_size, str(device), REBUILD)
+        choice = None if kind else measured or choose_on(manifest, machine)
+        record = manifest.artifacts[kind or choice.kind]
         verify_file(folder / record.path, record.sha256, REBUILD)
         for path, sha256 in record.companions.items():
             verify_file(folder / path, sha256, REBUILD)
@@ -195,7 +196,7 @@ class ImageClassifierCore:
         backend = open_artifact(record.format, folder / record.path,
                                 RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
         core = cls(manifest, record, backend, labels, config, str(device), threads, choice, policy)
-        logger.info(choice.line())
+        logger.info(choice.line() if choice else f"serving {kind}, the artifact the caller named")
         logger.info("serving policy: %s", policy.reason)
         logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: %s, decode %s",
                     manifest.model.name, record.kind, device, threads, precision, core.input_line(), core.decode_mode())

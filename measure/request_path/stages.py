@@ -19,16 +19,12 @@ import argparse
 import statistics
 from pathlib import Path
 
-import torch
-
-from contract.handler_config import HandlerConfig
 from contract.records import Manifest
-from handlers.core import REBUILD, STAGES, ImageClassifierCore, ImageRequest, labels_of, run_precision
+from handlers.core import STAGES, ImageClassifierCore, ImageRequest
 from handlers.policy import machine_policy, this_machine
 from handlers.request_error import RequestError
 from handlers.tasks import CORES
 from measure.command import MeasureError, write_tables
-from runtime import RunOptions, open_artifact, verify_file
 from runtime.images import shown_size
 from runtime.timing import time_runs
 
@@ -45,21 +41,6 @@ def bodies(path: Path) -> list[Path]:
         raise MeasureError(f"{path}: no image file there; pass a JPEG/PNG or a folder of them "
                            "(python -m examples.photo_sizes DIR writes one)")
     return files
-
-
-def core_for(export_dir: Path, manifest: Manifest, kind: str, threads: int, device: str,
-             settings: dict | None = None) -> ImageClassifierCore:
-    """The request path of the export's task (handlers/tasks.py) with its artifact `kind`, on `device` with
-    `threads` and the handler `settings`."""
-    record, config = manifest.artifacts[kind], HandlerConfig.from_dict(settings)
-    verify_file(export_dir / record.path, record.sha256, REBUILD)
-    torch.set_num_threads(threads)
-    backend = open_artifact(record.format, export_dir / record.path,
-                            RunOptions(device=device, threads=threads, precision=run_precision(record, config, device)),
-                            name=record.kind)
-    core = CORES[manifest.task]
-    core.check_task(manifest)
-    return core(manifest, record, backend, labels_of(export_dir, manifest), config, device, threads)
 
 
 def measure_body(core: ImageClassifierCore, path: Path, batch: int, seconds: float) -> dict:
@@ -131,10 +112,8 @@ def _main(argv: list[str] | None) -> int:
     if args.artifact and args.artifact not in manifest.artifacts:
         raise MeasureError(f"--artifact {args.artifact}: this export has {', '.join(manifest.artifacts)}")
     task_core = CORES[manifest.task]  # a detector's request path is its own
-    cores_by_mode = [core_for(args.export_dir, manifest, args.artifact, policy.threads_per_worker, device, settings)
-                     if args.artifact else
-                     task_core.from_folder(args.export_dir, device=device, threads=policy.threads_per_worker,
-                                           settings=settings)
+    cores_by_mode = [task_core.from_folder(args.export_dir, device=device, threads=policy.threads_per_worker,
+                                           settings=settings, kind=args.artifact)
                      for settings in DECODE_CHOICES[args.decode]]
     cores_by_mode = list({each.decode_mode(): each for each in cores_by_mode}.values())  # the export's may be exact
     core = cores_by_mode[-1]

@@ -17,6 +17,7 @@ from pathlib import Path
 from contract.files import atomic_write_text
 from contract.records import Manifest
 from handlers.policy import ServingPolicy
+from handlers.tasks import CORES
 from measure.request_path import stages
 
 DEFAULT_SECONDS = 3.0  # timed seconds per body and artifact (stages.py's default)
@@ -50,7 +51,8 @@ def measure(export_dir: Path, manifest: Manifest, wanted: list[tuple[str, str, d
     for key, kind, settings in {key: (key, kind, settings) for key, kind, settings in wanted}.values():
         print(f"pipeline ceiling of {key} ({policy.threads_per_worker} thread(s) x {policy.workers} worker(s)):",
               flush=True)
-        core = stages.core_for(export_dir, manifest, kind, policy.threads_per_worker, device, settings)
+        core = CORES[manifest.task].from_folder(export_dir, device, settings, threads=policy.threads_per_worker,
+                                                kind=kind)
         per_kind[key] = {}
         for path in files:
             row = stages.measure_body(core, path, policy.batch_size, seconds)
