@@ -27,6 +27,7 @@ from PIL import Image
 from contract.handler_config import HandlerConfig, read_labels
 from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
 from contract.records import CLASSIFICATION, ArtifactRecord, ContractError, ImageContract, Manifest
+from contract.versions import label_of
 from handlers.form_choice import measured_choice
 from handlers.policy import this_machine
 from handlers.request_body import ImageRequest, checked_topk
@@ -130,6 +131,7 @@ class ImageClassifierCore:
         self.threads = threads
         self.policy = policy  # the serving policy it runs under (from_folder); None: its caller chose the threads
         self.choice = choice  # how from_folder chose the record on this machine (None: the caller chose)
+        self.version = label_of(manifest.model_version)  # every answer names it (contract/versions.py)
         self.contract = self.input_contract(manifest)
         self.draft_floor = self.decode_floor(config)  # None: every pixel decoded
         # On a GPU, JPEGs are decoded there (nvJPEG) where the export's decode check allowed draft: its pixels,
@@ -205,7 +207,8 @@ class ImageClassifierCore:
     def describe(self) -> dict:
         """The model description engines show: what is served here, on which machine profile, and why; the
         serving policy it runs under, each value with its reason."""
-        return {"model": self.manifest.model.name, "artifact": self.record.kind, "format": self.record.format,
+        return {"model": self.manifest.model.name, "version": self.version, "artifact": self.record.kind,
+                "format": self.record.format,
                 "precision": self.record.precision, "choice": self.choice.as_dict() if self.choice else None,
                 "why": self.choice.line() if self.choice else "chosen by the caller, not by the machine rule",
                 "backend": self.backend.describe(), "policy": self.policy.describe() if self.policy else None}
@@ -297,7 +300,7 @@ class ImageClassifierCore:
             return
         with times.measure("encode"):
             for (index, _, options), row_output in zip(ready, probabilities):
-                answers[index] = self.encode_response(row_output, options)
+                answers[index] = {**self.encode_response(row_output, options), "version": self.version}
 
     def answer(self, image_bytes: bytes, topk: int | None = None, **options) -> dict:
         """The JSON the endpoint returns for this image (`options`: the task's, e.g. score_threshold); a bad image

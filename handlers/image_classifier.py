@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from contract.errors import VisionExportError
+from contract.versions import VERSION_HEADER
 from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # measure reads STAGES here
 from handlers.policy import worker_policy
 from handlers.request_body import read_request
@@ -71,6 +72,7 @@ class ImageClassifier:
         result = self.core.run_batch(data, read)
         responses = [self._respond(context, index, answer) for index, answer in enumerate(result.answers)]
         _report_metrics(context, result.times)
+        _version_headers(context, len(responses), self.core.version)
         return responses
 
     @staticmethod
@@ -88,6 +90,13 @@ def _report_metrics(context, times: StageTimes) -> None:
         return
     for stage in STAGES:
         metrics.add_time(METRIC_NAMES[stage], times.ms[stage], None, "ms")
+
+
+def _version_headers(context, rows: int, version: str) -> None:
+    """Every row's answer, an error too, names the version that computed it (beside the JSON's "version")."""
+    if context is not None:
+        for index in range(rows):
+            context.set_response_header(index, VERSION_HEADER, version)
 
 
 def _header(context, index: int, name: str) -> str | None:

@@ -34,7 +34,8 @@ from kserve import Model
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from contract.policy import ServingPolicy
-from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION
+from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION, Manifest
+from contract.versions import UNVERSIONED, VERSION_HEADER, label_of
 from handlers.batching import Batcher
 from handlers.core import ImageClassifierCore, ImageRequest
 from handlers.request_body import TASK_OPTIONS, checked_topk, from_base64, image_bytes, read_request
@@ -80,6 +81,7 @@ class ImageClassifierModel(Model):
         self.core: ImageClassifierCore | None = None  # or, with workers, the pool that runs one in each worker
         self.batcher: Batcher | None = None
         self.rows_here = 0  # rows the core in this process answered (one worker)
+        self.version = UNVERSIONED  # the archive's version (contract/versions.py), read at load
 
     def load(self) -> bool:
         """Open the archive's served artifact after checking its sha256 (in each worker process with `workers`);
@@ -90,6 +92,7 @@ class ImageClassifierModel(Model):
         else:
             self.core = self.workers(self.folder, self.device, self.settings, self.policy)
             self.batcher = Batcher(self.core, self.policy, lanes=self.core.lanes)
+        self.version = label_of(Manifest.read(self.folder).model_version)
         self.ready = True
         return self.ready
 
@@ -125,6 +128,7 @@ class ImageClassifierModel(Model):
             self.rows_here += len(rows)
         if response_headers is not None:
             response_headers[SERVED_BY] = worker or self.here()
+            response_headers[VERSION_HEADER] = self.version
         if v2:
             return v2_response(payload, self.name, answered(answers), self.core.TASK)
         return {"predictions": answered(answers)}

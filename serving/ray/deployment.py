@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from contract.policy import ServingPolicy
+from contract.versions import VERSION_HEADER
 from handlers.batching import Batcher
 from handlers.request_body import read_request
 from handlers.request_error import RequestError
@@ -82,7 +83,7 @@ class ImageClassifierDeployment:
         return self.respond(answer)
 
     def respond(self, answer) -> JSONResponse:
-        headers = {SERVED_BY: self.served_by}
+        headers = {SERVED_BY: self.served_by, VERSION_HEADER: self.core.version}
         if isinstance(answer, RequestError):
             return JSONResponse(answer.as_response(), status_code=answer.code, headers=headers)
         return JSONResponse(answer, headers=headers)
