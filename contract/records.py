@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from contract.errors import VisionExportError
+from contract.versions import ModelVersion
 
 SCHEMA_VERSION = 4  # 4: the task, every output, the resize rule of whole-image models; 3: refused kinds are Refusals
 MANIFEST_NAME = "manifest.json"
@@ -325,6 +326,7 @@ class Manifest:
     warnings: list[dict[str, Any]] = field(default_factory=list)  # export.warnings_log's entries
     exporter_output: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    model_version: ModelVersion | None = None  # the archive's version in its model store (contract/versions.py)
     created: str = ""
     schema: int = SCHEMA_VERSION
 
@@ -348,6 +350,8 @@ class Manifest:
             data[key] = {k: _from_dict(record, v, f"{where} {key}.{k}") for k, v in (data.get(key) or {}).items()}
         if data.get("serving") is not None:
             data["serving"] = _from_dict(ServingDecision, data["serving"], f"{where} serving")
+        if data.get("model_version") is not None:
+            data["model_version"] = _from_dict(ModelVersion, data["model_version"], f"{where} model_version")
         return _from_dict(cls, data, where)
 
     @classmethod

@@ -9,7 +9,11 @@ from pathlib import Path
 from contract.cli import run_command
 from contract.policy import add_policy_options
 from contract.records import DECODE_MODES
+from contract.versions import KEEP_VERSIONS
 from export.forms import exporters, kinds
+
+KEEP_HELP = ("versions of NAME the model store keeps (NAME.vN.mar, the newest; NAME.mar is the newest of them; "
+             f"default {KEEP_VERSIONS})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(module, "auto/random (as the factory builds it) | PATH to a state_dict", default_out="artifacts/<file>")
     module.add_argument("--model-store", type=Path, default=None,
                         help="also write NAME.mar there (only for image classifiers that take 1x3xHxW in [0, 1])")
+    module.add_argument("--keep-versions", type=int, default=KEEP_VERSIONS, help=KEEP_HELP)
     module.add_argument("--labels", type=Path, default=None, metavar="FILE",
                         help="class names of the outputs: a JSON list, JSON {\"0\": name, ...}, or one name per line "
                              "(default: answers name each class by its index)")
@@ -117,6 +122,7 @@ def _archive_options(sub) -> None:
     sub.add_argument("--model-store", type=Path, default=Path("model-store"),
                      help="where ARCH.mar is written (default: model-store)")
     sub.add_argument("--no-archive", action="store_true", help="skip the TorchServe archive")
+    sub.add_argument("--keep-versions", type=int, default=KEEP_VERSIONS, help=KEEP_HELP)
     sub.add_argument("--name", default=None,
                      help="archive and URL name: NAME.mar, /predictions/NAME (default: the arch, e.g. resnet50); "
                           "exporting another model into the same store never overwrites it")

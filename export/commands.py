@@ -40,7 +40,8 @@ def family_command(args) -> int:
     device, overrides = _device(args.device), _config_overrides(args)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
-    archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides)
+    archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides,
+                                                          keep_versions=args.keep_versions)
     result = export_model(entry, _options(args, out, device, archive), progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
@@ -56,7 +57,8 @@ def module_command(args) -> int:
     entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
-    archive = ArchiveRequest(args.model_store, args.name or entry.name) if args.model_store else None
+    archive = (ArchiveRequest(args.model_store, args.name or entry.name, keep_versions=args.keep_versions)
+               if args.model_store else None)
     result = export_model(entry, _options(args, out, device, archive), progress)
     _print_serving(result, progress)
     _print_refused(result, progress)

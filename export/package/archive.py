@@ -13,6 +13,8 @@ Serving policy (workers, batching, threads) is not decided here: the machine tha
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from contract.handler_config import TORCHSERVE_KEYS, HandlerConfig
 from contract.records import MANIFEST_NAME, Manifest
+from contract.versions import KEEP_VERSIONS, ModelVersion, archive_name, stored_versions
 from export.atomic import ensure_writable_dir
 from export.errors import ExportError
 from export.package.selection import redecide
@@ -48,6 +51,7 @@ class ArchiveRequest:
     # Only the benchmark sets this: a variant that failed its accuracy gate may be packaged to measure its
     # speed (on random weights the gate measures near-ties, not the pipeline); never for deployment.
     speed_only_ungated: bool = False
+    keep_versions: int = KEEP_VERSIONS  # the newest versions of the name the store keeps beside this one
 
 
 def model_config_yaml(overrides: dict | None = None) -> str:
@@ -77,14 +81,43 @@ def archived_manifest(manifest: Manifest, request: ArchiveRequest) -> Manifest:
     return replace(manifest, serving=decision)
 
 
-class PendingArchive:
-    """A built .mar waiting in the model store's scratch folder; commit() renames it into place."""
+def content_hash(manifest: Manifest) -> str:
+    """sha256 over what the archive serves (each shipped artifact's path and sha256): two archives of the same
+    content share it, whatever their version number."""
+    served = {kind: record.sha256 for kind, record in manifest.artifacts.items()
+              if kind in manifest.decision().candidate_kinds() or record is manifest.served_record()}
+    return hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()
 
-    def __init__(self, scratch: tempfile.TemporaryDirectory, built: Path, target: Path):
-        self.scratch, self.built, self.target = scratch, built, target
+
+def next_version(model_store: Path, name: str, manifest: Manifest) -> ModelVersion:
+    numbers = stored_versions(model_store, name)
+    return ModelVersion((numbers[-1] if numbers else 0) + 1, content_hash(manifest))
+
+
+class PendingArchive:
+    """A built .mar waiting in the model store's scratch folder; commit() renames it into place as its version
+    (NAME.vN.mar), makes NAME.mar the same file, and removes the versions beyond `keep`."""
+
+    def __init__(self, scratch: tempfile.TemporaryDirectory, built: Path, target: Path, number: int = 0,
+                 keep: int = KEEP_VERSIONS):
+        self.scratch, self.built, self.target, self.number, self.keep = scratch, built, target, number, keep
 
     def commit(self) -> Path:
-        os.replace(self.built, self.target)
+        if not self.number:  # a caller that asked for no version (tests of the archive alone)
+            os.replace(self.built, self.target)
+            return self.target
+        name = self.target.name[:-len(".mar")]
+        versioned = self.target.with_name(archive_name(name, self.number))
+        os.replace(self.built, versioned)
+        plain = self.built.with_name(f".{self.target.name}.link")
+        plain.unlink(missing_ok=True)
+        try:
+            os.link(versioned, plain)
+        except OSError:  # a file system without hard links (some volumes): a copy, renamed into place as well
+            shutil.copy2(versioned, plain)
+        os.replace(plain, self.target)  # NAME.mar: the newest version, for every command that names NAME.mar
+        for old in stored_versions(self.target.parent, name)[:-self.keep]:
+            self.target.with_name(archive_name(name, old)).unlink(missing_ok=True)
         return self.target
 
     def discard(self) -> None:
@@ -92,9 +125,12 @@ class PendingArchive:
 
 
 def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveRequest) -> PendingArchive:
-    archived = archived_manifest(manifest, request)
     name = request.name or manifest.model.name
     ensure_writable_dir(request.model_store, "--model-store")
+    if request.keep_versions < 1:
+        raise ExportError(f"--keep-versions {request.keep_versions}: keep at least 1 (the one being written)")
+    archived = archived_manifest(manifest, request)
+    archived = replace(archived, model_version=next_version(Path(request.model_store), name, archived))
     remove_stale_scratch(Path(request.model_store))
     scratch = tempfile.TemporaryDirectory(dir=request.model_store, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
     try:
@@ -102,7 +138,8 @@ def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveReques
     except BaseException:
         scratch.cleanup()
         raise
-    return PendingArchive(scratch, built, Path(request.model_store) / f"{name}.mar")
+    return PendingArchive(scratch, built, Path(request.model_store) / f"{name}.mar",
+                          archived.model_version.number, request.keep_versions)
 
 
 def remove_stale_scratch(model_store: Path) -> None:
@@ -157,8 +194,9 @@ def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: di
         shutil.copy2(export_dir / path, extra / path)
     config = scratch / "model-config.yaml"
     config.write_text(model_config_yaml(overrides))
+    version = str(manifest.model_version.number) if manifest.model_version else "1.0"
     return archive_files(name, export_dir / manifest.served_record().path, HANDLER_ENTRY, scratch,
-                   extra_files=extra, config_file=config)
+                   extra_files=extra, config_file=config, version=version)
 
 
 def shipped_files(manifest: Manifest) -> list[str]:
@@ -177,9 +215,10 @@ def shipped_files(manifest: Manifest) -> list[str]:
 
 
 def archive_files(name: str, serialized_file: Path, handler: Path, out: Path, extra_files: Path | None = None,
-            config_file: Path | None = None) -> Path:
+            config_file: Path | None = None, version: str = "1.0") -> Path:
     """torch-model-archiver: OUT/NAME.mar from the served file, the handler, extra files and model config."""
-    command = [sys.executable, "-m", "model_archiver.model_packaging", "--model-name", name, "--version", "1.0",
+    # TorchServe's own version of the archive: ours (the number), so that two versions can be registered at once
+    command = [sys.executable, "-m", "model_archiver.model_packaging", "--model-name", name, "--version", version,
                "--serialized-file", str(serialized_file), "--handler", str(handler),
                "--export-path", str(out), "--force"]
     if extra_files is not None:
