@@ -138,7 +138,7 @@ class Engine(ABC):
     def start(self) -> subprocess.Popen:
         """Start the server with every model of the settings; stop() ends it."""
         for name in self.settings.served_models():
-            archive = Path(self.settings.model_store) / f"{name}.mar"
+            archive = self.settings.archive(name)
             if not archive.is_file():
                 raise ServingError(f"{archive} not found: run `python -m export resnet` first (it writes the archive)")
         if self.is_running():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.policy import NOTHING_CHOSEN, Machine, PolicyChoices, ServingPolicy, resolve_policy
+from contract.versions import is_versioned, served_archive
 from handlers.policy import this_machine
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,12 @@ class ServingSettings:
         return self.policies
 
     def pins_of(self, name: str) -> PolicyChoices:
-        return archive_pins(Path(self.model_store) / f"{name}.mar")
+        return archive_pins(self.archive(name))
+
+    def archive(self, name: str) -> Path:
+        """The archive a start serves for name: the version a rollout left default in the run dir, else NAME.mar
+        (contract/versions.py)."""
+        return served_archive(Path(self.model_store), self.run_dir.absolute(), name)
 
     def effective_policy(self) -> ServingPolicy:
         """The first served model's policy (what measure/ reads: a measurement serves one model)."""
@@ -99,8 +105,8 @@ class ServingSettings:
 
 
 def archives_in(model_store: Path) -> list[str]:
-    """The models a store holds: NAME for every NAME.mar, sorted."""
-    return sorted(path.stem for path in Path(model_store).glob("*.mar"))
+    """The models a store holds: NAME for every NAME.mar, sorted (NAME.vN.mar are its kept versions)."""
+    return sorted(path.stem for path in Path(model_store).glob("*.mar") if not is_versioned(path))
 
 
 def choose_models(model_store: Path, requested: list[str] | None) -> tuple[str, ...]:
@@ -135,6 +141,19 @@ def archive_config(archive: Path) -> dict:
             return yaml.safe_load(members.read("model-config.yaml")) or {}
     except zipfile.BadZipFile:
         return {}
+
+
+TORCHSERVE_MANIFEST = "MAR-INF/MANIFEST.json"
+
+
+def torchserve_version(archive: Path) -> str | None:
+    """The version torch-model-archiver wrote in the archive (ours: its version number; "1.0" before versions);
+    None from an archive that cannot be read (the engine that opens it refuses it with its own reason)."""
+    try:
+        with zipfile.ZipFile(archive) as members:
+            return str(json.loads(members.read(TORCHSERVE_MANIFEST))["model"]["modelVersion"])
+    except (OSError, zipfile.BadZipFile, KeyError, TypeError, ValueError):
+        return None
 
 
 def archive_pins(archive: Path) -> PolicyChoices:

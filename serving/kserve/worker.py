@@ -46,7 +46,7 @@ def model_config(folder: Path) -> dict:
 def model_of(name: str, settings: KServeSettings) -> ImageClassifierModel:
     """The model under its policy as the run config holds it (its archive's pins applied where it was resolved)."""
     policy = settings.policies[name]
-    folder = unpack(Path(settings.model_store) / f"{name}.mar", settings.unpacked(name))
+    folder = unpack(settings.archive(name), settings.unpacked(name))
     device = "cuda:0" if policy.device == "gpu" else "cpu"
     workers = functools.partial(WorkerPool.open, name) if policy.workers > 1 else None
     model = ImageClassifierModel(name, folder, policy, device, model_config(folder).get("handler"), workers)

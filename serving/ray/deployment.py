@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from contract.policy import ServingPolicy
-from contract.versions import VERSION_HEADER
+from contract.versions import VERSION_HEADER, split_versioned
 from handlers.batching import Batcher
 from handlers.request_body import read_request
 from handlers.request_error import RequestError
@@ -50,7 +50,8 @@ def application(args: dict):
 
 def application_args(archive: Path, policy: ServingPolicy) -> dict:
     """application()'s args for archive under its resolved policy."""
-    return {"archive": str(archive), "name": archive.stem, "policy": policy.to_dict()}
+    versioned = split_versioned(archive.stem)  # NAME.vN.mar: a version of NAME, deployed under NAME
+    return {"archive": str(archive), "name": versioned[0] if versioned else archive.stem, "policy": policy.to_dict()}
 
 
 @serve.deployment

@@ -59,7 +59,7 @@ def deploy(settings: RaySettings) -> None:
         options = deployment_options(policy)
         logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
                     options["autoscaling_config"])
-        archive = Path(settings.model_store).absolute() / f"{name}.mar"
+        archive = settings.archive(name).absolute()  # a rollout's default version, else NAME.mar
         verify_archive(archive)
         app = application({**application_args(archive, policy), "options": options})
         try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from handlers.policy import POLICIES_PROPERTY, policies_line
-from serving.settings import ServingSettings, free_port
+from serving.settings import ServingSettings, free_port, torchserve_version
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PACKAGE_DIR / "config.properties"
@@ -116,23 +116,27 @@ def run_config_text(settings: ServerSettings) -> str:
     them), the POLICIES_PROPERTY line our handler reads, and the JVM's flags (jvm_flags; a vmargs line of the base
     is replaced by the one written here)."""
     policies = settings.model_policies()
-    models = {name: {settings.model_version: {
-        "defaultVersion": True, "marName": f"{name}.mar",
+    archives = {name: settings.archive(name) for name in policies}  # a rollout's default version, else NAME.mar
+    models = {name: {torchserve_version(archives[name]) or settings.model_version: {
+        "defaultVersion": True, "marName": archives[name].name,
         **policy.model_config(), "responseTimeout": settings.response_timeout_s}} for name, policy in policies.items()}
     store = Path(settings.model_store).absolute()
     allowed = (f"\n# Registration (if ever switched on) only from this model store: no URL downloads.\n"
                f"allowed_urls=file://{store}/[^/]*[.]mar\n")
+    # The management API registers versions beside the served one (python -m serving rollout): on loopback as
+    # every API, behind the management key when tokens are on, from this model store only (allowed_urls).
+    registration = "\n# Versions registered beside the served one (serving/rollout/).\nenable_model_api=true\n"
     token = ("\n# Token authorisation on: keys in key_file.json, in TorchServe's working folder.\n"
              f"{TOKEN_SWITCH}=false\n") if settings.token_auth else ""
-    load = ",".join(f"{name}={name}.mar" for name in settings.served_models())
+    load = ",".join(f"{name}={settings.archive(name).name}" for name in settings.served_models())
     base = Path(settings.config).read_text()
     flags = jvm_flags(read_properties(settings.config), next(iter(policies.values())).device)
     jvm = f"\n# The frontend's JVM (config.py: jvm_flags).\nvmargs={flags}\n" if flags else ""
-    ours = ("vmargs=", POLICIES_PROPERTY)  # lines of the base written here instead
+    ours = ("vmargs=", POLICIES_PROPERTY, "enable_model_api=")  # lines of the base written here instead
     return ("\n".join(line for line in base.splitlines() if not line.lstrip().startswith(ours)).rstrip("\n")
             + "\n\n" + policy_comments(policies) + f"models={json.dumps(models)}\n"
             + f"# Registered at start (TorchServe reads them from model_store).\nload_models={load}\n"
-            + allowed + token + jvm)
+            + allowed + registration + token + jvm)
 
 
 def policy_comments(policies: dict) -> str:
