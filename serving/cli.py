@@ -8,6 +8,9 @@ model has answered a real prediction; and deployment material written from an ex
   python -m serving config --out F      TorchServe's config.properties with this machine's serving policy
   python -m serving deploy kserve OUT   KServe material; `deploy triton OUT`: a Triton model repository;
                                         `deploy ray OUT`: a KubeRay RayService
+  python -m serving rollout NAME PATH   a new version beside the live one, gated on agreement, then switched;
+                                        `rollback NAME`, `versions NAME` (docs/rollout.md)
+  python -m serving batch PATH INPUT --out OUT   score a folder or table of photos offline (Ray Data, Parquet)
 
 Measurements (bench, soak, faults, gpu-check, pipeline, decoders) are `python -m measure COMMAND`.
 `python -m serving --engine NAME --help` lists that engine's own options; `python -m serving deploy --help`.
@@ -28,6 +31,8 @@ from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT
 
 PROG = "python -m serving"
 DEPLOY = "deploy"  # a command of its own: python -m serving deploy kserve|triton|ray OUT
+VERSION_COMMANDS = ("rollout", "rollback", "versions")  # commands of their own: serving/rollout/command.py
+BATCH = "batch"  # offline scoring: python -m serving batch PATH INPUT --out OUT (serving/batch/)
 MEASUREMENTS = ("bench", "soak", "faults", "gpu-check", "pipeline", "decoders")
 MOVED = {"kserve": f"{PROG} deploy kserve", "triton": f"{PROG} deploy triton",
          **{name: f"python -m measure {name}" for name in MEASUREMENTS}}
@@ -42,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == DEPLOY:
         from serving.deploy import deploy
         return run_command(lambda: deploy(argv[1:]))
+    if command in VERSION_COMMANDS:
+        from serving.rollout.command import main as versions_main
+        return run_command(lambda: versions_main(command, argv[1:]))
+    if command == BATCH:
+        from serving.batch.run import main as batch
+        return batch(argv[1:])
     engine_type = engines.get(chosen_engine(argv))
     parser = parser_for(engine_type)
     args = parser.parse_args(argv)

@@ -136,7 +136,15 @@ def run_config_text(settings: ServerSettings) -> str:
     return ("\n".join(line for line in base.splitlines() if not line.lstrip().startswith(ours)).rstrip("\n")
             + "\n\n" + policy_comments(policies) + f"models={json.dumps(models)}\n"
             + f"# Registered at start (TorchServe reads them from model_store).\nload_models={load}\n"
-            + allowed + registration + token + jvm)
+            + allowed + registration + token + jvm + where_it_listens(settings))
+
+
+def where_it_listens(settings: ServerSettings) -> str:
+    """The addresses and store of this server, as the environment gives them to TorchServe: what `python -m
+    serving rollout` reads from the run dir to reach a running server (the last value of a key wins)."""
+    return ("\n# Where this server listens and what it serves from (serving/rollout/ reads them).\n"
+            f"inference_address={settings.inference_url}\nmanagement_address={settings.management_url}\n"
+            f"model_store={Path(settings.model_store).absolute()}\n")
 
 
 def policy_comments(policies: dict) -> str:

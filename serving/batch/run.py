@@ -1,0 +1,281 @@
+"""`python -m serving batch PATH INPUT --out OUT`: every photo of INPUT scored by the export's served form through
+the endpoint's request core, on Ray Data, one Parquet row per photo (serving/batch/output.py: SCHEMA).
+
+  python -m serving batch artifacts/resnet50 photos/ --out scores/            # this machine (a local Ray)
+  python -m serving batch model-store/resnet50.mar 'photos/**/*.jpg' --out scores/ --address HEAD:6379
+  python -m serving batch artifacts/resnet50 photos.parquet --column path --id-column photo_id --out scores/
+
+PATH: an export folder or an archive (.mar); INPUT: a folder, a glob, or a .parquet/.csv table with a column of
+paths or bytes (serving/batch/inputs.py). The model runs in a Ray Data actor pool sized by the serving policy
+(contract/policy.py, the cluster's CPUs and GPUs as the machine; --workers/--threads/--batch-size as for `python -m
+serving`); each actor reads, decodes and answers its photos as one endpoint worker does. A photo the endpoint would
+refuse gets a row with the endpoint's status and message; --fail-on-error makes the run end non-zero when any did.
+Run again with the same command after a stop or a crash: the parts already written are kept, the rest scored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contract.cli import run_command
+from contract.errors import EXIT_ERROR, VisionExportError
+from contract.policy import Machine, PolicyChoices, ServingPolicy, add_policy_options, resolve_policy
+from contract.records import MANIFEST_NAME, Manifest
+from handlers.core import STAGES
+from serving.batch.inputs import SHARD_SIZE, Shard, names_hash, read_inputs, shards
+from serving.batch.output import SCHEMA, RunRecord, fsync_folder, prepare_out, read_rows, write_part
+from serving.batch.progress import Progress
+from serving.settings import archive_pins
+
+PROG = "python -m serving batch"
+ROWS_PER_CALL = 16  # photos Ray Data hands an actor per call: amortises its per-call cost, small for even spread
+PASSED_TO_WORKERS = ("VISION_EXPORT_FORM_CHOICE", "OMP_WAIT_POLICY")  # the driver's settings the actors follow
+logger = logging.getLogger("serving.batch")
+
+
+class BatchError(VisionExportError):
+    """The run cannot start or did not score every photo; the message says why."""
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("path", type=Path, help="an export folder or an archive (.mar)")
+    parser.add_argument("input", help="a folder of photos, a glob, or a .parquet/.csv table")
+    parser.add_argument("--out", type=Path, required=True, help="the folder of Parquet parts (created; resumed)")
+    parser.add_argument("--column", help="the table's column of paths or bytes (default: path, image or bytes)")
+    parser.add_argument(
+        "--id-column", help="the table's column naming each photo in the output (default: its path, else TABLE#ROW)"
+    )
+    parser.add_argument(
+        "--address",
+        help="a Ray cluster to run on (HEAD:PORT, or auto); default: a Ray of this "
+        "machine's own, started and stopped by the run",
+    )
+    parser.add_argument(
+        "--fail-on-error",
+        action="store_true",
+        help="exit 1 when any photo got an error row (default: 0 once every photo has its row)",
+    )
+    add_policy_options(parser, ("workers", "batch_size", "threads_per_worker"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run_command(
+        lambda: score(args),
+        interrupted="interrupted: the parts written are kept; run the same command again to score the rest",
+    )
+
+
+@dataclass
+class Tally:
+    """What the run scored: rows written, failed, each stage's total ms (the actors' core timings)."""
+
+    rows: int = 0
+    failed: int = 0
+    start_s: float = 0.0  # Ray started and the policy resolved, before the first photo
+    scoring_s: float = 0.0  # from the dataset's start to its last part written: the rate's time
+    stage_ms: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+
+
+def score(args: argparse.Namespace) -> int:
+    if not args.path.exists():
+        raise BatchError(f"{args.path}: no such export folder or archive; export one with `python -m export`")
+    manifest = read_manifest(args.path)
+    photos = read_inputs(args.input, args.column, args.id_column)
+    every_shard = shards(photos)
+    record = RunRecord(
+        names_hash(photo.input for photo in photos), len(photos), SHARD_SIZE, manifest.model.name, args.input
+    )
+    written = prepare_out(args.out, record)
+    pending = [shard for shard in every_shard if shard.key not in written]
+    logger.info(
+        "%d photos in %d parts; %d written already, %d to score into %s",
+        len(photos),
+        len(every_shard),
+        len(every_shard) - len(pending),
+        sum(len(s.photos) for s in pending),
+        args.out,
+    )
+    tally = run_on_ray(args, pending) if pending else Tally()
+    return summary(args, record, tally)
+
+
+def read_manifest(path: Path) -> Manifest:
+    if path.is_dir():
+        return Manifest.read(path)
+    try:
+        with zipfile.ZipFile(path) as members:
+            return Manifest.from_json(members.read(MANIFEST_NAME).decode(), f"{path}:{MANIFEST_NAME}")
+    except (zipfile.BadZipFile, KeyError):
+        raise BatchError(
+            f"{path} is not an archive with a {MANIFEST_NAME}; pass an export folder or a .mar "
+            "that `python -m export` wrote"
+        ) from None
+
+
+def run_on_ray(args: argparse.Namespace, pending: list[Shard]) -> Tally:
+    import ray
+
+    started = time.monotonic()
+    start_ray(args.address)
+    try:
+        policy = cluster_policy(args)
+        logger.info("serving policy on the cluster's %s: %s", describe_cluster(), policy.reason)
+        scoring = time.monotonic()
+        tally = stream(args.out, pending, dataset(args.path, pending, policy))
+        tally.start_s, tally.scoring_s = scoring - started, time.monotonic() - scoring
+        return tally
+    finally:
+        ray.shutdown()
+
+
+def start_ray(address: str | None) -> None:
+    import ray
+    from ray.data import DataContext
+
+    env = {name: os.environ[name] for name in PASSED_TO_WORKERS if name in os.environ}
+    ray.init(
+        address=address or "local",
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": env} if env else None,
+    )
+    context = DataContext.get_current()
+    context.enable_progress_bars = False  # ours (serving/batch/progress.py) counts photos, not blocks
+    context.print_on_execution_start = False
+
+
+def cluster_policy(args: argparse.Namespace) -> ServingPolicy:
+    """The serving policy with the cluster as the machine (its CPUs and GPUs), the archive's pins, the flags."""
+    import ray
+
+    resources = ray.cluster_resources()
+    machine = Machine(int(resources.get("GPU", 0)), int(resources.get("CPU", 1)))
+    pins = archive_pins(args.path) if args.path.is_file() else PolicyChoices()
+    return resolve_policy(machine, pins, PolicyChoices.from_flags(args))
+
+
+def describe_cluster() -> str:
+    import ray
+
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    resources = ray.cluster_resources()
+    return f"{len(nodes)} node(s), {int(resources.get('CPU', 0))} CPU(s), {int(resources.get('GPU', 0))} GPU(s)"
+
+
+def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy):
+    """The pending photos as rows, answered by an actor pool of the policy's workers, each on its threads."""
+    import ray.data
+
+    from serving.batch.scoring import Scorer
+
+    items = [
+        {"input": photo.input, "shard": shard.key, "path": photo.path or "", "data": photo.data or b""}
+        for shard in pending
+        for photo in shard.photos
+    ]
+    rows = ray.data.from_items(items, override_num_blocks=max(len(pending), policy.workers))
+    return rows.map_batches(
+        Scorer,
+        batch_size=ROWS_PER_CALL,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=policy.workers),
+        num_cpus=policy.threads_per_worker,
+        num_gpus=1 if policy.device == "gpu" else 0,
+        fn_constructor_kwargs={
+            "model_path": str(model_path.absolute()),
+            "policy": policy.to_dict(),
+            "device": "cuda" if policy.device == "gpu" else "cpu",
+        },
+    )
+
+
+def stream(out: Path, pending: list[Shard], answered) -> Tally:
+    """The answered rows, gathered per shard; each shard written as its part once all its rows are in."""
+    sizes = {shard.key: len(shard.photos) for shard in pending}
+    waiting: dict[str, list[dict]] = {}
+    tally = Tally()
+    progress = Progress(sum(sizes.values()))
+    columns = SCHEMA.names
+    for batch in answered.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for row in batch.to_pylist():
+            for stage in STAGES:
+                tally.stage_ms[stage] += row[f"{stage}_ms"]
+            rows = waiting.setdefault(row["shard"], [])
+            rows.append({name: row[name] for name in columns})
+            if len(rows) == sizes[row["shard"]]:
+                failed = sum(1 for r in rows if r["status"] != 200)
+                write_part(out, row["shard"], waiting.pop(row["shard"]))
+                tally.rows, tally.failed = tally.rows + len(rows), tally.failed + failed
+                logger.info("part %s written: %d rows, %d failed", row["shard"], len(rows), failed)
+        progress.update(tally.rows + sum(len(rows) for rows in waiting.values()), tally.failed)
+    progress.close()
+    fsync_folder(out)
+    if waiting:
+        raise BatchError(f"{len(waiting)} part(s) got fewer rows than photos; run the same command again")
+    return tally
+
+
+def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
+    """Every photo has exactly one row (else an error); the counts, the rate and where the time went."""
+    table = read_rows(args.out)
+    names = table.column("input").to_pylist()
+    if len(names) != record.photos or len(set(names)) != record.photos:
+        raise BatchError(
+            f"{args.out} holds {len(names)} rows ({len(set(names))} photos) for {record.photos} "
+            "photos; run the same command again to score the missing ones"
+        )
+    statuses = table.column("status").to_pylist()
+    failed = sum(1 for status in statuses if status != 200)
+    rate = tally.rows / tally.scoring_s if tally.rows and tally.scoring_s else 0.0
+    per_photo = {stage: ms / tally.rows for stage, ms in tally.stage_ms.items()} if tally.rows else {}
+    lines = [
+        f"done: {record.photos} photos, {record.photos - failed} answered, {failed} error rows, in {args.out}",
+        f"this run: {tally.rows} photos in {tally.scoring_s:.1f} s, {rate:.1f} photos/s (Ray's start and the "
+        f"policy before it: {tally.start_s:.1f} s)"
+        + (" (the rest were written by an earlier run)" if tally.rows < record.photos else ""),
+    ]
+    if per_photo:
+        lines.append("per photo in the actors: " + ", ".join(f"{s} {ms:.1f} ms" for s, ms in per_photo.items()))
+    if failed:
+        lines.append(f"error rows: status != 200, e.g. {first_error(table)}")
+    print("\n".join(lines), flush=True)
+    print(
+        json.dumps(
+            {
+                "photos": record.photos,
+                "failed": failed,
+                "scored_now": tally.rows,
+                "start_s": round(tally.start_s, 2),
+                "scoring_s": round(tally.scoring_s, 2),
+                "photos_per_s": round(rate, 2),
+                "stage_ms_per_photo": {s: round(ms, 2) for s, ms in per_photo.items()},
+            }
+        ),
+        flush=True,
+    )
+    return EXIT_ERROR if failed and args.fail_on_error else 0
+
+
+def first_error(table) -> str:
+    for name, status, error in zip(*(table.column(c).to_pylist() for c in ("input", "status", "error"))):
+        if status != 200:
+            return f"{name}: {status} {error}"
+    return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
