@@ -1,0 +1,149 @@
+"""`python -m serving rollout NAME PATH`, `rollback NAME`, `versions NAME`: a new version of a served model loaded
+beside the live one, proven to agree with it on the export's held-out photos, then given the traffic; the old one
+drains and unloads, and stays in the store. Any refusal leaves the live version serving, untouched, and exits
+non-zero with the reason.
+
+  python -m serving rollout resnet18 model-store/resnet18.v2.mar   # or an export folder (archived as the next version)
+  python -m serving rollback resnet18                               # back to the previous kept version
+  python -m serving versions resnet18                               # loaded, default, kept
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from contract.versions import archive_name, parse_label, record_default, stored_versions
+from serving.rollout.candidate import Candidate, RolloutRefused, check_task, checked_manifest, prepare
+from serving.rollout.gate import PHOTO_COUNT, REQUEST_HEADERS, held_out_photos, run_gate
+from serving.rollout.switchboard import Switchboard
+from serving.settings import DEFAULT_RUN_DIR, ServingError
+
+PROG = "python -m serving"
+COMMANDS = ("rollout", "rollback", "versions")
+
+
+def parser_for(command: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"{PROG} {command}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", help="the served model's name (its /predictions/NAME)")
+    if command == "rollout":
+        parser.add_argument("path", type=Path, help="the new version: an archive (.mar) or an export folder")
+        parser.add_argument("--force", action="store_true",
+                            help="switch even when the versions disagree beyond the thresholds (the table still shows it)")
+        parser.add_argument("--photos", type=int, default=PHOTO_COUNT, help="held-out photos each version answers")
+        parser.add_argument("--canary", type=float, default=None, metavar="P",
+                            help="first a share P of the requests to the new version (only where the engine can)")
+        parser.add_argument("--shadow", type=int, default=None, metavar="N",
+                            help="N live requests mirrored to the new version (only where the engine can)")
+    if command == "rollback":
+        parser.add_argument("--to", default=None, metavar="vN", help="the version to return to (default: the "
+                                                                      "newest kept version older than the live one)")
+    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                        help=f"the run dir of the running server, as for stop (default: {DEFAULT_RUN_DIR})")
+    return parser
+
+
+def main(command: str, argv: list[str]) -> int:
+    args = parser_for(command).parse_args(argv)
+    board = switchboard_for(args.run_dir)
+    board.refuse_unless_loaded(args.name)
+    return {"rollout": rollout, "rollback": rollback, "versions": versions}[command](board, args)
+
+
+def switchboard_for(run_dir: Path) -> Switchboard:
+    """The switchboard of the engine whose server runs from run_dir."""
+    from serving import engine as engines
+    running = [engine for engine in engines.engines_running_in(run_dir) if engine.is_running()]
+    if not running:
+        raise ServingError(f"no server running from {Path(run_dir).absolute()}: start one with `{PROG} --detach` "
+                           "(--run-dir as here)")
+    name = running[0].name
+    if name == "torchserve":
+        from serving.rollout.torchserve import TorchServeSwitchboard
+        return TorchServeSwitchboard(run_dir)
+    if name == "kserve":
+        from serving.rollout.kserve import KServeSwitchboard
+        return KServeSwitchboard(run_dir)
+    from serving.rollout.ray import RaySwitchboard
+    return RaySwitchboard(run_dir)
+
+
+def rollout(board: Switchboard, args: argparse.Namespace) -> int:
+    refuse_what_cannot_be_honest(board, args)
+    name, live = args.name, board.live(args.name)
+    task = board.live_manifest(name).task
+    candidate = prepare(args.path, name, board.model_store)
+    check_task(candidate, task, name)
+    if candidate.label == live:
+        raise RolloutRefused(f"{name} already serves {live} ({candidate.archive}): nothing to roll out")
+    say(f"rollout of {name} on {board.engine}: live {live}, candidate {candidate.label} "
+        f"({candidate.archive}, content {candidate.manifest.model_version.content[:12]})")  # type: ignore[union-attr]
+    started = time.monotonic()
+    board.load_beside(name, candidate)
+    say(f"{candidate.label} loaded beside {live} and answering ({time.monotonic() - started:.1f} s)")
+    photos = held_out_photos(args.photos)
+    headers = REQUEST_HEADERS[task]
+    gate = run_gate(task, live, candidate.label, lambda image: board.ask(name, live, image, headers),
+                    lambda image: board.ask(name, candidate.label, image, headers), photos)
+    say(gate.table())
+    if not gate.passed and not args.force:
+        board.unload(name, candidate.label)
+        raise RolloutRefused(f"{candidate.label} disagrees with {live} beyond the thresholds ({gate.disagreements()}); "
+                             f"{live} serves on, {candidate.label} unloaded (--force switches anyway)")
+    if not gate.passed:
+        say(f"--force: switching although {candidate.label} disagrees with {live}")
+    switch(board, name, live, candidate)
+    return 0
+
+
+def refuse_what_cannot_be_honest(board: Switchboard, args: argparse.Namespace) -> None:
+    if args.canary is not None and board.no_canary:
+        raise ServingError(f"--canary: {board.no_canary}; roll out without it (the agreement gate runs either way)")
+    if args.shadow is not None and board.no_shadow:
+        raise ServingError(f"--shadow: {board.no_shadow}; roll out without it (the agreement gate runs either way)")
+
+
+def switch(board: Switchboard, name: str, old: str, new: Candidate) -> None:
+    """The new version takes the traffic, recorded in the run dir (a restart serves it), then the old one drains and
+    unloads; it stays in the store for a rollback."""
+    started = time.monotonic()
+    board.set_default(name, new.label)
+    record_default(board.run_dir.absolute(), name, new.label)
+    say(f"{name}: {new.label} is the default ({time.monotonic() - started:.2f} s); {old} draining")
+    board.drain_and_unload(name, old)
+    say(f"{name}: {old} unloaded (kept in {board.model_store}); serving {new.label}")
+
+
+def rollback(board: Switchboard, args: argparse.Namespace) -> int:
+    name, live = args.name, board.live(args.name)
+    target = parse_label(args.to) if args.to else previous_version(board.model_store, name, live)
+    archive = board.model_store / archive_name(name, target)
+    if not archive.is_file():
+        raise RolloutRefused(f"{archive} is no longer in the store: nothing to roll back to")
+    candidate = Candidate(archive, checked_manifest(archive))
+    say(f"rollback of {name} on {board.engine}: live {live}, back to {candidate.label}")
+    board.load_beside(name, candidate)
+    switch(board, name, live, candidate)
+    return 0
+
+
+def previous_version(model_store: Path, name: str, live: str) -> int:
+    current = parse_label(live) if live.lstrip("v").isdigit() else 0
+    older = [number for number in stored_versions(model_store, name) if number < current]
+    if not older:
+        raise RolloutRefused(f"the store keeps no version of {name} older than {live}: nothing to roll back to")
+    return older[-1]
+
+
+def versions(board: Switchboard, args: argparse.Namespace) -> int:
+    name = args.name
+    kept = ", ".join(f"v{number}" for number in stored_versions(board.model_store, name)) or "none"
+    say(f"{name} on {board.engine}: default {board.live(name)}; loaded {', '.join(board.loaded(name))}; "
+        f"kept in {board.model_store}: {kept}")
+    return 0
+
+
+def say(line: str) -> None:
+    print(line, flush=True)

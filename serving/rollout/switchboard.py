@@ -1,0 +1,83 @@
+"""What a rollout asks of an engine, one small interface: which version serves a name, load another beside it
+(ready once it answered a real prediction), ask one version directly, make one the default, unload one once it
+drained. Each engine that serves from a run dir provides it (serving/rollout/torchserve.py, kserve.py, ray.py);
+the rollout itself (serving/rollout/command.py) is the same for all."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from contract.records import Manifest
+from contract.versions import UNVERSIONED, archive_name, parse_label
+from serving.rollout.candidate import Candidate, RolloutRefused, checked_manifest
+from serving.settings import ServingError
+
+DRAIN_GRACE_S = 3.0  # after the switch, requests the old version already took finish before it unloads
+LOAD_TIMEOUT_S = 240  # a version loaded beside the live one answers a real prediction within this
+
+
+class Switchboard(ABC):
+    """One running server's versions, reached through its run dir."""
+
+    engine: str  # the engine's name, as --engine says it
+    # Why the engine cannot split traffic (--canary) or mirror it (--shadow) honestly; None where it can.
+    no_canary: str | None = None
+    no_shadow: str | None = None
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    @property
+    @abstractmethod
+    def model_store(self) -> Path:
+        """The folder the server loads its archives from."""
+
+    @abstractmethod
+    def live(self, name: str) -> str:
+        """The label of the version name's requests go to."""
+
+    @abstractmethod
+    def loaded(self, name: str) -> list[str]:
+        """Every version of name the server holds now."""
+
+    @abstractmethod
+    def load_beside(self, name: str, candidate: Candidate) -> None:
+        """The candidate loaded beside the live version, not yet taking its traffic; returns once it answered a
+        real prediction, RolloutRefused (with the engine's reason) when it cannot load, leaving nothing loaded."""
+
+    @abstractmethod
+    def ask(self, name: str, label: str, image: bytes, headers: dict) -> dict:
+        """One real HTTP request to that version of name: its JSON answer."""
+
+    @abstractmethod
+    def set_default(self, name: str, label: str) -> None:
+        """From now on name's requests go to that version (one already in flight finishes where it is)."""
+
+    @abstractmethod
+    def unload(self, name: str, label: str) -> None:
+        """That version out of the server (it stays in the store)."""
+
+    def drain_and_unload(self, name: str, label: str) -> None:
+        time.sleep(DRAIN_GRACE_S)
+        self.unload(name, label)
+
+    def live_manifest(self, name: str) -> Manifest:
+        """The live version's manifest, from its archive in the store."""
+        label = self.live(name)
+        archive = self.model_store / (f"{name}.mar" if label == UNVERSIONED else archive_name(name, parse_label(label)))
+        if not archive.is_file():
+            raise ServingError(f"{name} serves {label}, whose archive {archive} is no longer in the store")
+        return checked_manifest(archive)
+
+    def refuse_unless_loaded(self, name: str) -> None:
+        if not self.loaded(name):
+            raise RolloutRefused(f"the {self.engine} server of {self.run_dir} does not serve {name}")
+
+
+def answer_of(response, what: str) -> dict:
+    """A 200's JSON, or RolloutRefused with what the server answered."""
+    if response.status_code != 200:
+        raise RolloutRefused(f"{what} answered HTTP {response.status_code}: {response.text[:300]}")
+    return response.json()

@@ -1,0 +1,126 @@
+"""A running TorchServe's versions through its management API (on loopback; with the management key when token
+authorisation is on): register the candidate beside the live version with the live version's workers and
+batching, ask /predictions/NAME/VERSION, set-default, unregister. TorchServe's version of an archive is our
+version number (export/package/archive.py), so "v3" is TorchServe's "3".
+
+TorchServe routes each request to one version, the default, with no share or mirror: --canary and --shadow
+are refused here rather than imitated."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import requests
+
+from contract.versions import UNVERSIONED
+from serving.rollout.candidate import Candidate, RolloutRefused
+from serving.rollout.switchboard import LOAD_TIMEOUT_S, Switchboard, answer_of
+from serving.settings import REQUEST_TIMEOUT_S, ServingError
+from serving.torchserve.config import KEY_FILE, RUN_CONFIG, TOKEN_SWITCH, read_properties
+from serving.torchserve.logs import load_failure
+
+UNVERSIONED_TS = "1.0"  # what archives made before versions call themselves in TorchServe
+
+
+def ts_version(label: str) -> str:
+    return UNVERSIONED_TS if label == UNVERSIONED else label.lstrip("v")
+
+
+def our_label(ts_version: str) -> str:
+    return f"v{ts_version}" if ts_version.isdigit() else UNVERSIONED
+
+
+class TorchServeSwitchboard(Switchboard):
+    engine = "torchserve"
+    no_canary = "TorchServe sends every request of a name to its default version: it cannot send a share to another"
+    no_shadow = "TorchServe has no way to copy a live request to a second version"
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir)
+        config = self.run_dir.absolute() / RUN_CONFIG
+        if not config.is_file():
+            raise ServingError(f"no TorchServe run config in {self.run_dir} ({RUN_CONFIG}): start the server with "
+                               "`python -m serving --detach` from the same --run-dir")
+        self.properties = read_properties(config)
+        self.inference_url = self.properties["inference_address"].rstrip("/")
+        self.management_url = self.properties["management_address"].rstrip("/")
+        self.tokens = self.properties.get(TOKEN_SWITCH, "true").lower() == "false"
+
+    @property
+    def model_store(self) -> Path:
+        return Path(self.properties["model_store"])
+
+    def headers(self, api: str) -> dict:
+        """The key of api ("management" or "inference") when token authorisation is on (TorchServe's key file)."""
+        if not self.tokens:
+            return {}
+        import json
+        keys = json.loads((self.run_dir.absolute() / KEY_FILE).read_text())
+        return {"Authorization": f"Bearer {keys[api]['key']}"}
+
+    def management(self, method: str, path: str, **params) -> requests.Response:
+        return requests.request(method, f"{self.management_url}{path}", params=params or None,
+                                headers=self.headers("management"), timeout=LOAD_TIMEOUT_S)
+
+    def described(self, name: str, label: str | None = None) -> list[dict]:
+        path = f"/models/{name}" + (f"/{ts_version(label)}" if label else "/all")
+        response = self.management("GET", path)
+        if response.status_code == 404:
+            return []
+        return answer_of(response, f"TorchServe's description of {name}")
+
+    def live(self, name: str) -> str:
+        response = self.management("GET", f"/models/{name}")
+        described = answer_of(response, f"TorchServe's description of {name}")
+        return our_label(described[0]["modelVersion"])
+
+    def loaded(self, name: str) -> list[str]:
+        return [our_label(model["modelVersion"]) for model in self.described(name)]
+
+    def load_beside(self, name: str, candidate: Candidate) -> None:
+        live = self.described(name, self.live(name))[0]
+        response = self.management(
+            "POST", "/models", url=candidate.archive.name, model_name=name, synchronous="true",
+            initial_workers=str(max(live.get("minWorkers", 1), 1)), batch_size=str(live.get("batchSize", 1)),
+            max_batch_delay=str(live.get("maxBatchDelay", 100)), response_timeout=str(live.get("responseTimeout", 120)))
+        if response.status_code != 200:
+            reason = load_failure(self.run_dir.absolute() / "logs") or response.text[:300]
+            self.forget(name, candidate.label)
+            raise RolloutRefused(f"{candidate.label} cannot load beside {our_label(live['modelVersion'])}: {reason}")
+        self.await_answer(name, candidate.label)
+
+    def await_answer(self, name: str, label: str) -> None:
+        """A real prediction from the new version (its workers may still be starting); unloaded when none comes."""
+        from serving.settings import EXAMPLE_IMAGE
+        deadline, last = time.monotonic() + LOAD_TIMEOUT_S, ""
+        while time.monotonic() < deadline:
+            failure = load_failure(self.run_dir.absolute() / "logs")
+            try:
+                self.ask(name, label, EXAMPLE_IMAGE.read_bytes(), {"Content-Type": "image/jpeg"})
+                return
+            except (RolloutRefused, requests.RequestException) as error:
+                last = str(error)
+            if failure and label in failure:
+                break
+            time.sleep(1.0)
+        self.forget(name, label)
+        raise RolloutRefused(f"{label} loaded but never answered a prediction: {last}")
+
+    def ask(self, name: str, label: str, image: bytes, headers: dict) -> dict:
+        response = requests.post(f"{self.inference_url}/predictions/{name}/{ts_version(label)}", data=image,
+                                 headers={"Content-Type": "image/png", **headers, **self.headers("inference")},
+                                 timeout=REQUEST_TIMEOUT_S)
+        return answer_of(response, f"{name} {label}")
+
+    def set_default(self, name: str, label: str) -> None:
+        answer_of(self.management("PUT", f"/models/{name}/{ts_version(label)}/set-default"),
+                  f"set-default of {name} {label}")
+
+    def unload(self, name: str, label: str) -> None:
+        answer_of(self.management("DELETE", f"/models/{name}/{ts_version(label)}"), f"unregistering {name} {label}")
+
+    def forget(self, name: str, label: str) -> None:
+        """A candidate that failed: unregistered if TorchServe registered it, so no half-loaded version stays."""
+        if label in self.loaded(name) and label != self.live(name):
+            self.management("DELETE", f"/models/{name}/{ts_version(label)}")
