@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"one of: {', '.join(family.archs)} (default: {family.default_arch})")
         _common(sub, family.weights_help, default_out="artifacts/<arch>")
         _archive_options(sub)
+        if family.fine_tunable:
+            _own_classes_options(sub)
 
     module = commands.add_parser("module", help="your own nn.Module from FILE.py:factory",
                                  description="Export your own module: the factory returns an nn.Module.")
@@ -50,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     module.add_argument("--name", "--model-name", dest="name", default=None,
                         help="archive and URL name: NAME.mar, /predictions/NAME (default: the file's stem)")
     _serve_option(module)
+    from models.user_tasks import AUTO, TASK_CHOICES
+    module.add_argument("--task", choices=TASK_CHOICES, default=AUTO,
+                        help="what the module answers (default: read from its output: a list of dicts with boxes, "
+                             "labels, scores is a detector, a dict with 'out' a segmenter, a tensor a classifier; "
+                             "a tensor of per-pixel class logits needs --task segmentation)")
 
     controlflow = commands.add_parser("controlflow", help="trace vs script on control-flow demo models",
                                       description="Export the control-flow demos and the ResNet resize branch; "
@@ -77,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _own_classes_options(sub) -> None:
+    sub.add_argument("--labels", type=Path, default=None, metavar="FILE",
+                     help="your classes' names, with --weights CKPT fine-tuned on them: one per line, a JSON list or "
+                          "JSON {\"0\": name, ...}; torchvision's __background__ is put at index 0 when the file "
+                          "has one name fewer than the model's classes (default: answers name classes by index)")
+    sub.add_argument("--num-classes", type=int, default=None, metavar="N",
+                     help="classes of --weights CKPT, background included (default: read from the checkpoint's head)")
+
+
 def _common(sub, weights_help: str, default_out: str) -> None:
     sub.add_argument("--weights", default="auto", help=f"{weights_help} (default: auto)")
     sub.add_argument("--out", type=Path, default=None, help=f"output folder (default: {default_out})")
@@ -84,6 +100,9 @@ def _common(sub, weights_help: str, default_out: str) -> None:
                      help=f"ONNX opset (default: {exporters.DEFAULT_OPSET})")
     _device_option(sub)
     _precision_options(sub)
+    sub.add_argument("--no-benchmark", action="store_true",
+                     help="skip the short in-process latency of each form (about a second each) in the table the "
+                          "export prints last and in report.html")
 
 
 def _precision_options(sub) -> None:

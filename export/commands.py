@@ -36,10 +36,15 @@ CONTROLFLOW_MODELS = ("cf-branch", "cf-loop", "cf-repeat", "resnet18")
 def family_command(args) -> int:
     """python -m export FAMILY --arch ARCH (families come from the registry)."""
     import models
-    entry = models.entry_of(args.family, args.arch)
+    from models.fine_tuned import own_checkpoint_entry
+    own = own_checkpoint_entry(args.family, args.arch, args.weights, getattr(args, "labels", None),
+                               getattr(args, "num_classes", None))
+    entry = own or models.entry_of(args.family, args.arch)
     device, overrides = _device(args.device), _config_overrides(args)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
+    if own:
+        progress.step(f"your model: {own.description}")
     archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides,
                                                           keep_versions=args.keep_versions)
     result = export_model(entry, _options(args, out, device, archive), progress)
@@ -47,22 +52,28 @@ def family_command(args) -> int:
     _print_serving(result, progress)
     _print_refused(result, progress)
     _print_files(out, progress)
+    _print_forms(result, out, progress)
     return 0
 
 
 def module_command(args) -> int:
-    from models.user_module import parse_input_shape, read_labels_file, user_entry
+    from models.user_module import parse_input_shape
+    from models.user_tasks import NOT_SERVED, module_entry
     device = _device(args.device)
-    labels = read_labels_file(args.labels) if args.labels else None
-    entry = user_entry(args.reference, parse_input_shape(args.input_shape), labels=labels)
+    entry, found = module_entry(args.reference, parse_input_shape(args.input_shape), args.labels, args.task)
     out = args.out or Path("artifacts") / entry.name
     progress = Progress()
+    progress.step(f"task: {found.task or 'none fits'} ({found.why}); {entry.description}")
+    if found.task is None:
+        progress.warn(f"exported but not served: {found.why}; {NOT_SERVED}"
+                      + ("; no archive is written to --model-store" if args.model_store else ""))
     archive = (ArchiveRequest(args.model_store, args.name or entry.name, keep_versions=args.keep_versions)
-               if args.model_store else None)
+               if args.model_store and found.task else None)
     result = export_model(entry, _options(args, out, device, archive), progress)
     _print_serving(result, progress)
     _print_refused(result, progress)
     _print_files(out, progress)
+    _print_forms(result, out, progress)
     return 0
 
 
@@ -71,7 +82,7 @@ def _options(args, out: Path, device: str, archive: ArchiveRequest | None) -> Ex
     target = target_profile(args)
     return ExportOptions(out=out, weights=args.weights, opset=args.opset, device=device, archive=archive,
                          precision=precision_request(args, device, target), serve=args.serve, decode=args.decode,
-                         formats=args.formats, target=target)
+                         formats=args.formats, target=target, benchmark=not args.no_benchmark)
 
 
 def target_profile(args) -> MachineProfile | None:
@@ -256,6 +267,12 @@ def _print_refused(result, progress: Progress) -> None:
     progress.step(f"partial export: {len(refused)} form(s) not made; the served artifact was chosen among the "
                   f"{len(result.manifest.artifacts)} that were (tracebacks in {result.out / 'export.log'}):"
                   + "".join(f"\n    {kind}: {refusal.line()}" for kind, refusal in refused.items()))
+
+
+def _print_forms(result, out: Path, progress: Progress) -> None:
+    """The table of forms, then the export's last line: the page to open."""
+    progress.step("forms (report.json 'forms'):\n" + result.forms_table)
+    progress.step(f"report: {(out / 'report.html').resolve().as_uri()}")
 
 
 def _print_files(out: Path, progress: Progress) -> None:

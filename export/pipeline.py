@@ -5,7 +5,6 @@ swapped in whole. `_export_into` is the list of steps; each returns a record the
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,9 @@ from export.forms import exporters, kinds
 from export.forms.tolerances import held_to
 from export.interrupt import watch as watch_interrupts
 from export.package.archive import ArchiveRequest, PendingArchive, prepare_archive
+from export.package.look import FormsRun, Looked, write_look
 from export.package.manifest import ExportFindings, assemble_manifest, write_manifest
+from export.package.pictures import kept_answer
 from export.package.reports import write_reports
 from export.package.selection import Candidate, artifact_needs, decide
 from export.precision.detector_variants import DetectorSources, build_detector_variants
@@ -39,10 +40,6 @@ from models.registry import BuiltModel, ModelEntry
 from models.weights import state_dict_fingerprint
 from runtime.eager import EagerBackend
 from runtime.machine import MachineProfile, this_machine
-from runtime.timing import time_runs
-
-LATENCY_WARMUP = 1
-LATENCY_RUNS = 5  # batch-1 latency is recorded for information; it never chooses the served artifact
 
 
 @dataclass
@@ -58,6 +55,7 @@ class ExportOptions:
     decode: str = "draft"  # --decode: draft where the decode check passes (export/checks/decode.py), or exact
     formats: list[str] | None = None  # --formats: the fp32 kinds to build (None: export.forms.kinds.default_formats)
     target: MachineProfile | None = None  # --target: the machine the serving order is decided for (None: this one)
+    benchmark: bool = True  # --no-benchmark: no short latency per form in the table and report.html
 
 
 @dataclass
@@ -69,6 +67,7 @@ class ExportResult:
     warnings: WarningLog
     timings: dict = field(default_factory=dict)
     archive: Path | None = None
+    forms_table: str = ""  # one row per form, printed last (export.package.form_table)
 
 
 def export_model(entry: ModelEntry, options: ExportOptions, progress: Progress | None = None) -> ExportResult:
@@ -100,9 +99,8 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     checked = check_forms(run, built.module, forms)
     explain_divergence(run, built.module, checked)
     paths = compare_trace_and_script(run, checked)
-    latency = measure_latency(run, checked)
     variants = make_variants(run, built, checked, paths)
-    serving = decide_serving(run, checked, paths, variants, latency)
+    serving = decide_serving(run, checked, paths, variants)
     files = write_reports(stage, entry, built.labels, checked.parity, checked.second_opinion, paths)
     enforce(run, checked.parity, variants, serving)  # inside the stage: a failed attempt keeps every report
     manifest = assemble_manifest(stage, ExportFindings(
@@ -110,8 +108,10 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
         parity=checked.parity, second_opinion=checked.second_opinion, trace_vs_script=paths, variants=variants,
         serving=serving, refusals=run.refusals, reports=files))
     check_decoding(run, manifest)
+    looked = look(run, built, checked, paths, manifest)
     seal_manifest(run, manifest)  # last: its presence means the folder is complete
-    return ExportResult(Path(options.out), manifest, checked.parity, paths, run.log, run.timings)
+    return ExportResult(Path(options.out), manifest, checked.parity, paths, run.log, run.timings,
+                        forms_table=looked.table)
 
 
 @dataclass
@@ -146,6 +146,7 @@ class Checked:
     backends: dict
     parity: ParityReport
     second_opinion: dict = field(default_factory=dict)
+    refused_backends: dict = field(default_factory=dict)  # forms refused once opened: still drawn in report.html
 
 
 def build_model(run: ExportRun) -> BuiltModel:
@@ -209,9 +210,11 @@ def check_forms(run: ExportRun, module: torch.nn.Module, artifacts: dict[str, ex
     with run.timed("load"):
         backends = open_artifacts(artifacts, run.options.device, run.refusals)
     with run.timed("parity"):
+        opened = dict(backends)
         parity = parity_step(run.entry, eager, artifacts, backends, run.refusals)
     print_parity(parity, run.progress)
-    checked = Checked(artifacts, eager, backends, parity)
+    checked = Checked(artifacts, eager, backends, parity,
+                      refused_backends={k: b for k, b in opened.items() if k not in backends})
     if run.entry.reference_check:
         with run.timed("reference_evaluator"):
             checked.second_opinion = reference_agreement(artifacts, backends, run.entry.probe_inputs())
@@ -241,20 +244,11 @@ def compare_trace_and_script(run: ExportRun, checked: Checked) -> TraceVsScript:
                                    held_to(kinds.get(k).tolerance, run.entry.task, run.entry.limits))
                  for k, a in checked.artifacts.items()]
         paths = compare_paths(checked.eager, units, run.entry.probe_inputs(), run.log.of_category("TracerWarning"),
-                              missing={k: r.line() for k, r in run.refusals.records.items()})
+                              missing={k: r.line() for k, r in run.refusals.records.items()},
+                              keep=kept_answer(run.entry.task))
     run.progress.step("trace vs script on probe inputs:\n" + paths.table(run.entry.name))
     print_divergence(run.entry, paths, run.progress)
     return paths
-
-
-def measure_latency(run: ExportRun, checked: Checked) -> dict[str, float]:
-    """Median milliseconds per batch-1 call of each form that passed parity, for information (the served
-    artifact is chosen by rule)."""
-    backends = {k: checked.backends[k] for k in checked.artifacts if checked.parity.passed(k)}
-    with run.timed("latency"):
-        return {kind: round(statistics.median(time_runs(lambda backend=backend: backend(run.example), LATENCY_WARMUP, LATENCY_RUNS,
-                                                        min_seconds=0)), 3)
-                for kind, backend in backends.items()}
 
 
 def make_variants(run: ExportRun, built: BuiltModel, checked: Checked, paths: TraceVsScript) -> PrecisionReport | None:
@@ -299,11 +293,11 @@ def eligible_sources(artifacts: dict, parity: ParityReport, paths: TraceVsScript
     return [kind for kind in artifacts if parity.passed(kind) and kind not in diverging]
 
 
-def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript, variants: PrecisionReport | None,
-                   latency: dict[str, float]) -> ServingDecision:
+def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript,
+                   variants: PrecisionReport | None) -> ServingDecision:
     """Apply export.package.selection's declared rule to this export's results, for the target machine. A
     reduced-precision variant inherits its fp32 source's parity and divergence, and carries its own accuracy-gate
-    verdict. The latency is recorded beside the decision, for information."""
+    verdict."""
     diverging, spec = paths.diverging_probes(), run.entry.input_spec
     example_size = tuple(spec.shape[1:])
     candidates = [Candidate(kind, checked.parity.passed(kind), tuple(diverging.get(kind, ())), a.spatial_dynamic,
@@ -318,7 +312,6 @@ def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript, varia
     target = run.options.target or this_machine()
     decision = decide(candidates, spec.record().handler_input(), run.options.serve, target=target,
                       any_size=spec.resize_rule is not None)
-    decision.latency_ms_batch1 = latency
     return decision
 
 
@@ -337,6 +330,14 @@ def check_decoding(run: ExportRun, manifest: Manifest) -> None:
     with run.timed("decode_check"):
         record_decode_check(run.stage, manifest, manifest.decision(), run.options.device, run.options.decode,
                             run.progress.step)
+
+
+def look(run: ExportRun, built: BuiltModel, checked: Checked, paths: TraceVsScript, manifest: Manifest) -> Looked:
+    """The forms' table (report.json's "forms"), each form's latency (unless --no-benchmark) and report.html."""
+    forms = FormsRun(checked.refused_backends, checked.parity.divergence_lines())
+    with run.timed("report_html"):
+        return write_look(run.stage, run.entry, built.labels, manifest, paths, forms, run.options.benchmark,
+                          run.options.device)
 
 
 def seal_manifest(run: ExportRun, manifest: Manifest) -> None:

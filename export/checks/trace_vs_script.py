@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -47,6 +48,7 @@ class ProbeResult:
     error: str | None = None  # REJECTED: the runtime's reason and traceback
     traceback: str | None = None
     detail: str | None = None  # SILENTLY_WRONG: how it differs, when the comparison says (a detector's boxes)
+    answer: Any = field(default=None, repr=False, compare=False)  # what it answered, as `keep` reduced it (pictures)
 
     def as_dict(self) -> dict:
         base = {"probe": self.probe, "shape": self.shape, "eager_mean": self.eager_mean, "status": self.status,
@@ -113,6 +115,7 @@ class TraceVsScript:
     skipped_probes: dict[str, SkippedProbe] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)  # kind -> why it was not made
     tracer_warnings: list[dict] = field(default_factory=list)
+    eager_answers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # as `keep` reduced them
 
     @property
     def diverging(self) -> list[Divergence]:
@@ -191,10 +194,11 @@ def report_json(results: dict[str, TraceVsScript]) -> str:
 
 
 def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: dict[str, torch.Tensor],
-                  tracer_warnings: list[dict] | None = None, missing: dict[str, str] | None = None) -> TraceVsScript:
+                  tracer_warnings: list[dict] | None = None, missing: dict[str, str] | None = None,
+                  keep: Callable[[Any], Any] | None = None) -> TraceVsScript:
     """Every artifact x probe. Every artifact that exists is held to eager itself, never to another form, so a
     missing form (`missing`: kind -> why it was not made) hides nothing: a traced artifact that diverges is
-    caught with or without a scripted one."""
+    caught with or without a scripted one. `keep` reduces each answer to what report.html draws (None: none kept)."""
     expected, skipped = {}, {}
     for name, tensor in probes.items():
         try:
@@ -202,9 +206,10 @@ def compare_paths(eager: Backend, artifacts: list[ArtifactUnderTest], probes: di
         except ArtifactRunError as error:  # the model itself does not take this input: not a probe for it
             skipped[name] = SkippedProbe(str(error)[:ERROR_CHARS], error.cause_traceback())
     rows = [ArtifactPaths(artifact.kind, artifact.format, artifact.control_flow,
-                          [_probe(artifact, name, probes[name], reference) for name, reference in expected.items()])
+                          [_probe(artifact, name, probes[name], reference, keep) for name, reference in expected.items()])
             for artifact in artifacts]
-    return TraceVsScript(list(expected), rows, skipped, dict(missing or {}), tracer_warnings or [])
+    kept = {name: keep(reference) for name, reference in expected.items()} if keep else {}
+    return TraceVsScript(list(expected), rows, skipped, dict(missing or {}), tracer_warnings or [], kept)
 
 
 def summary(outputs) -> float:
@@ -214,7 +219,8 @@ def summary(outputs) -> float:
     return outputs.double().mean().item()
 
 
-def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, reference) -> ProbeResult:
+def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, reference,
+           keep: Callable[[Any], Any] | None = None) -> ProbeResult:
     seen = {"probe": name, "shape": list(tensor.shape), "eager_mean": summary(reference),
             "measure": "boxes" if isinstance(reference, tuple) else "mean"}
     try:
@@ -223,7 +229,7 @@ def _probe(artifact: ArtifactUnderTest, name: str, tensor: torch.Tensor, referen
         return ProbeResult(**seen, status=REJECTED, error=str(error)[:ERROR_CHARS], traceback=error.cause_traceback())
     metrics, passed = compare_outputs(reference, output, artifact.tolerance)
     return ProbeResult(**seen, status=MATCHES if passed else SILENTLY_WRONG, max_abs=metrics["max_abs"],
-                       output_mean=summary(output), detail=metrics.get("error"))
+                       output_mean=summary(output), detail=metrics.get("error"), answer=keep(output) if keep else None)
 
 
 def _cell(result: ProbeResult) -> str:
