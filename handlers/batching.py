@@ -20,11 +20,11 @@ import concurrent.futures
 from typing import Any, Sequence
 
 from contract.policy import ServingPolicy
-from handlers.core import ImageClassifierCore, ImageRequest
+from handlers.core import ImageCore, ImageRequest
 
 
 class Batcher:
-    def __init__(self, core: ImageClassifierCore | Any, policy: ServingPolicy, lanes: int = 1):
+    def __init__(self, core: ImageCore | Any, policy: ServingPolicy, lanes: int = 1):
         self.core = core  # run_batch(rows) -> .answers (and .worker: which worker process answered, if any)
         self.size = policy.batch_size  # rows per batch at most; 1: no batching
         self.delay_ms = policy.max_batch_delay_ms  # how long the first request of a batch waits for others

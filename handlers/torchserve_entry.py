@@ -1,11 +1,11 @@
-"""TorchServe's handler file (the archive's --handler): a module-level `handle` over ImageClassifier.
+"""TorchServe's handler file (the archive's --handler): a module-level `handle` over TorchServeHandler.
 
 TorchServe imports this file from the unpacked archive, where handlers/, runtime/, contract/errors.py and contract/records.py sit beside it.
 """
 
-from handlers.image_classifier import ImageClassifier
+from handlers.image_classifier import TorchServeHandler
 
-_service = ImageClassifier()
+_service = TorchServeHandler()
 
 
 def handle(data, context):

@@ -1,7 +1,7 @@
 """A served answer compared with the same artifact run in-process on the same image.
 
 `expected_answer` runs the artifact an export folder or a .mar serves through handlers.core's
-ImageClassifierCore (the very class the TorchServe adapter wraps), so any difference between the two is the
+ImageCore (the very class the TorchServe adapter wraps), so any difference between the two is the
 serving path's (transport, batching, a different artifact), not a second implementation's.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from handlers.core import ImageClassifierCore
+from handlers.core import ImageCore
 
 ANSWER_FIELDS = ("model", "artifact")
 
@@ -42,7 +42,7 @@ def cached_answers(folder_or_archive: str | Path):
 
 def _answer(folder: Path, image_bytes: bytes, topk: int) -> dict:
     # this process's own thread count: the core pins torch's pool, which must not change the test process
-    core = ImageClassifierCore.from_folder(folder, device="cpu", threads=torch.get_num_threads())
+    core = ImageCore.from_folder(folder, device="cpu", threads=torch.get_num_threads())
     return core.answer(image_bytes, topk)
 
 

@@ -108,11 +108,11 @@ def same_answer(served: dict, expected: dict) -> bool:
 
 
 def expected_answer(archive: Path, image: bytes) -> dict:
-    from handlers.core import ImageClassifierCore
+    from handlers.core import ImageCore
     with tempfile.TemporaryDirectory(prefix="unpacked-") as folder:
         with zipfile.ZipFile(archive) as members:
             members.extractall(folder)
-        return ImageClassifierCore.from_folder(folder, threads=1).answer(image)
+        return ImageCore.from_folder(folder, threads=1).answer(image)
 
 
 def hey(url: str, image: Path, clients: int, seconds: float) -> subprocess.Popen:

@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 
 from contract.records import Manifest
-from handlers.core import STAGES, ImageClassifierCore, ImageRequest
+from handlers.core import STAGES, ImageCore, ImageRequest
 from handlers.policy import machine_policy, this_machine
 from handlers.request_error import RequestError
 from handlers.tasks import CORES
@@ -43,7 +43,7 @@ def bodies(path: Path) -> list[Path]:
     return files
 
 
-def measure_body(core: ImageClassifierCore, path: Path, batch: int, seconds: float) -> dict:
+def measure_body(core: ImageCore, path: Path, batch: int, seconds: float) -> dict:
     data = path.read_bytes()
     requests = [ImageRequest(data)] * batch
     stage_ms = {stage: [] for stage in STAGES}

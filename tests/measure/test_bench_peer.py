@@ -9,7 +9,7 @@ import os
 import pytest
 import requests
 
-from handlers.core import ImageClassifierCore
+from handlers.core import ImageCore
 from measure.served import peer as bench_peer
 from tests.conftest import ROOT
 
@@ -38,7 +38,7 @@ def test_the_peer_answers_with_our_top5_and_stops_with_its_workers(resnet18_expo
                                headers={"Content-Type": bench_peer.FORM_CONTENT_TYPE}, timeout=60)
         members = _group(peer.process.pid)
     assert answer.status_code == 200, answer.text
-    ours = ImageClassifierCore.from_folder(resnet18_export["out"], threads=1).answer(image.read_bytes())
+    ours = ImageCore.from_folder(resnet18_export["out"], threads=1).answer(image.read_bytes())
     assert [p["index"] for p in answer.json()["predictions"]] == [p["index"] for p in ours["predictions"]]
     assert [p["probability"] for p in answer.json()["predictions"]] == pytest.approx(
         [p["probability"] for p in ours["predictions"]], abs=1e-4)

@@ -89,9 +89,9 @@ def test_pil_failures_outside_its_docs_are_corrupt_images(kind, value, pil_raise
 
 @pytest.mark.slow
 def test_the_handler_answers_the_float_offset_tiff_400_and_the_rest_of_its_batch(resnet18_unpacked):
-    from handlers.core import ImageClassifierCore, ImageRequest
+    from handlers.core import ImageCore, ImageRequest
     from handlers.request_error import RequestError
-    core = ImageClassifierCore.from_folder(resnet18_unpacked, threads=1)
+    core = ImageCore.from_folder(resnet18_unpacked, threads=1)
     good = seed_corpus()["png-rgb.png"]
     answers = core.run_batch([ImageRequest(good), ImageRequest(grey_tiff(FLOAT)), ImageRequest(good)]).answers
     assert isinstance(answers[1], RequestError) and answers[1].code == 400, answers[1]  # was a 500 "internal error"

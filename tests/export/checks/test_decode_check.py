@@ -14,7 +14,7 @@ import models
 from contract.handler_config import HandlerConfig
 from contract.records import ContractError
 from export.checks.decode import DECODE_TOLERANCE, DRAFT_SCALES, check_images, check_tensors, judge
-from handlers.core import ImageClassifierCore
+from handlers.core import ImageCore
 from runtime.images import decode_image, decode_upright, draft_floor, preprocess
 
 RESNET18 = replace(models.get("resnet18").input_spec.record().image_contract(), decode="draft")
@@ -91,8 +91,8 @@ def test_the_core_decodes_as_the_manifest_says_unless_the_setting_says_exact(lit
     folder = lite0_int8_export["out"]
     contract = lite0_int8_export["manifest"].input.image_contract()
     data, _ = check_images(contract)[-1]  # a 1/4-scale phone photo
-    draft_core = ImageClassifierCore.from_folder(folder)
-    exact_core = ImageClassifierCore.from_folder(folder, settings={"decode": "exact"})
+    draft_core = ImageCore.from_folder(folder)
+    exact_core = ImageCore.from_folder(folder, settings={"decode": "exact"})
     assert draft_core.decode_mode().startswith("draft") and exact_core.decode_mode() == "exact"
     exact_row = preprocess(decode_upright(data), contract)
     draft_row = preprocess(decode_upright(data, draft_floor(contract)), contract)

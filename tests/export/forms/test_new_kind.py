@@ -91,8 +91,8 @@ def test_a_kind_added_to_the_table_is_exported_proven_chosen_packaged_and_served
     with zipfile.ZipFile(result.archive) as archive:
         assert record.path in archive.namelist()
         archive.extractall(tmp_path / "unpacked")
-    from handlers.core import ImageClassifierCore
-    core = ImageClassifierCore.from_folder(tmp_path / "unpacked")
+    from handlers.core import ImageCore
+    core = ImageCore.from_folder(tmp_path / "unpacked")
     answer = core.answer(CAT.read_bytes())
     assert answer["artifact"] == KIND and len(answer["predictions"]) == manifest.output.classes
 

@@ -182,7 +182,7 @@ def test_the_archive_ships_the_gated_candidates_and_each_machine_serves_the_firs
     import zipfile
 
     from export.package.archive import build_archive
-    from handlers.core import ImageClassifierCore, StageTimes
+    from handlers.core import ImageCore, StageTimes
     from runtime import RunOptions, open_artifact
     from runtime.machine import PROFILES
     out = digits_model["base"] / "export"
@@ -201,7 +201,7 @@ def test_the_archive_ships_the_gated_candidates_and_each_machine_serves_the_firs
     image = digits_model["base"] / "validation"
     photo = next(image.rglob("*.png")).read_bytes()
     for profile, served in (("avx2", gated[0]), ("avx512-vnni", gated[0]), ("cuda", gated[-1])):
-        core = ImageClassifierCore.from_folder(unpacked, threads=1, machine=PROFILES[profile])
+        core = ImageCore.from_folder(unpacked, threads=1, machine=PROFILES[profile])
         assert core.record.kind == served and core.describe()["choice"]["machine"] == profile
         record = manifest.artifacts[served]
         alone = open_artifact(record.format, unpacked / record.path, RunOptions(threads=1))
@@ -212,7 +212,7 @@ def test_the_archive_ships_the_gated_candidates_and_each_machine_serves_the_firs
         assert abs(got[0]["probability"] - float(expected.max())) < 1e-5
     (unpacked / manifest.artifacts[gated[0]].path).write_bytes(b"tampered")  # the chosen file is checked
     with pytest.raises(Exception, match="modified or truncated"):
-        ImageClassifierCore.from_folder(unpacked, threads=1, machine=PROFILES["avx2"])
+        ImageCore.from_folder(unpacked, threads=1, machine=PROFILES["avx2"])
 
 
 def test_an_all_black_calibration_is_caught_by_the_gate_and_never_served(digits_model, export_main):
