@@ -1,5 +1,5 @@
 """Three small models, each with a real fault that makes some exported form disagree with eager PyTorch: the
-held-out cases of the divergence report (python -m export explain; docs/divergence.md). Export one with
+held-out cases of the divergence report (python -m export explain; docs/results/2026-11-25-divergence-report/). Export one with
     python -m export module examples/faulty_models.py:wrong_symbolic --input-shape 1,3,32,32 --out /tmp/faulty
 and the export fails parity; parity.md then says where each failing form diverges.
 

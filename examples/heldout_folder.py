@@ -10,7 +10,7 @@ judges agreement with fp32 only, no labels.
 
 Why: the gate counts top-1 agreement where fp32 is confident, once at least 32 held-out images are. On random
 weights the default 128 held-out images hold too few confident ones; 1000 of these held 67 for ResNet-50
-(docs/precision.md, docs/results/2026-11-25-resnet50-gate-1000/).
+(docs/results/2026-11-23-precision-ladder/, docs/results/2026-11-25-resnet50-gate-1000/).
 
 A crop keeps a random share of 0.3 to 1 of each side at a random place, the photographs taken in turn; --seed
 draws the crops, --generated-seed the generated images. Same arguments, same files, byte for byte. Every file is

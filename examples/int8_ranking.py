@@ -1,5 +1,5 @@
 """The SQNR-drop ranking (export/divergence/int8.py) against the int8 fallback's damage ranking
-(export/precision/int8_fallback.rank_by_damage) on EfficientNet-Lite0, as docs/int8-efficientnet.md reports it:
+(export/precision/int8_fallback.rank_by_damage) on EfficientNet-Lite0, as docs/results/2026-11-24-int8-efficientnet-lite0/ reports it:
 
     python -m examples.int8_ranking [--out DIR]
 

@@ -12,7 +12,7 @@ For each export (its manifest's image contract) and each body in BODIES_DIR (*.j
 
 and how far apart the two tensors are: the largest difference in levels (1/255) and the share of values that
 differ. The image is decoded once; each row is the mean of --repeats calls after one warm-up call.
-Read in docs/serving-overhead.md (third pass); a run's output: docs/results/2026-11-25-uint8-resize-zen5/.
+Read in docs/results/2026-11-25-serving-overhead/analysis.md (third pass); a run's output: docs/results/2026-11-25-uint8-resize-zen5/.
 """
 
 from __future__ import annotations

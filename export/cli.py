@@ -118,7 +118,7 @@ def _precision_options(sub) -> None:
                           "--precision fp32 builds none")
     sub.add_argument("--calibration", type=Path, default=None, metavar="DIR",
                      help="int8 calibration images in ImageFolder layout DIR/<class>/<image> (default: scikit-image "
-                          "sample photographs and generated photo-like images; see docs/precision.md)")
+                          "sample photographs and generated photo-like images; see docs/results/2026-11-23-precision-ladder/)")
     sub.add_argument("--calibration-samples", type=int, default=DEFAULT_CALIBRATION_SAMPLES, metavar="N",
                      help="images taken from --calibration, classes in turn (default: %(default)s)")
     sub.add_argument("--validation", type=Path, default=None, metavar="DIR",
@@ -171,7 +171,7 @@ def _serve_option(sub) -> None:
     _formats_option(sub)
     sub.add_argument("--decode", choices=DECODE_MODES, default="draft",
                      help="draft: large JPEGs are decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (much faster "
-                          "on phone photos: docs/request-path.md), kept at least twice the resize per side, if the "
+                          "on phone photos: docs/results/2026-11-24-serving-bench-photo-sizes/analysis.md), kept at least twice the resize per side, if the "
                           "export's decode check "
                           "on phone-sized photos passes with the served artifact (else exact); exact: every pixel, "
                           "always (default: %(default)s; manifest.json 'decode_check' has the numbers)")

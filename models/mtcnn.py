@@ -20,7 +20,7 @@ facenet-pytorch feeds the networks.
 A candidate whose crop is empty (its box entirely off the image) is dropped; facenet-pytorch skips its crop
 and then misaligns its crops with its boxes.
 
-Which export forms exist and why the others fail: docs/mtcnn.md. The number of scales, of candidates and the
+Which export forms exist and why the others fail: docs/results/2026-11-26-detection-exports/mtcnn.md. The number of scales, of candidates and the
 greedy "Min" NMS are data dependent: scripting keeps them, a trace freezes them to the tracing image.
 """
 
@@ -146,7 +146,7 @@ class MTCNNDetector(nn.Module):
         super().__init__()
         # channels_last convolution weights: each network then runs NHWC throughout, and CPU max pooling (3x3,
         # stride 2, ceil mode), which dominates RNet's and ONet's time in NCHW, is several times faster NHWC
-        # (docs/mtcnn.md#reduced-precision); same arithmetic, other kernels
+        # (docs/results/2026-11-26-detection-exports/mtcnn.md#reduced-precision); same arithmetic, other kernels
         self.pnet, self.rnet, self.onet = (net.eval().to(memory_format=torch.channels_last) for net in (pnet, rnet, onet))
         self.min_face_size = float(min_face_size)
         self.proposal_threshold, self.refine_threshold, self.output_threshold = (float(t) for t in thresholds)

@@ -2,7 +2,7 @@
 (`torchvision.io.decode_jpeg(list, device="cuda")`) and the resize and crop run there too.
 
 On a GPU the model's own time is small beside CPU decoding, which then is most of a request's cost (the
-request path, measured: docs/request-path.md); nvJPEG moves the Huffman decoding into one batched call and the
+request path, measured: docs/results/2026-11-24-serving-bench-photo-sizes/analysis.md); nvJPEG moves the Huffman decoding into one batched call and the
 IDCT, colour conversion and resize onto the device.
 What stays on the CPU, per body: the header checks of runtime/images.py (format, size limits, decompression
 bombs: never handed to a decoder) and the EXIF orientation tag (torchvision applies it only on the CPU; the
@@ -16,7 +16,7 @@ with its ImageError):
   - a torchvision without its GPU image ops: everything, logged once at construction.
 nvJPEG's IDCT and chroma upsampling are not libjpeg's, so its pixels differ from the exact decode, as draft
 decoding's do: the core uses it only where the export's decode check allowed draft, and the GPU check
-(measure/gpu/steps.py; docs/gpu-check.md) measures its speed and its deviation from the exact decode.
+(measure/gpu/steps.py; docs/benchmarks.md) measures its speed and its deviation from the exact decode.
 torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; its warning is captured here.
 """
 

@@ -222,7 +222,7 @@ def preprocess(image: torch.Tensor | Image.Image, contract: ImageContract) -> to
     interpolation and antialias, centre crop, to float; normalisation is in the graph. The resize is
     torchvision.transforms.v2's: on the CPU a uint8 image stays uint8 through its vectorised fixed-point kernel,
     which computes PIL's antialiased filter (within one level of PIL's resize, the form torchvision's accuracies were
-    measured on) 3x faster than PIL's own resize of the crop window alone (docs/serving-overhead.md, third pass); on
+    measured on) 3x faster than PIL's own resize of the crop window alone (docs/results/2026-11-25-serving-overhead/analysis.md, third pass); on
     a GPU it runs in float32 and rounds, exactly as transforms() on that tensor."""
     if isinstance(image, Image.Image):
         image = pixels(image)

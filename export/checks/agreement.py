@@ -13,7 +13,7 @@ import math
 import torch
 
 # Top-1 agreement is counted where fp32 is confident: its best class ahead of the second by at least 5
-# probability points. Revisited with a real model (EfficientNet-Lite0, measured: docs/int8-efficientnet.md): on
+# probability points. Revisited with a real model (EfficientNet-Lite0, measured: docs/results/2026-11-24-int8-efficientnet-lite0/): on
 # the default held-out images (photo crops and generated images are not ImageNet classes) fp32's margins are
 # mostly small, and the images flipped by an int8 that is otherwise faithful all had margins below this one: a
 # flip there measures a tie, not the quantization. What this lets through:

@@ -48,11 +48,11 @@ class DecodeTolerance:
     # The decoded tensor, in 0..255 levels: a backstop against a wrong scale, offset or orientation (which
     # move most pixels by tens of levels), with room above what draft decoding changes on the check images
     # (grained phone-like photos sitting just above each reduction's threshold, where the resize left after
-    # libjpeg's is smallest) and on the benchmark's phone photo (measured: docs/request-path.md).
+    # libjpeg's is smallest) and on the benchmark's phone photo (measured: docs/results/2026-11-24-serving-bench-photo-sizes/analysis.md).
     max_mean_levels: float = 2.0
     max_max_levels: float = 96.0
     # The logits, relative to their spread across classes (export.checks.agreement's measure): int8's bound, well
-    # above what draft decoding measured (docs/request-path.md; highest for random weights, whose logits barely
+    # above what draft decoding measured (docs/results/2026-11-24-serving-bench-photo-sizes/analysis.md; highest for random weights, whose logits barely
     # spread).
     max_relative_logit_error: float = 0.3
     # Answers, on the images where the exact decode's answer is confident (top-1 ahead of the second by

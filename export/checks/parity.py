@@ -294,7 +294,7 @@ def report_markdown(report: ParityReport, title: str) -> str:
     if report.divergence:
         lines += ["", "## Where each failing form diverges", "",
                   "Eager and the form on the first input it failed, every module's output kept and matched "
-                  "(python -m export explain; docs/divergence.md).", ""]
+                  "(python -m export explain; docs/results/2026-11-25-divergence-report/).", ""]
         lines += [d if isinstance(d, str) else d.markdown() for d in report.divergence.values()]
     return "\n".join(lines) + "\n"
 

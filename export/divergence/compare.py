@@ -19,7 +19,7 @@ from export.forms.tolerances import Tolerance
 DOWNSTREAM_ROWS = 10  # rows shown from the first divergence on: how the error grows
 # An intermediate is also within tolerance when its error is this many times the tolerance, relative to the whole
 # tensor (L2): ONNX Runtime's rounding deep in ResNet-50 reads far above the tolerance on single near-zero values
-# while the output agrees (docs/divergence.md); the faults this report names are off by a large share of their
+# while the output agrees (docs/results/2026-11-25-divergence-report/); the faults this report names are off by a large share of their
 # tensor.
 L2_FACTOR = 10
 SHAPE_NOTE = "shape "  # a row whose values have other shapes than eager's: the form took another path

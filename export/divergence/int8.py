@@ -27,7 +27,7 @@ from export.precision.int8_fallback import ACTIVATIONS, RANKED_OPS, node_kind
 
 # About what 8-bit rounding of a ReLU6 range leaves a typical activation using ~6 of its 8 bits (6 * 6.02 - 11
 # dB); on lite0's plain int8 the stem stays above it and the first depthwise convolution, the fallback's most
-# damaging node, is the first below (docs/int8-efficientnet.md). Not yet checked on a model with trained weights
+# damaging node, is the first below (docs/results/2026-11-24-int8-efficientnet-lite0/). Not yet checked on a model with trained weights
 # that passes the gate plainly (no trained resnet installs offline).
 SQNR_FLOOR_DB = 25.0
 MAX_IMAGES = 8  # the tool keeps every tensor of every image of both models in memory

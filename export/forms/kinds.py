@@ -110,21 +110,21 @@ OPENVINO_INT8_WHY = ("OpenVINO's int8 CPU kernels: ahead of ONNX Runtime fp32 ev
 OPENVINO_BF16_RANK = ("after the int8 forms and before fp32: at the CPU policy's one thread per worker, batch 1, it "
                       "ran a little behind onnx-int8 (ahead of both int8 forms only at 2 threads, batch 8); chosen "
                       f"only on a CPU that computes in bf16 ({MEASURED})")
-# openvino-int8-bf16's figures are in docs/precision.md (a kind added after the document above was measured).
+# openvino-int8-bf16's figures are in docs/results/2026-11-23-precision-ladder/ (a kind added after the document above was measured).
 OPENVINO_INT8_BF16_RANK = ("after openvino-int8 (the same IR with its remainder in f32: nearer fp32, so a near tie "
                            "goes to it) and before onnx-int8 and openvino-bf16, which it ran ahead of at one thread, "
                            "batch 1; chosen only on a CPU that computes in bf16, served only within the gate "
-                           "(docs/precision.md)")
+                           "(docs/results/2026-11-23-precision-ladder/)")
 OPENVINO_INT8_BF16_WHY = ("the layers NNCF left in floating point run in bf16 only with avx512_bf16/amx_bf16; without "
-                          "them OpenVINO runs them in f32 and it is openvino-int8 again (docs/precision.md)")
+                          "them OpenVINO runs them in f32 and it is openvino-int8 again (docs/results/2026-11-23-precision-ladder/)")
 OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hint and runs f32 (read back on an AVX2 "
                      f"CPU); with them it runs well ahead of fp32 ({MEASURED})")
-# A detector's networks in bf16 (docs/mtcnn.md#reduced-precision has its measurements).
+# A detector's networks in bf16 (docs/results/2026-11-26-detection-exports/mtcnn.md#reduced-precision has its measurements).
 BACKBONE_BF16_RANK = ("just before scripted, its fp32 source: the gated candidates end at the first that runs "
                       "anywhere, so both ship and the load-time measurement weighs them; a detector's box-gated "
-                      "variant, built only on a CPU that computes in bf16 (docs/mtcnn.md)")
+                      "variant, built only on a CPU that computes in bf16 (docs/results/2026-11-26-detection-exports/mtcnn.md)")
 BACKBONE_BF16_WHY = ("oneDNN runs the bf16 convolutions natively only with avx512_bf16/amx_bf16; elsewhere they are "
-                     "emulated, slower than fp32 (docs/precision.md)")
+                     "emulated, slower than fp32 (docs/results/2026-11-23-precision-ladder/)")
 
 
 def register(kind: ArtifactKind) -> ArtifactKind:
@@ -169,7 +169,7 @@ for _kind in (
                     "ONNX forms that keep the graph's control flow: a package runs only under the torch build and "
                     "CPU instruction set (or GPU) that compiled it",
         tolerance=AOTINDUCTOR_TOLERANCE, build=torch_export.aot_inductor,
-        off_by_default="its C++ compile is the slowest step of an export (docs/aotinductor.md) and the package is "
+        off_by_default="its C++ compile is the slowest step of an export (docs/results/2026-11-24-aoti-tuning-resnet50/analysis.md) and the package is "
                        "pinned to this torch build and CPU: built when asked for",
         announce="compiling with AOTInductor (C++, the slowest step of an export)"),
     ArtifactKind(
@@ -195,7 +195,7 @@ for _kind in (
         fast_why=OPENVINO_FP32_WHY,
         off_by_default="behind ONNX Runtime's fp32 forms in the serving order, so never served as fp32 when they "
                        "are, and its int8 with NNCF's accuracy control is the slowest variant to make "
-                       "(docs/openvino.md): built when named (its int8 and bf16 variants come with it under "
+                       "(docs/results/2026-11-25-openvino-kinds/): built when named (its int8 and bf16 variants come with it under "
                        "--precision)"),
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,

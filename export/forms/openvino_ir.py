@@ -14,7 +14,7 @@ conversion is faster. The ONNX file has also passed its own structural checks an
 The IR takes exactly the example's height x width (any batch): with height and width left dynamic, OpenVINO's
 CPU plugin computed EfficientNet-Lite0 wrong at its own example size (ONNX Runtime is right on the same file),
 while with them fixed at conversion it matches eager. The handler sends the example's size anyway (the crop of
-the image contract). The measurements behind each choice: docs/openvino.md.
+the image contract). The measurements behind each choice: docs/results/2026-11-25-openvino-kinds/.
 
 Weights are saved in fp32 (`compress_to_fp16=False`): save_model's default fp16 weight compression would break
 fp32 parity. Both files are written under temporary names and renamed into place, the weights first: the .xml

@@ -46,10 +46,10 @@ ONNX_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
 # torch.export's ExportedProgram is an ATen graph run by eager's own kernels: TorchScript's tolerance.
 EXPORTED_PROGRAM_TOLERANCE = TORCHSCRIPT_TOLERANCE
 # AOTInductor generates its own fused, vectorised kernels and folds BatchNorm into frozen weights (other
-# summation orders, like ONNX Runtime's fusions): ONNX Runtime's tolerance (its errors: docs/aotinductor.md).
+# summation orders, like ONNX Runtime's fusions): ONNX Runtime's tolerance (its errors: docs/results/2026-11-24-aoti-tuning-resnet50/analysis.md).
 AOTINDUCTOR_TOLERANCE = ONNX_TOLERANCE
 # OpenVINO's CPU plugin fuses and reorders like ONNX Runtime (its IR is converted from an ONNX file, run in f32 by
-# an explicit precision hint): ONNX Runtime's tolerance; its errors are of the same order (docs/openvino.md).
+# an explicit precision hint): ONNX Runtime's tolerance; its errors are of the same order (docs/results/2026-11-25-openvino-kinds/).
 OPENVINO_TOLERANCE = ONNX_TOLERANCE
 
 # The detection family's tolerances, as Optimum declares ATOL_FOR_VALIDATION per model: a form on eager's own

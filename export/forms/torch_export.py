@@ -22,7 +22,7 @@ from contract.files import atomic_write_bytes
 from export.forms.exporters import Artifact, BuildContext
 from runtime.aoti import BUILD_FILE, build_facts
 
-# Inductor settings of the AOTInductor kind, from `python -m measure aoti-tuning` (docs/aotinductor.md): freezing,
+# Inductor settings of the AOTInductor kind, from `python -m measure aoti-tuning` (docs/results/2026-11-24-aoti-tuning-resnet50/analysis.md): freezing,
 # oneDNN weight pre-packing and static batches gave the same generated code or speed as the defaults on torch
 # 2.14 (AOTInductor already folds the weights), max-autotune no gain for a much longer compile. dynamic_threads
 # makes the kernels use the thread count of the process that runs them (a serving worker's share), where
@@ -40,7 +40,7 @@ def exported_program(context: BuildContext, kind) -> Artifact:
 
 def aot_inductor(context: BuildContext, kind) -> Artifact:
     """Compiled for context.device from the program with a dynamic batch; the C++ compile is the slow part
-    (docs/aotinductor.md), so the kind is built only when asked for (--formats)."""
+    (docs/results/2026-11-24-aoti-tuning-resnet50/analysis.md), so the kind is built only when asked for (--formats)."""
     program = context.program(kind.spatial_dynamic(context.resizes_in_graph), device=context.device)
     package = compile_package(program, context.device)
     artifact = context.artifact(kind, loaded=program)

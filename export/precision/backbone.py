@@ -5,7 +5,7 @@ output back to fp32 (what CPU autocast does for these ops, minus autocast's bf16
 softmax and everything outside the networks (a detector's boxes, NMS, crops, image pyramid) see only fp32 tensors:
 the cascade's geometry is computed exactly as in the fp32 form. The convolutions' weights are channels_last:
 oneDNN's bf16 convolutions read and write NHWC, and an NCHW weight costs a reorder on every call
-(docs/mtcnn.md#reduced-precision measures both layouts).
+(docs/results/2026-11-26-detection-exports/mtcnn.md#reduced-precision measures both layouts).
 
 Torch's autocast inside a scripted module is not an option: TorchScript casts the input but not the weights on
 the CPU ("Input type (c10::BFloat16) and bias type (float) should be the same"); a wrapper module scripts.

@@ -32,7 +32,7 @@ from export.errors import ExportError
 from runtime.images import ACCEPTED_FORMATS, ImageContract, ImageError, decode_upright, preprocess
 
 # MinMax calibration ranges settle after a few dozen varied images; 100 keeps the calibration short (measured:
-# docs/precision.md) while covering every class of a small folder several times.
+# docs/results/2026-11-23-precision-ladder/) while covering every class of a small folder several times.
 DEFAULT_CALIBRATION_SAMPLES = 100
 # The gate's resolution is 1 / count: 128 images let 98 % agreement tolerate 2 flipped images, while fp32 and
 # two int8 candidates over them stay a small part of an export. A user's folder is read up to 1000.

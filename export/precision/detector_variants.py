@@ -100,7 +100,7 @@ def _kinds_here(sources: DetectorSources, request: PrecisionRequest, device: str
     for precision in request.precisions:
         if precision != kinds.FP32 and precision not in made:
             progress.step(f"{precision} not made for this detector: no detection kind of {precision} runs here "
-                          "(its networks run inside the scripted model; docs/mtcnn.md#reduced-precision)")
+                          "(its networks run inside the scripted model; docs/results/2026-11-26-detection-exports/mtcnn.md#reduced-precision)")
     bf16_here = hardware_refusal("bf16", device)
     if request.automatic and "bf16" not in request.precisions and bf16_here:
         progress.step(f"scripted-bf16-backbone not made: {bf16_here}")

@@ -37,7 +37,7 @@ class GateTolerance:
     max_accuracy_drop_points: float  # fp32 accuracy - variant accuracy, in percentage points (labelled data)
 
 
-# Why these bounds (the published and measured figures behind them: docs/precision.md). int8: published post-training
+# Why these bounds (the published and measured figures behind them: docs/results/2026-11-23-precision-ladder/). int8: published post-training
 # int8 ResNet-50s lose a fraction of an ImageNet top-1 point, so 1 point of drop is a generous but still meaningful
 # bound (MMDeploy's regression test uses the same order). Agreement: a flipped top-1 only happens on images where
 # fp32's two best classes are close, which is also where labels are least reliable; 98 % allows 2 flips in 128
@@ -70,7 +70,7 @@ class BoxGateTolerance:
 
 # Why these bounds. The same object: IoU 0.5, the match detection benchmarks count (PASCAL VOC, WIDER FACE), because
 # a cascade's NMS may keep a neighbouring candidate when two scores are close, and that box overlaps fp32's by less
-# than rounding would (docs/mtcnn.md#reduced-precision); where the boxes are: their mean IoU with fp32's >= 0.9, which
+# than rounding would (docs/results/2026-11-26-detection-exports/mtcnn.md#reduced-precision); where the boxes are: their mean IoU with fp32's >= 0.9, which
 # a network that shifts or resizes every box fails. 98 % recall and precision allow one box in 50 to cross the score
 # threshold, as parity excuses a box at the edge, while a broken network loses or invents many. bf16 rounds each value
 # to 2^-9 of itself; through a detector's networks a probability moves by thousandths, and 0.02 leaves headroom while

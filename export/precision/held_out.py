@@ -58,7 +58,7 @@ class HeldOut:
         return (f"fp32 is confident on only {confident} of the {len(self.images.images)} held-out images (the gate "
                 f"needs {MIN_CONFIDENT_IMAGES}): their top-1 is decided by near ties, so no search for a variant "
                 "that passes is run (int8's fp32 fallback, NNCF's accuracy control); give --validation a larger "
-                "folder on which the model is confident (docs/precision.md)")
+                "folder on which the model is confident (docs/results/2026-11-23-precision-ladder/)")
 
 
 def run_batches(backend: Backend, images: torch.Tensor, batch: int = GATE_BATCH) -> torch.Tensor:

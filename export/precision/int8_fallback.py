@@ -7,14 +7,14 @@ What "in fp32" means here (NNCF's meaning): the node reads its weights, bias and
 its output is quantized only if its consumer is. ONNX Runtime's `nodes_to_exclude` alone does not give that:
 the excluded node still sits between Q/DQ pairs, and since ORT 1.2x the session's WeightBiasQuantization
 transformer quantizes such a node's float weights back to int8 at load, per tensor, which for a depthwise
-convolution is worse than the per-channel int8 it replaced (measured on lite0: docs/int8-efficientnet.md). So
+convolution is worse than the per-channel int8 it replaced (measured on lite0: docs/results/2026-11-24-int8-efficientnet-lite0/). So
 the QDQ graph is edited instead: the node's inputs are re-pointed at the
 fp32 tensors behind their Q/DQ pairs (`revert_to_fp32`), which that transformer does not match.
 
 Ranking: each node's damage is the logit error of a model where only that node is int8 (everything else fp32),
 measured on every RANKING_STRIDE-th calibration image (never the held-out ones). The opposite test ("all int8
 but this node") misses interactions: on lite0 the stem convolution looked harmless that way (the error left
-behind by the others hid it) while alone it is among the most damaging (docs/int8-efficientnet.md).
+behind by the others hid it) while alone it is among the most damaging (docs/results/2026-11-24-int8-efficientnet-lite0/).
 Why not the cheaper SQNR ranking (export/divergence/int8.py): on lite0 the two mostly agree, but SQNR is
 energy-weighted and cumulative, so it misses the small-channel damage of the depthwise convolutions: with its top
 nodes in fp32 the held-out gate failed at every count tried, with this ranking's it passed (same document).
@@ -36,12 +36,12 @@ RANKED_OPS = ("Conv", "Gemm", "MatMul", "Add")  # nodes with their own weights o
 ACTIVATIONS = ("Relu", "Clip")  # kept explicit (QDQKeepRemovableActivations) so a reverted node keeps its clip
 QUANTIZE_OPTIONS = {"QDQKeepRemovableActivations": True}
 # About a fifth of lite0's ranked nodes: past that, fp32 islands and their Q/DQ transitions leave little of the
-# int8 speed-up (measured: docs/int8-efficientnet.md), and a model that needs more is better served in fp32.
+# int8 speed-up (measured: docs/results/2026-11-24-int8-efficientnet-lite0/), and a model that needs more is better served in fp32.
 MAX_FP32_NODES = 12
 RANKING_STRIDE = 4  # every 4th calibration image: ranking runs every node, so it sees a quarter of them
 FP32_SUFFIX = "_fp32"
 # The nodes are ranked and counted on the calibration images, so a pass on them is optimistic: a count that only
-# just passed them passed the held-out images on one CPU and failed them on another (docs/int8-efficientnet.md).
+# just passed them passed the held-out images on one CPU and failed them on another (docs/results/2026-11-24-int8-efficientnet-lite0/).
 # So the fallback aims at SELECTION_SHARE of each allowed disagreement, error and drop on the calibration images,
 # and the held-out images keep the gate's full tolerance.
 SELECTION_SHARE = 0.5

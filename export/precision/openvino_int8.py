@@ -32,7 +32,7 @@ from runtime.signal_stack import keep_signal_stack
 # of the gate's allowed disagreement, so that both fallbacks aim at the same target and are comparable.
 MAX_DROP = round(1.0 - selection_tolerance(INT8_TOLERANCE).min_top1_agreement, 6)
 # ... and the same budget: at most MAX_FP32_NODES layers reverted, ranked on every RANKING_STRIDE-th calibration
-# image. Uncapped, NNCF reverts layer after layer and did not finish on a small CPU (docs/openvino.md).
+# image. Uncapped, NNCF reverts layer after layer and did not finish on a small CPU (docs/results/2026-11-25-openvino-kinds/).
 COMPUTE_OPS = ("Convolution", "GroupConvolution", "MatMul")  # the ops whose int8 kernels carry the speed-up
 QUANTIZE_OPS = ("FakeQuantize", "FakeConvert")
 

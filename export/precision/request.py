@@ -97,7 +97,7 @@ def hardware_refusal(precision: str, device: str, flags: set[str] | frozenset[st
                 "--precision on a CPU-only machine")
     if precision == "bf16" and not on_gpu and not cpu_has_native_bf16(flags):
         return ("bf16 on this CPU would be emulated: it has no native bf16 (" + " / ".join(BF16_FLAGS) + "), and "
-                "emulated bf16 is many times slower than fp32 (docs/precision.md); use int8 on this machine, or "
+                "emulated bf16 is many times slower than fp32 (docs/results/2026-11-23-precision-ladder/); use int8 on this machine, or "
                 "export bf16 where the CPU has it (or on a GPU with --device cuda)")
     return None
 

@@ -26,7 +26,7 @@ from measure.served import report
 MIX = report.MIX
 WARMUP_REQUESTS_PER_CLIENT = 1  # per body, at the largest concurrency, before the measured rows
 # ... after warmup_s of the first body: a server is measured in its steady state. TorchServe's frontend JIT-compiles
-# its request path over the first thousands of requests (what that costs a cold server: docs/serving-overhead.md)
+# its request path over the first thousands of requests (what that costs a cold server: docs/results/2026-11-25-serving-overhead/analysis.md)
 DEFAULT_WARMUP_S = 20
 LOG_FLUSH_S = 1.0  # the frontend copies worker stdout into model_log.log asynchronously
 

@@ -19,7 +19,7 @@ LOG_CONFIG_FLAG = "-Dlog4j.configurationFile="
 # The frontend's JVM on a CPU host, where the workers use every core: C1 only (C2's compilations cost seconds of
 # CPU in the first minutes of load, and C2's faster code gains nothing measurable in a frontend that spends
 # ~1 ms per request), one compiler thread, the serial GC (no GC thread per core). Measured in
-# docs/serving-overhead.md. A GPU host, whose cores are mostly free, keeps the JVM's defaults.
+# docs/results/2026-11-25-serving-overhead/analysis.md. A GPU host, whose cores are mostly free, keeps the JVM's defaults.
 CPU_JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:CICompilerCount=1", "-XX:+UseSerialGC")
 
 MODEL_RESPONSE_TIMEOUT_S = 120  # TorchServe's per-model responseTimeout: a worker slower than this is restarted

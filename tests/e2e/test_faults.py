@@ -47,7 +47,7 @@ def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(resnet18_e
     assert result.recovered and result.killed_pid not in result.pids_after
     assert len(result.pids_after) == len(result.pids_before)
     # TorchServe's reaction is bounded here; the cold start of the new worker (Python, imports, model load)
-    # depends on how busy the machine is (docs/reliability.md). The bound on the whole recovery,
+    # depends on how busy the machine is (docs/results/2026-11-22-reliability/). The bound on the whole recovery,
     # faults.RECOVERY_LIMIT_S, is what `python -m measure faults` enforces and reports.
     assert result.respawn_s <= faults.RESPAWN_LIMIT_S
     assert result.failed <= LOAD_THREADS  # at most the requests in flight at the kill

@@ -166,7 +166,7 @@ def run_atheris(out: Path, seed: int, seconds: int) -> None:
 
 
 # libFuzzer's default 2 GB RSS limit is below what the decoder may legitimately use: the largest image accepted
-# (MAX_PIXELS) costs several bytes a pixel on the request path (measured: docs/request-path-memory.md), on top
+# (MAX_PIXELS) costs several bytes a pixel on the request path (measured: docs/results/2026-11-25-request-path-memory/), on top
 # of this process's torch and PIL, and the allocator keeps freed pages (CI went past the default on a mutated
 # header within the limits). 4 GB still catches a decoder that grows without bound.
 RSS_LIMIT_MB = 4096

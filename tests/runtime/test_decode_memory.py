@@ -7,7 +7,7 @@ through the same path first, so one-time costs are in the baseline; then it rese
 (/proc/self/clear_refs) and the figure is the peak (VmHWM) after the request minus the RSS before it. Not
 getrusage's ru_maxrss: Linux carries it across exec, so a child of pytest starts with pytest's own peak (well
 above a request's) and sees no request at all; run from a shell, ru_maxrss gives the same figure.
-docs/request-path-memory.md records the figures and where they come from.
+docs/results/2026-11-25-request-path-memory/ records the figures and where they come from.
 
     python -m tests.runtime.test_decode_memory PHOTO.jpg     # the measurement, as JSON
 """
@@ -34,7 +34,7 @@ DECODED_UINT8 = 3  # the decoded RGB pixels, kept until preprocess returns (at l
 # The bound of the path that resized in float32 (a uint8 tensor, then torchvision's v1 resize: 3 + 12 + 1 bytes per
 # pixel); the served path now stays far under it: PIL's 4-byte RGB image (turned upright, for a photo stored
 # sideways), its packed 3-byte copy that torchvision.transforms.v2 resizes as uint8, and PIL's packing buffers
-# (about 10 bytes per pixel at the peak, docs/request-path-memory.md).
+# (about 10 bytes per pixel at the peak, docs/results/2026-11-25-request-path-memory/).
 RESIZE_FLOAT32 = 12
 RESIZE_OTHER = 1
 ALLOCATOR_HEADROOM = 1.10  # malloc arenas and torch's allocator keep some freed memory
@@ -139,7 +139,7 @@ def test_a_12_mp_request_decoded_in_draft_costs_a_fraction(children):
     figures = children["draft"].result()
     print(f"12 MP draft decode + preprocess: {figures}")
     # libjpeg decodes it at 1/4 (1008x756): the same arithmetic on those pixels, twice over for the decoder's
-    # own buffers (its coefficient rows are the full-size image's width); measured: docs/request-path-memory.md
+    # own buffers (its coefficient rows are the full-size image's width); measured: docs/results/2026-11-25-request-path-memory/
     decoded = (4032 // 4) * (3024 // 4)
     assert figures["row"] == [3, 224, 224]
     assert DECODED_UINT8 * decoded <= figures["request_mib"] * MIB <= 2 * BOUND_BYTES_PER_PIXEL * decoded, figures

@@ -19,7 +19,7 @@ from export.precision.onnx_int8 import Int8Work
 CALIBRATION_IMAGES = 32  # lite0's ranges from a third of the export's 100: the fault shows all the same
 # 7-bit weights, as the pipeline quantizes on every x86 CPU without VNNI (onnx_int8.weight_bits), pinned so the held-out
 # fault is the same on every CI machine: with 8-bit weights (a VNNI CPU) lite0's first depthwise convolution stays
-# above the floor (measured on a Zen 5: the first below is blocks.0.project.0 at 21.6 dB; docs/divergence.md)
+# above the floor (measured on a Zen 5: the first below is blocks.0.project.0 at 21.6 dB; docs/results/2026-11-25-divergence-report/)
 SEVEN_BIT_WEIGHTS = (True, "7-bit weights, pinned by the test (every CPU without VNNI quantizes so)")
 
 
@@ -138,7 +138,7 @@ def depthwise_call_line() -> int:
 
 
 def test_lite0_plain_int8_is_named_at_its_first_depthwise_convolution(lite0):
-    """The held-out fault (docs/int8-efficientnet.md): the pipeline's source kind for lite0 (onnx-traced, first of
+    """The held-out fault (docs/results/2026-11-24-int8-efficientnet-lite0/): the pipeline's source kind for lite0 (onnx-traced, first of
     ONNX_SOURCES), quantize_static as build_int8 calls it, no fallback."""
     module, holdout, fp32, int8, _ = lite0
     report = divergence.explain_int8(fp32, int8, holdout, module=module)
