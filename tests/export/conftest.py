@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import run_export
+from tests.conftest import export_in_process, made_once, run_export
 
 
 @dataclass
@@ -46,3 +46,17 @@ def controlflow_export(tmp_path_factory) -> dict:
     result = run_export("controlflow", "--out", str(out))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {"out": out, "stdout": result.stdout, "stderr": result.stderr}
+
+
+@pytest.fixture(scope="session")
+def mtcnn_faces_export(tmp_path_factory) -> dict:
+    """MTCNN (its trained weights) exported traced and scripted only, a few seconds: the export refuses the trace at
+    parity; `explain` makes it again, report.html draws what it answers. {"out": folder, "stdout": what it printed}."""
+    def make(base):
+        out = base / "mtcnn"
+        ran = export_in_process("detection", "--arch", "mtcnn", "--out", str(out), "--no-archive",
+                                "--formats", "traced,scripted")
+        assert ran.returncode == 0, ran.stderr
+        (base / "stdout.txt").write_text(ran.stdout)
+        return {"out": out, "stdout": base / "stdout.txt"}
+    return made_once(tmp_path_factory, "mtcnn-faces", make)

@@ -8,19 +8,15 @@ import json
 
 import pytest
 
-from tests.conftest import ROOT, export_in_process
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 GRID = "lfw_subset's first 25 faces in a 5 x 5 grid (many faces)"  # the probe a trace answers wrong without error
 
 
 @pytest.fixture(scope="module")
-def faces(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faces") / "mtcnn"
-    ran = export_in_process("detection", "--arch", "mtcnn", "--out", str(out), "--no-archive",
-                            "--formats", "traced,scripted")
-    assert ran.returncode == 0, ran.stderr
-    return out
+def faces(mtcnn_faces_export):
+    return mtcnn_faces_export["out"]  # tests/export/conftest.py: traced and scripted only
 
 
 def test_the_refused_trace_is_made_again_and_its_frozen_pyramid_named(export_main, faces):
