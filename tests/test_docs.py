@@ -28,6 +28,7 @@ INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 LINK = re.compile(r"(?<!\!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 COMMAND = re.compile(r"python3? -m (export|serving|measure)\b([^`#|;&()\n]*(?:\\\n[^`#|;&()\n]*)*)")
+MAKE = re.compile(r"\bmake ([a-z][\w-]*)")
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_-]*(\.[a-z]+)?$|[<>{}*\[\]$]")
 
 
@@ -39,6 +40,12 @@ def documents() -> list[Path]:
 def pages() -> list[Path]:
     """docs/*.md: the pages a reader reads, results apart."""
     return sorted(DOCS.glob("*.md"))
+
+
+def code_of(text: str) -> str:
+    """The fenced blocks and inline code spans alone: where a command is quoted, not prose ("make sure")."""
+    fenced = [match.group(0) for match in FENCE.finditer(text)]
+    return "\n".join(fenced + [match.group(2) for match in INLINE_CODE.finditer(FENCE.sub("", text))])
 
 
 def without_code(text: str) -> str:
@@ -215,6 +222,12 @@ def test_backticked_repository_paths_exist():
 def test_quoted_command_flags_exist():
     unknown = {relative(path): found for path in [ROOT / "README.md", *pages()] if (found := list(unknown_flags(path)))}
     assert unknown == {}
+
+
+def test_quoted_make_targets_exist():
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    quoted = {target for path in [ROOT / "README.md", *pages()] for target in MAKE.findall(code_of(path.read_text()))}
+    assert quoted - targets == set()
 
 
 def test_every_result_folder_is_in_the_index():
