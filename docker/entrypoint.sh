@@ -28,12 +28,28 @@ esac
 KSERVE_HOST="${KSERVE_HOST:-0.0.0.0}"
 KSERVE_HTTP_PORT="${KSERVE_HTTP_PORT:-8080}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-25}"  # below compose's stop_grace_period (30 s), after which Docker kills
+PAGE_PORT="${PAGE_PORT:-8090}"  # the try-it page (serving/page/) on every interface of the container; 0: none
 # Where the archive goes when MODEL_STORE is not writable (e.g. a bind mount Docker created as root).
 KEYS_DIR="$(absolute "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}")"
 FALLBACK_STORE="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vision-export/model-store"
 
 child=""          # process group of the running export or TorchServe (its leader's pid)
 serving=false
+page=""           # the try-it page beside TorchServe (its pid)
+
+# The try-it page in front of TorchServe's inference API (KServe's `python -m serving` starts its own); never
+# needed to serve: when it cannot start, it says why and TorchServe serves on.
+start_page() {
+  [[ "$PAGE_PORT" == 0 ]] && return
+  local keys=()
+  if [[ "${1:-}" == token ]]; then keys=(--key-file "$KEYS_DIR/key_file.json"); fi
+  (cd "$ROOT" && exec "$PYTHON" -m serving.page --url "http://127.0.0.1:${TS_INFERENCE_ADDRESS##*:}" \
+    --model-store "$MODEL_STORE" --page-host 0.0.0.0 --page-port "$PAGE_PORT" "${keys[@]}") &
+  page=$!
+}
+stop_page() {
+  if [[ -n "$page" ]]; then kill -TERM "$page" 2>/dev/null || true; wait "$page" 2>/dev/null || true; page=""; fi
+}
 
 # Stop a process group (its leader's pid in $1) and wait for every process in it; SIGKILL what is left
 # after STOP_TIMEOUT. With "children-first", the leader's children get SIGTERM alone first: TorchServe's
@@ -70,6 +86,7 @@ on_signal() {
       stop_group "$child"
     fi
   fi
+  stop_page
   # A stop while serving is the normal end; an interrupted export is not.
   if $serving; then exit 0; fi
   [[ "$1" == INT ]] && exit 130 || exit 143
@@ -118,6 +135,7 @@ if [[ "$ENGINE" == kserve ]]; then
   status=0
   run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" "$PYTHON" -m serving --engine kserve \
     --model-store "$MODEL_STORE" --host "$KSERVE_HOST" --inference-port "$KSERVE_HTTP_PORT" \
+    --page-host 0.0.0.0 --page-port "$PAGE_PORT" \
     --run-dir "$runtime_dir" --follow-logs || status=$?  # the server's log lines on stdout: docker logs
   log "the KServe server exited with status $status"
   exit "$status"
@@ -143,10 +161,14 @@ mkdir -p "$KEYS_DIR"
 if [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]] \
    || grep -qx 'disable_token_authorization=false' "$served_config"; then
   log "token authorisation on: keys (inference, management) in $KEYS_DIR/key_file.json; anonymous requests are refused"
+  start_page token
+else
+  start_page
 fi
 run bash -c 'cd "$1" && shift && exec "$@"' _ "$KEYS_DIR" env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
   VISION_EXPORT_RUN_CONFIG="$served_config" \
   "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$served_config" \
   --model-store "$MODEL_STORE" || status=$?
+stop_page
 log "TorchServe exited with status $status"
 exit "$status"

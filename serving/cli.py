@@ -19,6 +19,7 @@ Measurements (bench, soak, faults, gpu-check, pipeline, decoders) are `python -m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from contract.cli import moved, run_command
 from contract.policy import PolicyChoices, add_policy_options
 from serving import engine as engines
 from serving.engine import DEFAULT_ENGINE, Engine
+from serving.page.server import DEFAULT_HOST as PAGE_HOST
+from serving.page.server import DEFAULT_PORT as PAGE_PORT
 from serving.processes import LogFollower, serve_until_stopped, sigterm_interrupts, start_until_ready
 from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models
 
@@ -96,6 +99,11 @@ def parser_for(engine_type: type[Engine]) -> argparse.ArgumentParser:
                              "container's entrypoint does, so that `docker logs` has them)")
     engine_type.add_arguments(parser.add_argument_group(f"the {engine_type.name} engine's options"))
     add_policy_options(parser)
+    page = parser.add_argument_group("the try-it page (a browser page that calls the engine's API; serving/page/)")
+    page.add_argument("--page-port", type=int, default=PAGE_PORT,
+                      help="its port, while the engine serves in the foreground (default: %(default)s; 0: no page)")
+    page.add_argument("--page-host", default=PAGE_HOST,
+                      help="the address it listens on (default: %(default)s; 0.0.0.0 in a container)")
     return parser
 
 
@@ -117,7 +125,26 @@ def serve(engine_type: type[Engine], args: argparse.Namespace) -> int:
         print(f"stop with: {engine.stop_command()}")
         return 0
     follow = LogFollower(engine.log_files()) if args.follow_logs else None
-    return serve_until_stopped(process, lambda: engine.stop(process), engine.title, engine.exit_reason, follow)
+    with try_it_page(engine, answers, args):
+        return serve_until_stopped(process, lambda: engine.stop(process), engine.title, engine.exit_reason, follow)
+
+
+@contextlib.contextmanager
+def try_it_page(engine: Engine, answers: dict[str, dict], args: argparse.Namespace):
+    """The try-it page beside the engine while it serves; a port it cannot have is said, and serving goes on."""
+    if not args.page_port:
+        yield None
+        return
+    from serving.page.server import PageServer, target_of
+    try:
+        page = PageServer(target_of(engine, answers), args.page_host, args.page_port)
+    except OSError as error:
+        print(f"try-it page not started: {args.page_host}:{args.page_port}: {error.strerror} (--page-port)", flush=True)
+        yield None
+        return
+    print(f"try it in a browser: {page.url} (the same API as the curl lines)", flush=True)
+    with page:
+        yield page
 
 
 def stop_every_engine(run_dir: Path) -> int:

@@ -114,6 +114,10 @@ class Engine(ABC):
     def metrics_url(self) -> str | None:
         return None
 
+    def request_headers(self) -> dict:
+        """What a client adds to each prediction (the try-it page's server too): the token when auth is on."""
+        return {}
+
     def notes(self) -> list[str]:
         """Lines printed after the models', before the metrics URL (e.g. where the keys are)."""
         return []

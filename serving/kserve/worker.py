@@ -26,6 +26,7 @@ from serving.kserve.pool import WorkerPool
 
 logger = logging.getLogger("serving.kserve")
 PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
+DOCS_PATH = "/docs"  # KServe's own place for its OpenAPI page
 
 
 def unpack(archive: Path, folder: Path) -> Path:
@@ -65,6 +66,7 @@ def serve(settings: KServeSettings) -> int:
         logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
     app.install(settings.host)
     server = ModelServer(http_port=settings.http_port, workers=1, enable_grpc=False)  # one HTTP process: app.py
+    openapi_page_on()
     server.dataplane = app.RawBytesDataPlane(model_registry=server.registered_models)
     server.start(models)
     broken = [model.core.broken for model in models if isinstance(model.core, WorkerPool) and model.core.broken]
@@ -72,6 +74,18 @@ def serve(settings: KServeSettings) -> int:
         logger.error("stopped: %s", "; ".join(broken))
         return 1
     return 0
+
+
+def openapi_page_on() -> None:
+    """KServe's OpenAPI page (Swagger UI) at /docs, beside its /openapi.json: its app is made when kserve is imported
+    and adds the page only when KServe's own command line says --enable_docs_url; the same page is added here."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from kserve.model_server import app as kserve_app
+
+    async def docs(_request):
+        return get_swagger_ui_html(openapi_url=kserve_app.openapi_url, title=f"{kserve_app.title} - OpenAPI")
+    if not any(getattr(route, "path", None) == DOCS_PATH for route in kserve_app.routes):
+        kserve_app.add_route(DOCS_PATH, docs, include_in_schema=False)
 
 
 def main(argv: list[str]) -> int:

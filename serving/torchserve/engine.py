@@ -130,6 +130,9 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
     def metrics_url(self) -> str:
         return f"{self.settings.metrics_url}/metrics"
 
+    def request_headers(self) -> dict:
+        return auth_headers(self.settings)
+
     def notes(self) -> list[str]:
         if not self.settings.token_auth:
             return []
