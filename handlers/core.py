@@ -5,7 +5,7 @@ LitServe's LitAPI is the model (setup, decode_request, preprocess, batch, predic
 TorchServe adapter (handlers/image_classifier.py) maps TorchServe's context onto this class; another engine
 (KServe's ModelServer, Ray Serve) or a test runs the same class in-process:
 
-    core = ImageClassifierCore.from_folder("artifacts/resnet50")   # an export folder or an unpacked .mar
+    core = ImageCore.from_folder("artifacts/resnet50")   # an export folder or an unpacked .mar
     core.answer(Path("examples/cat.jpg").read_bytes())             # the JSON the endpoint answers
 
 What is served is decided at export (manifest.json's serving decision); set-up only reads it, checks the
@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from PIL import Image
@@ -30,7 +30,8 @@ from contract.records import CLASSIFICATION, ArtifactRecord, ContractError, Imag
 from contract.versions import label_of
 from handlers.form_choice import measured_choice
 from handlers.policy import this_machine
-from handlers.request_body import ImageRequest, checked_topk
+from handlers.request import ImageRequest
+from handlers.request_body import image_of, requested_topk
 from handlers.request_error import RequestError
 from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
 from runtime.base import Backend
@@ -113,7 +114,7 @@ def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) ->
     return "fp16"
 
 
-class ImageClassifierCore:
+class ImageCore:
     """A classifier's request: one row per image, resized and cropped as its weights were evaluated, batched; the
     answer is the top k classes. handlers/tasks.py holds the other tasks' cores, which change only the hooks."""
 
@@ -161,14 +162,14 @@ class ImageClassifierCore:
 
     def request_options(self, request: ImageRequest):
         """What encode_response needs from the request: here its k."""
-        return self.config.topk if request.topk is None else checked_topk(request.topk)
+        return requested_topk(request, self.config.topk)
 
     # ------------------------------------------------------------ setup
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
                     threads: int | None = None, machine: MachineProfile | None = None,
                     policy: ServingPolicy | None = None, measure: bool = False,
-                    kind: str | None = None) -> "ImageClassifierCore":
+                    kind: str | None = None) -> "ImageCore":
         """Serve the first of the export's gated candidates this machine meets (`machine`: a simulated profile,
         for tests), or the artifact `kind` when a caller names one (a benchmark's row), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the
         serving policy the engine resolved (its threads run the model); without one, in_process_policy (the
@@ -246,22 +247,21 @@ class ImageClassifierCore:
         }
 
     # ------------------------------------------------------------ a batch, row by row
-    def run_batch(self, rows: Sequence[Any], read: Callable[[int, Any], ImageRequest] | None = None) -> BatchResult:
-        """Answer each row: `read` turns an engine's row into an ImageRequest (rows already ImageRequests by
-        default); a row that cannot be read or decoded gets its own RequestError, the others are answered."""
+    def run_batch(self, rows: Sequence[ImageRequest]) -> BatchResult:
+        """Answer each request: one whose image or options cannot be read, or whose image cannot be decoded,
+        gets its own RequestError, the others are answered."""
         times = StageTimes()
         answers: list = [None] * len(rows)
-        requests: list[tuple[int, ImageRequest, int]] = []
-        for index, row in enumerate(rows):
+        requests: list[tuple[int, bytes, Any]] = []
+        for index, request in enumerate(rows):
             try:
-                request = read(index, row) if read else row
-                requests.append((index, request, self.request_options(request)))
+                requests.append((index, image_of(request), self.request_options(request)))
             except RequestError as error:
                 answers[index] = error
-            except Exception as error:  # the engine's row could not be read: our bug, not the client's
+            except Exception as error:  # the request could not be read: our bug, not the client's
                 answers[index] = internal_error("reading", error)
         ready = []
-        for (index, _, k), row in zip(requests, self.prepare([r.image for _, r, _ in requests], times)):
+        for (index, _, k), row in zip(requests, self.prepare([image for _, image, _ in requests], times)):
             if isinstance(row, RequestError):
                 answers[index] = row
             else:
@@ -305,7 +305,7 @@ class ImageClassifierCore:
     def answer(self, image_bytes: bytes, topk: int | None = None, **options) -> dict:
         """The JSON the endpoint returns for this image (`options`: the task's, e.g. score_threshold); a bad image
         raises its RequestError."""
-        result = self.run_batch([ImageRequest(image_bytes, topk, options)]).answers[0]
+        result = self.run_batch([ImageRequest.of_image(image_bytes, topk, **options)]).answers[0]
         if isinstance(result, RequestError):
             raise result
         return result

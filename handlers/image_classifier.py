@@ -1,4 +1,4 @@
-"""The TorchServe adapter: maps TorchServe's context onto ImageClassifierCore (handlers/core.py).
+"""The TorchServe adapter: maps TorchServe's context onto ImageCore (handlers/core.py).
 
 What is TorchServe's lives here: the model folder and GPU from system_properties, model-config.yaml's
 `handler:` section, the serving policy `python -m serving` wrote in TorchServe's run config (handlers/policy.py),
@@ -8,6 +8,7 @@ Everything else (which artifact, its sha256, preprocessing, the request's life) 
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Callable
@@ -16,9 +17,9 @@ import torch
 
 from contract.errors import VisionExportError
 from contract.versions import VERSION_HEADER
-from handlers.core import STAGES, ImageClassifierCore, ImageRequest, StageTimes  # measure reads STAGES here
+from handlers.core import STAGES, ImageCore, StageTimes  # measure reads STAGES here
 from handlers.policy import worker_policy
-from handlers.request_body import read_request
+from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
 from handlers.tasks import open_core
 from runtime import IntegrityError
@@ -37,9 +38,9 @@ def select_device(system_properties: dict, cuda_available: Callable[[], bool] | 
     return torch.device("cpu")
 
 
-class ImageClassifier:
+class TorchServeHandler:
     def __init__(self):
-        self.core: ImageClassifierCore | None = None
+        self.core: ImageCore | None = None
         self.initialized = False
 
     def initialize(self, context) -> None:
@@ -54,7 +55,7 @@ class ImageClassifier:
         self.initialized = True
 
     @staticmethod
-    def _core(context) -> ImageClassifierCore:
+    def _core(context) -> ImageCore:
         properties = context.system_properties
         config = getattr(context, "model_yaml_config", None) or {}
         policy, source = worker_policy(context.model_name, config)
@@ -66,10 +67,7 @@ class ImageClassifier:
         if _header(context, 0, DESCRIBE_HEADER) == "True":
             return [self.core.describe()]  # shown as the model's customizedMetadata
 
-        def read(index: int, row: dict) -> ImageRequest:
-            return read_request(row, lambda name: _header(context, index, name))
-
-        result = self.core.run_batch(data, read)
+        result = self.core.run_batch([torchserve_request(context, index, row) for index, row in enumerate(data)])
         responses = [self._respond(context, index, answer) for index, answer in enumerate(result.answers)]
         _report_metrics(context, result.times)
         _version_headers(context, len(responses), self.core.version)
@@ -97,6 +95,49 @@ def _version_headers(context, rows: int, version: str) -> None:
     if context is not None:
         for index in range(rows):
             context.set_response_header(index, VERSION_HEADER, version)
+
+
+def torchserve_request(context, index: int, row) -> ImageRequest:
+    """TorchServe's request row as the core's ImageRequest. TorchServe parses a JSON body (`{"body": object}`),
+    decodes a text one (`{"body": str}`), and hands a form's fields by name; the id is X-Request-ID's, else
+    TorchServe's own."""
+    headers = _headers(context, index)
+    body = row.get("body") if isinstance(row, dict) else None
+    content_type = _body_type(context, index) or headers.get("content-type", "")
+    request_id = request_id_of(headers, _request_id(context, index))
+    if isinstance(body, dict):
+        return ImageRequest(b"", JSON_TYPE, headers, body, request_id)
+    if isinstance(body, str):
+        return ImageRequest(body.encode(), content_type or "text/plain", headers, {}, request_id)
+    if isinstance(body, (bytes, bytearray)):
+        return ImageRequest(bytes(body), content_type, headers, {}, request_id)
+    if body is not None:  # a JSON array, number, ...: the core says a JSON body must be an object
+        return ImageRequest(json.dumps(body).encode(), JSON_TYPE, headers, {}, request_id)
+    return ImageRequest(b"", content_type, headers, row if isinstance(row, dict) else {}, request_id)
+
+
+def _headers(context, index: int) -> dict[str, str]:
+    """The request's headers (TorchServe also files each body part's content type here, as a dict)."""
+    try:
+        found = context.get_all_request_header(index) or {}
+    except (AttributeError, IndexError, KeyError, TypeError):  # a Context without request metadata (unit tests)
+        return {}
+    return {name.lower(): value for name, value in found.items() if isinstance(value, str)}
+
+
+def _body_type(context, index: int) -> str:
+    try:
+        part = context.get_request_header(index, "body")
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return ""
+    return part.get("content-type", "") if isinstance(part, dict) else ""
+
+
+def _request_id(context, index: int) -> str | None:
+    try:
+        return context.get_request_id(index)
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
 
 
 def _header(context, index: int, name: str) -> str | None:

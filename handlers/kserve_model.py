@@ -1,4 +1,4 @@
-"""The KServe adapter: ImageClassifierCore (handlers/core.py) as a `kserve.Model` in KServe's own ModelServer.
+"""The KServe adapter: ImageCore (handlers/core.py) as a `kserve.Model` in KServe's own ModelServer.
 
 What is KServe's lives here: the v1 body, the Open Inference Protocol (v2) tensors, the model's v2 metadata,
 and answering without blocking KServe's event loop (handlers/batching.py). Which artifact, its sha256, the
@@ -37,8 +37,9 @@ from contract.policy import ServingPolicy
 from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION, Manifest
 from contract.versions import UNVERSIONED, VERSION_HEADER, label_of
 from handlers.batching import Batcher
-from handlers.core import ImageClassifierCore, ImageRequest
-from handlers.request_body import TASK_OPTIONS, checked_topk, from_base64, image_bytes, read_request
+from handlers.core import ImageCore, ImageRequest
+from handlers.request import JSON_TYPE, request_id_of
+from handlers.request_body import TASK_OPTIONS, checked_topk, from_base64
 from handlers.request_error import RequestError
 from handlers.tasks import open_core
 
@@ -64,7 +65,7 @@ OUTPUTS = {  # each task's v2 outputs: name -> (datatype, shape)
 }
 
 
-class ImageClassifierModel(Model):
+class KServeModel(Model):
     """One model of the store, served from its unpacked archive (the folder TorchServe's worker would run in),
     under the serving policy the server process read from its run config (threads, batching). With `workers`
     (serving/kserve/pool.py's WorkerPool.open), the policy's worker processes run the core and the batcher hands
@@ -78,7 +79,7 @@ class ImageClassifierModel(Model):
         self.policy = policy
         self.device = device
         self.workers = workers  # (folder, device, settings, policy) -> a started pool of worker processes
-        self.core: ImageClassifierCore | None = None  # or, with workers, the pool that runs one in each worker
+        self.core: ImageCore | None = None  # or, with workers, the pool that runs one in each worker
         self.batcher: Batcher | None = None
         self.rows_here = 0  # rows the core in this process answered (one worker)
         self.version = UNVERSIONED  # the archive's version (contract/versions.py), read at load
@@ -122,7 +123,7 @@ class ImageClassifierModel(Model):
 
     async def predict(self, payload, headers: dict | None = None, response_headers: dict | None = None):
         v2 = isinstance(payload, InferRequest)
-        rows = v2_rows(payload, self.core.TASK) if v2 else v1_rows(payload)
+        rows = v2_rows(payload, self.core.TASK, headers) if v2 else v1_rows(payload, headers)
         answers, worker = await self.batcher.answered(rows)
         if worker is None:
             self.rows_here += len(rows)
@@ -143,20 +144,25 @@ def configure_logging() -> None:
 
 
 # ---------------------------------------------------------------- v1
-def v1_rows(payload) -> list[ImageRequest]:
+def v1_rows(payload, headers: dict | None = None) -> list[ImageRequest]:
+    """One ImageRequest per image: KServe hands a non-JSON body as bytes, a JSON one parsed."""
+    headers = dict(headers or {})
+    request_id = request_id_of(headers)
     if isinstance(payload, (bytes, bytearray, str)):  # a non-JSON body: the image itself, as on TorchServe's path
-        return [ImageRequest(image_bytes({"body": payload}))]
+        body, content_type = ((payload.encode(), "text/plain") if isinstance(payload, str)
+                              else (bytes(payload), headers.get("content-type", "")))
+        return [ImageRequest(body, content_type, headers, request_id=request_id)]
     if isinstance(payload, dict) and "instances" in payload:
         instances = payload["instances"]
         if not instances:
             raise RequestError(400, f"no instances: {V1_SHAPE}")
-        return [instance_row(index, instance) for index, instance in enumerate(instances)]
+        return [instance_row(index, instance, headers, request_id) for index, instance in enumerate(instances)]
     if isinstance(payload, dict):  # TorchServe's JSON body {"data": base64, "topk": k}
-        return [read_request({"body": payload}, lambda name: None)]
+        return [ImageRequest(b"", JSON_TYPE, headers, payload, request_id)]
     raise RequestError(400, f"JSON body must be an object, got a JSON {type(payload).__name__}: {V1_SHAPE}")
 
 
-def instance_row(index: int, instance) -> ImageRequest:
+def instance_row(index: int, instance, headers: dict | None = None, request_id: str = "") -> ImageRequest:
     if not isinstance(instance, dict):
         raise RequestError(400, f"instance {index} is a JSON {type(instance).__name__}, not an object: {V1_SHAPE}")
     image = instance.get(IMAGE, instance.get("data"))
@@ -166,11 +172,12 @@ def instance_row(index: int, instance) -> ImageRequest:
         raise RequestError(400, f"instance {index} has no base64 image: {V1_SHAPE}")
     topk = instance.get(TOPK)
     options = {name: instance[name] for name in TASK_OPTIONS if instance.get(name) is not None}
-    return ImageRequest(from_base64(image), None if topk is None else checked_topk(topk), options)
+    return ImageRequest.of_image(from_base64(image), None if topk is None else checked_topk(topk), headers,
+                                 request_id, **options)
 
 
 # ---------------------------------------------------------------- v2
-def v2_rows(request: InferRequest, task: str = CLASSIFICATION) -> list[ImageRequest]:
+def v2_rows(request: InferRequest, task: str = CLASSIFICATION, headers: dict | None = None) -> list[ImageRequest]:
     tensors = {tensor.name: tensor for tensor in request.inputs}
     tensor = tensors.get(IMAGE)
     if tensor is None or tensor.datatype != "BYTES":
@@ -182,8 +189,9 @@ def v2_rows(request: InferRequest, task: str = CLASSIFICATION) -> list[ImageRequ
     options = {name: parameters[name] for name in TASK_OPTIONS if parameters.get(name) is not None}
     if task == SEGMENTATION:
         options["masks"] = "png"  # a tensor protocol carries each image's class map as one PNG
-    return [ImageRequest(element if isinstance(element, bytes) else from_base64(str(element)), k, options)
-            for element in elements(tensor)]
+    request_id = request_id_of(headers or {})
+    return [ImageRequest.of_image(element if isinstance(element, bytes) else from_base64(str(element)), k, headers,
+                                  request_id, **options) for element in elements(tensor)]
 
 
 def elements(tensor) -> list:

@@ -1,4 +1,4 @@
-"""The request cores of whole-image tasks: a detector's and a segmenter's. They keep ImageClassifierCore's request
+"""The request cores of whole-image tasks: a detector's and a segmenter's. They keep ImageCore's request
 life (decode, preprocess, batch, predict, encode; every row's error with its row) and change its hooks.
 
 Both send the whole upright image, resized by the archive's resize rule (the model's own transform then changes
@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from contract.records import DETECTION, SEGMENTATION, Manifest, ResizeRule
-from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
+from handlers.core import HandlerSetupError, ImageCore, ImageRequest
+from handlers.request_body import option
 from handlers.request_error import RequestError
 from runtime.images import resize_whole
 
@@ -46,7 +47,7 @@ class WholeImage:
     width: int
 
 
-class WholeImageCore(ImageClassifierCore):
+class WholeImageCore(ImageCore):
     @staticmethod
     def input_contract(manifest: Manifest) -> ResizeRule:
         if manifest.input.resize_rule is None:
@@ -84,8 +85,8 @@ class DetectorCore(WholeImageCore):
     def request_options(self, request: ImageRequest) -> tuple[float, int]:
         """(score threshold, most boxes): the model's own unless the request asks for fewer boxes."""
         limits = self.manifest.limits
-        threshold = _number(request.options.get("score_threshold"), float, "score_threshold", limits.score_threshold)
-        most = _number(request.options.get("max_detections"), int, "max_detections", limits.max_detections)
+        threshold = _number(option(request, "score_threshold"), float, "score_threshold", limits.score_threshold)
+        most = _number(option(request, "max_detections"), int, "max_detections", limits.max_detections)
         if not limits.score_threshold <= threshold <= 1:
             raise RequestError(400, f"score_threshold must be from the model's own {limits.score_threshold:g} to 1, "
                                     f"got {threshold:g}: the model keeps no box below its own")
@@ -113,7 +114,7 @@ class SegmenterCore(WholeImageCore):
     TASK = SEGMENTATION
 
     def request_options(self, request: ImageRequest) -> str:
-        masks = str(request.options.get("masks") or MASK_FORMATS[0]).lower()
+        masks = str(option(request, "masks") or MASK_FORMATS[0]).lower()
         if masks not in MASK_FORMATS:
             raise RequestError(400, f"masks must be one of {', '.join(MASK_FORMATS)}, got {masks!r}")
         return masks
@@ -137,11 +138,11 @@ class SegmenterCore(WholeImageCore):
         return self.framed(answer, row)
 
 
-CORES = {core.TASK: core for core in (ImageClassifierCore, DetectorCore, SegmenterCore)}
+CORES = {core.TASK: core for core in (ImageCore, DetectorCore, SegmenterCore)}
 
 
 def open_core(folder: str | Path, device: str = "cpu", settings: dict | None = None, measure: bool = True,
-              **options) -> ImageClassifierCore:
+              **options) -> ImageCore:
     """The core of the archive's task (its manifest says which), set up as from_folder does, serving the fastest
     of its gated candidates on this machine (measure: handlers/form_choice.py): what every engine opens, so a
     detector's archive gets the detector's handler and never a classifier's."""

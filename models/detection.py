@@ -90,11 +90,12 @@ class SegmenterOutputs(nn.Module):
         return self.model((image - self.mean) / self.std)["out"]
 
 
-def resize_rule(model: nn.Module) -> ResizeRule:
-    """The detector's own transform as a contract record: the handler sends images at that size."""
+def resize_rule(model: nn.Module, source: str = "") -> ResizeRule:
+    """The detector's own transform (GeneralizedRCNNTransform: its min_size, max_size and fixed_size, as the model
+    was built or trained) as a contract record: the handler sends images at that size."""
     transform = model.transform
     fixed = tuple(transform.fixed_size) if transform.fixed_size is not None else None
-    return ResizeRule(int(transform.min_size[-1]), int(transform.max_size), fixed)
+    return ResizeRule(int(transform.min_size[-1]), int(transform.max_size), fixed, source=source)
 
 
 def decisive_heads(model: nn.Module) -> None:
@@ -250,7 +251,8 @@ NOT_SERVED = {"keypointrcnn_resnet50_fpn": "its keypoints are an output this too
                                            "and masks are); export it with `python -m export module` for its boxes"}
 SEGMENTATION_ARCHS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50",
                       "deeplabv3_resnet101", "fcn_resnet50", "fcn_resnet101")
-WEIGHTS_HELP = f"auto | {TRAINED} | random | PATH to a state_dict (.pt/.pth)"
+WEIGHTS_HELP = (f"auto | {TRAINED} | random | PATH to a checkpoint: a state_dict, a training checkpoint with "
+                "'model', or a whole pickled model, fine-tuned on your own classes too (see --labels)")
 EXAMPLE_ASPECT = (3, 4)  # the tracing example is a landscape photo of this height : width
 SEGMENTATION_SIDE = 520  # torchvision's segmentation weights: transforms() resizes the shorter side to 520
 SEGMENTATION_MAX_SIDE = 4 * SEGMENTATION_SIDE  # a panorama stops here
@@ -261,7 +263,8 @@ def categories(arch: str) -> list[str]:
     return list(torchvision.models.get_model_weights(arch).DEFAULT.meta["categories"])
 
 
-def _shape_for(rule: ResizeRule) -> tuple[int, int, int, int]:
+def example_shape(rule: ResizeRule) -> tuple[int, int, int, int]:
+    """The tracing example's shape: a landscape photo as the handler sends it under `rule`."""
     height, width = rule.size(EXAMPLE_ASPECT[0] * 100, EXAMPLE_ASPECT[1] * 100)
     return (1, 3, height, width)
 
@@ -276,7 +279,7 @@ def whole_image_probes(rule: ResizeRule) -> dict[str, torch.Tensor]:
     nothing in it, and real photographs (another content, another number of objects)."""
     from skimage import data  # scikit-image's sample photographs (the dev extra); read here only
     generator = torch.Generator().manual_seed(1)
-    shape = _shape_for(rule)
+    shape = example_shape(rule)
     photo = lambda array: _resized(torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255, rule)  # noqa: E731
     return {"like the tracing example": photo_like(1, shape[2], shape[3], generator),
             "portrait (another size and aspect)": _resized(photo_like(1, 400, 300, generator), rule),
@@ -285,8 +288,9 @@ def whole_image_probes(rule: ResizeRule) -> dict[str, torch.Tensor]:
             "coffee (a photograph)": photo(data.coffee())}
 
 
-def _example(rule: ResizeRule):
-    return lambda: photo_like(1, *_shape_for(rule)[2:], torch.Generator().manual_seed(0))
+def example_image(rule: ResizeRule):
+    """The tracing example: a seeded photo-like image of example_shape(rule)."""
+    return lambda: photo_like(1, *example_shape(rule)[2:], torch.Generator().manual_seed(0))
 
 
 def _detector_builder(arch: str):
@@ -304,9 +308,9 @@ def _detector_entry(arch: str) -> ModelEntry:
     return ModelEntry(
         name=arch, family=DETECTION, task=DETECTION,
         description=f"torchvision {arch}: one image in, boxes, labels and scores{', masks' if masks else ''} out",
-        input_spec=InputSpec(shape=_shape_for(rule), resizes_in_graph=True, min_size=32, resize_rule=rule,
+        input_spec=InputSpec(shape=example_shape(rule), resizes_in_graph=True, min_size=32, resize_rule=rule,
                              dynamic_batch=False),
-        build=_detector_builder(arch), probe_inputs=lambda: whole_image_probes(rule), example=_example(rule),
+        build=_detector_builder(arch), probe_inputs=lambda: whole_image_probes(rule), example=example_image(rule),
         source={"registry": arch}, outputs=DETECTION_OUTPUTS + ((MASK_OUTPUT,) if masks else ()),
         limits=DetectionLimits(threshold, cap))
 
@@ -338,10 +342,10 @@ def _segmenter_entry(arch: str) -> ModelEntry:
     return ModelEntry(
         name=arch, family=SEGMENTATION, task=SEGMENTATION,
         description=f"torchvision {arch} with in-graph ImageNet normalisation: per-class logits at the input's size",
-        input_spec=InputSpec(shape=_shape_for(SEGMENTATION_RULE), resizes_in_graph=True, min_size=32,
+        input_spec=InputSpec(shape=example_shape(SEGMENTATION_RULE), resizes_in_graph=True, min_size=32,
                              resize_rule=SEGMENTATION_RULE),
         build=_segmenter_builder(arch), probe_inputs=lambda: whole_image_probes(SEGMENTATION_RULE),
-        example=_example(SEGMENTATION_RULE), source={"registry": arch})
+        example=example_image(SEGMENTATION_RULE), source={"registry": arch})
 
 
 for _arch in DETECTION_ARCHS:
@@ -351,7 +355,7 @@ for _arch in SEGMENTATION_ARCHS:
     register(_segmenter_entry(_arch))
 register_family(Family(DETECTION, "a detector: one image in, boxes, labels and scores out (torchvision's with COCO "
                                   "weights when they can be downloaded; MTCNN's trained face detector)",
-                       DETECTION_ARCHS + (MTCNN,), DETECTION_ARCHS[0], WEIGHTS_HELP))
+                       DETECTION_ARCHS + (MTCNN,), DETECTION_ARCHS[0], WEIGHTS_HELP, fine_tunable=True))
 register_family(Family(SEGMENTATION, "a torchvision segmenter: one image in, per-class logits out (COCO weights with "
                                      "VOC's classes when they can be downloaded)", SEGMENTATION_ARCHS,
-                       SEGMENTATION_ARCHS[0], WEIGHTS_HELP))
+                       SEGMENTATION_ARCHS[0], WEIGHTS_HELP, fine_tunable=True))

@@ -117,6 +117,7 @@ class Family:
     default_arch: str
     weights_help: str = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
     entry_prefix: str = ""  # registry name = prefix + arch (efficientnet --arch lite0 -> efficientnet-lite0)
+    fine_tunable: bool = False  # --weights CKPT may hold the user's own classes (--labels, --num-classes)
 
     def entry_name(self, arch: str) -> str:
         return self.entry_prefix + arch

@@ -65,7 +65,7 @@ def user_entry(reference: str, input_shape: tuple[int, ...], value_range=(0.0, 1
         if weights in ("auto", "random"):
             module, info = factory_weights(factory, reference, weights)
         else:
-            module = _built_by(factory, reference)
+            module = built_by(factory, reference)
             info = load_state_dict_file(module, weights)
         return BuiltModel(module, info, labels)
 
@@ -87,8 +87,8 @@ def factory_weights(factory, reference: str, requested: str) -> tuple[nn.Module,
     """The module as the factory builds it, and what its weights are: the factory is called under two random
     seeds; the same state_dict both times means it loaded (or computed) them, different ones that they are a
     random initialisation, which this tool seeded (the first call's seed, so a re-check rebuilds them)."""
-    module = _built_by(factory, reference, RANDOM_SEED)
-    again = _built_by(factory, reference, RANDOM_SEED + 1)
+    module = built_by(factory, reference, RANDOM_SEED)
+    again = built_by(factory, reference, RANDOM_SEED + 1)
     if state_dict_fingerprint(module) == state_dict_fingerprint(again):
         return module, WeightsInfo("factory", requested, source="the same under any random seed (loaded or computed "
                                                                 "by the factory)")
@@ -101,7 +101,7 @@ RANDOM_FACTORY_NOTE = ("the factory's weights are a random initialisation (they 
                        "the factory or give --weights PATH")
 
 
-def _built_by(factory, reference: str, seed: int = RANDOM_SEED) -> nn.Module:
+def built_by(factory, reference: str, seed: int = RANDOM_SEED) -> nn.Module:
     module = seeded(factory, seed)
     if not isinstance(module, nn.Module):
         raise UserModuleError(f"{reference} returned {type(module).__name__}, not a torch.nn.Module")

@@ -16,18 +16,16 @@ from typing import Callable
 import torch
 from torch import nn
 
-from contract.errors import VisionExportError
+from models.checkpoints import WeightsError, read_checkpoint
 from models.registry import WeightsInfo
+
+__all__ = ["WeightsError"]  # defined beside the checkpoint reader; imported from here too
 
 RANDOM_SEED = 0
 REACHABILITY_TIMEOUT_S = 5.0
 RANDOM_NOTE = ("seeded; BatchNorm affine terms drawn and running statistics measured on seeded images "
                "(not the identity a fresh layer is)")
 CHOICES_HELP = "auto | imagenet | random | PATH to a state_dict (.pt/.pth)"
-
-
-class WeightsError(VisionExportError, RuntimeError):
-    """Weights could not be obtained or do not fit the module; the message says which and what to do."""
 
 
 def seeded(build: Callable[[], nn.Module], seed: int = RANDOM_SEED) -> nn.Module:
@@ -138,33 +136,16 @@ def _imagenet_info(weights_enum, choice: str) -> WeightsInfo:
     return WeightsInfo("imagenet", choice, source=f"{weights_enum} {weights_enum.url}")
 
 
-def _unwrap_checkpoint(obj) -> dict:
-    """Accept a bare state_dict, or the common {'state_dict': ...} / {'model': ...} wrappers."""
-    if isinstance(obj, dict):
-        for key in ("state_dict", "model_state_dict", "model"):
-            if isinstance(obj.get(key), dict):
-                obj = obj[key]
-                break
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise WeightsError("the checkpoint is not a state_dict (a dict of parameter name -> tensor); "
-                           "save one with torch.save(model.state_dict(), PATH)")
-    # DataParallel/DistributedDataParallel checkpoints prefix every key with 'module.'
-    if obj and all(k.startswith("module.") for k in obj):
-        obj = {k[len("module."):]: v for k, v in obj.items()}
-    return obj
-
-
 def load_state_dict_file(module: nn.Module, path: str) -> WeightsInfo:
     """Load a local state_dict with weights_only=True; name every missing, unexpected or misshapen key."""
     if not os.path.isfile(path):
         raise WeightsError(f"--weights {path!r} is not a file, nor one of: {CHOICES_HELP}")
-    try:
-        state = _unwrap_checkpoint(torch.load(path, map_location="cpu", weights_only=True))
-    except WeightsError:
-        raise
-    except Exception as error:
-        raise WeightsError(f"cannot read checkpoint {path}: {str(error).splitlines()[0]}; "
-                           "it must be a state_dict saved with torch.save") from None
+    fit_state_dict(module, read_checkpoint(path).state, path)
+    return WeightsInfo("path", path, source=os.path.abspath(path), sha256=file_sha256(path))
+
+
+def fit_state_dict(module: nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
+    """Load `state` into `module`, or a WeightsError naming every missing, unexpected or misshapen key."""
     expected = module.state_dict()
     problems = []
     missing = sorted(set(expected) - set(state))
@@ -180,7 +161,6 @@ def load_state_dict_file(module: nn.Module, path: str) -> WeightsInfo:
     if problems:
         raise WeightsError(f"checkpoint {path} does not fit the model: " + "; ".join(problems))
     module.load_state_dict(state)
-    return WeightsInfo("path", path, source=os.path.abspath(path), sha256=file_sha256(path))
 
 
 def state_dict_fingerprint(module: nn.Module) -> str:

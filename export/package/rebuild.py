@@ -12,10 +12,14 @@ WEIGHTS_CHOICE = {"imagenet": "imagenet", "random": "random", "factory": "auto",
 def entry_from_manifest(manifest: Manifest) -> ModelEntry:
     """The registry entry, or the user's module entry, recorded in manifest.model.source."""
     import models
-    from models.user_module import user_entry
+    from models.fine_tuned import SOURCE_KEY, fine_tuned_entry
+    from models.user_tasks import AUTO, module_entry
     source = manifest.model.source
     if "module" in source:
-        return user_entry(source["module"], tuple(source["input_shape"]))
+        return module_entry(source["module"], tuple(source["input_shape"]), task=source.get("task", AUTO))[0]
+    if SOURCE_KEY in source:
+        return fine_tuned_entry(source["task"], source[SOURCE_KEY], weights_from_manifest(manifest),
+                                num_classes=source["num_classes"])
     if "registry" in source:
         return models.get(source["registry"])
     raise ContractError(f"manifest model.source {source!r} names neither a registry model nor a module, so the "

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from contract.errors import VisionExportError
-from handlers.kserve_model import ImageClassifierModel, configure_logging
+from handlers.kserve_model import KServeModel, configure_logging
 from serving.kserve import app
 from serving.kserve.config import REFUSAL, KServeSettings
 from serving.kserve.pool import WorkerPool
@@ -44,13 +44,13 @@ def model_config(folder: Path) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
-def model_of(name: str, settings: KServeSettings) -> ImageClassifierModel:
+def model_of(name: str, settings: KServeSettings) -> KServeModel:
     """The model under its policy as the run config holds it (its archive's pins applied where it was resolved)."""
     policy = settings.policies[name]
     folder = unpack(settings.archive(name), settings.unpacked(name))
     device = "cuda:0" if policy.device == "gpu" else "cpu"
     workers = functools.partial(WorkerPool.open, name) if policy.workers > 1 else None
-    model = ImageClassifierModel(name, folder, policy, device, model_config(folder).get("handler"), workers)
+    model = KServeModel(name, folder, policy, device, model_config(folder).get("handler"), workers)
     model.load()
     return model
 

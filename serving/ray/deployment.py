@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse
 from contract.policy import ServingPolicy
 from contract.versions import VERSION_HEADER, split_versioned
 from handlers.batching import Batcher
-from handlers.request_body import read_request
+from handlers.request import JSON_TYPE, ImageRequest
 from handlers.request_error import RequestError
 from handlers.tasks import open_core
 from serving.settings import archive_config
@@ -44,7 +44,7 @@ def application(args: dict):
     deployment's options (config.py deployment_options); a Serve config gives those in its `deployments:` entry
     instead, where operators tune them."""
     policy = ServingPolicy.from_dict(args["policy"])
-    return ImageClassifierDeployment.options(name=args["name"], **args.get("options", {})).bind(
+    return RayDeployment.options(name=args["name"], **args.get("options", {})).bind(
         str(args["archive"]), policy)
 
 
@@ -55,7 +55,7 @@ def application_args(archive: Path, policy: ServingPolicy) -> dict:
 
 
 @serve.deployment
-class ImageClassifierDeployment:
+class RayDeployment:
     def __init__(self, archive: str, policy: ServingPolicy):
         """Unpack the archive into a folder of this replica's own and open its artifact through the core under
         the model's policy: an archive that fails its sha256 check raises here, and Serve marks the application
@@ -76,8 +76,7 @@ class ImageClassifierDeployment:
         if request.method == "GET" and request.url.path.rstrip("/").endswith(DESCRIPTION_PATH):
             return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
         try:
-            row = await request_row(request)
-            rows = [read_request(row, request.headers.get)]
+            rows = [await image_request(request)]
         except RequestError as error:
             return self.respond(error)
         (answer,) = await self.batcher.answer(rows)
@@ -90,23 +89,25 @@ class ImageClassifierDeployment:
         return JSONResponse(answer, headers=headers)
 
 
-async def request_row(request: Request) -> dict:
-    """The request as TorchServe hands it to a handler: {"body": ...}, a JSON body parsed, a text body decoded,
-    a form's fields by name (handlers/request_body.py finds the image and topk in it)."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+async def image_request(request: Request) -> ImageRequest:
+    """The HTTP request as the core's ImageRequest: the body's bytes, a JSON object parsed, a form's fields by name
+    (handlers/request_body.py finds the image and the options in it)."""
+    headers = dict(request.headers.items())
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in FORM_TYPES:
         form = await request.form()
-        return {name: (await value.read() if hasattr(value, "read") else str(value).encode())
-                for name, value in form.multi_items()}
+        fields = {name: (await value.read() if hasattr(value, "read") else str(value).encode())
+                  for name, value in form.multi_items()}
+        return ImageRequest(b"", content_type, headers, fields)
     body = await request.body()
-    if content_type == "application/json":
+    if content_type == JSON_TYPE:
         try:
-            return {"body": json.loads(body)}
+            parsed = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return {"body": body}  # request_body answers with why it does not parse
-    if content_type.startswith("text/"):
-        return {"body": body.decode("utf-8", "replace")}
-    return {"body": body}
+            parsed = None  # request_body answers with why it does not parse
+        if isinstance(parsed, dict):
+            return ImageRequest(b"", content_type, headers, parsed)
+    return ImageRequest(body, content_type, headers)
 
 
 def configure_logging() -> None:

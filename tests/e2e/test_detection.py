@@ -94,9 +94,9 @@ def test_the_segmenter_gets_torch_export_and_dynamo_onnx_too(exports):
 
 
 def test_an_archive_of_one_task_never_loads_in_anothers_handler(exports):
-    from handlers.core import HandlerSetupError, ImageClassifierCore
+    from handlers.core import HandlerSetupError, ImageCore
     with pytest.raises(HandlerSetupError, match="detection model .* the classification handler cannot serve it"):
-        ImageClassifierCore.from_folder(unpacked(exports, DETECTOR), threads=1)
+        ImageCore.from_folder(unpacked(exports, DETECTOR), threads=1)
 
 
 def test_answers_are_in_the_photos_own_pixels_and_options_are_checked(in_process, phone_photo):

@@ -1,4 +1,4 @@
-"""handlers.core.ImageClassifierCore without any serving engine, on the archive the export command built
+"""handlers.core.ImageCore without any serving engine, on the archive the export command built
 (unpacked, as TorchServe unpacks it): rows keep their own errors, the manifest's decision is what is
 served, a changed artifact or an unknown handler setting is refused by name."""
 
@@ -17,7 +17,7 @@ import models
 from contract.policy import Machine, PolicyChoices, resolve_policy
 from contract.records import MANIFEST_NAME, ContractError, Manifest
 from export.package.selection import redecide
-from handlers.core import HandlerSetupError, ImageClassifierCore, ImageRequest
+from handlers.core import HandlerSetupError, ImageCore, ImageRequest
 from handlers.request_error import RequestError
 from runtime import IntegrityError, open_artifact
 from runtime.images import decode_upright, preprocess
@@ -43,7 +43,7 @@ def unpacked(resnet18_unpacked):
 
 @pytest.fixture(scope="module")
 def core(unpacked):
-    return ImageClassifierCore.from_folder(unpacked, threads=torch.get_num_threads())
+    return ImageCore.from_folder(unpacked, threads=torch.get_num_threads())
 
 
 @pytest.fixture
@@ -63,8 +63,8 @@ def rewrite_manifest(folder, change) -> None:
 
 
 def test_a_bad_row_stays_an_error_of_that_row_while_the_others_answer(core):
-    rows = [ImageRequest(CAT.read_bytes()), ImageRequest(b"not an image at all"), ImageRequest(image(), topk=2),
-            ImageRequest(image("JPEG"), topk=0)]
+    rows = [ImageRequest(CAT.read_bytes()), ImageRequest(b"not an image at all"),
+            ImageRequest.of_image(image(), topk=2), ImageRequest.of_image(image("JPEG"), topk=0)]
     answers = core.run_batch(rows).answers
     assert isinstance(answers[1], RequestError) and answers[1].code == 415 and "JPEG" in answers[1].message
     assert isinstance(answers[3], RequestError) and answers[3].code == 400 and "topk" in answers[3].message
@@ -97,20 +97,20 @@ def test_an_artifact_whose_sha256_differs_from_the_manifest_is_refused(editable)
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     with pytest.raises(IntegrityError, match=f"{record.path}: sha256 [0-9a-f]{{64}} but the manifest records "
                                              f"{record.sha256}"):
-        ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
+        ImageCore.from_folder(editable, threads=torch.get_num_threads())
 
 
 def test_handler_config_with_an_unknown_key_is_refused_with_the_key_named(unpacked):
     with pytest.raises(ContractError, match="model-config.yaml handler: unknown artifact"):
-        ImageClassifierCore.from_folder(unpacked, settings={"artifact": "scripted", "topk": 3})
+        ImageCore.from_folder(unpacked, settings={"artifact": "scripted", "topk": 3})
     with pytest.raises(ContractError, match="handler.topk must be from 1 to 100"):
-        ImageClassifierCore.from_folder(unpacked, settings={"topk": 0})
+        ImageCore.from_folder(unpacked, settings={"topk": 0})
 
 
 def test_the_manifests_decision_is_what_is_served(editable, core):
     # the decision names scripted as the one candidate (redecide, as --serve does): that is what is opened
     rewrite_manifest(editable, lambda m: replace(m, serving=redecide(m.decision(), "scripted")))
-    scripted = ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
+    scripted = ImageCore.from_folder(editable, threads=torch.get_num_threads())
     assert type(scripted.backend) is TorchScriptBackend and type(core.backend) is OnnxRuntimeBackend
     answer = scripted.answer(CAT.read_bytes())
     assert answer["artifact"] == "scripted"
@@ -124,7 +124,7 @@ def test_a_runtime_failure_answers_500_with_the_reason_for_each_row_of_the_batch
         return replace(m, input=replace(m.input, preprocessing=crop),
                        serving=redecide(m.decision(), "onnx-traced"))
     rewrite_manifest(editable, traced_with_a_200_crop)
-    core = ImageClassifierCore.from_folder(editable, threads=torch.get_num_threads())
+    core = ImageCore.from_folder(editable, threads=torch.get_num_threads())
     with caplog.at_level(logging.ERROR, logger="handlers.core"):
         answers = core.run_batch([ImageRequest(image()), ImageRequest(b"junk"), ImageRequest(image("JPEG"))]).answers
     assert [a.code for a in answers] == [500, 415, 500]
@@ -135,28 +135,28 @@ def test_a_runtime_failure_answers_500_with_the_reason_for_each_row_of_the_batch
 def test_settings_threads_and_labels(unpacked, editable):
     before = torch.get_num_threads()
     try:
-        assert ImageClassifierCore.from_folder(unpacked, settings={"threads": 1}, threads=2).threads == 1
-        assert ImageClassifierCore.from_folder(unpacked, threads=2).threads == 2
+        assert ImageCore.from_folder(unpacked, settings={"threads": 1}, threads=2).threads == 1
+        assert ImageCore.from_folder(unpacked, threads=2).threads == 2
         given = resolve_policy(Machine(0, 4), flags=PolicyChoices(workers=2))  # an engine's, read from its run config
-        core = ImageClassifierCore.from_folder(unpacked, settings={"threads": 1}, threads=3, policy=given)
+        core = ImageCore.from_folder(unpacked, settings={"threads": 1}, threads=3, policy=given)
         assert core.threads == 2 and core.describe()["policy"] == given.describe()  # taken as it is
     finally:
         torch.set_num_threads(before)
     labels = Manifest.read(editable).output.labels
     (editable / labels).unlink()
     with pytest.raises(HandlerSetupError, match=f"names labels file {labels} but"):
-        ImageClassifierCore.from_folder(editable, threads=before)
+        ImageCore.from_folder(editable, threads=before)
 
 
 def test_fp16_on_a_cpu_worker_is_said_and_runs_fp32(unpacked, caplog):
     with caplog.at_level(logging.WARNING, logger="handlers.core"):
-        core = ImageClassifierCore.from_folder(unpacked, settings={"fp16": True}, threads=torch.get_num_threads())
+        core = ImageCore.from_folder(unpacked, settings={"fp16": True}, threads=torch.get_num_threads())
     assert core.backend.options.precision == "fp32" and "handler.fp16 is set but this worker runs on cpu" in caplog.text
 
 
 def test_a_model_folder_without_a_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(ContractError, match="manifest.json not found"):
-        ImageClassifierCore.from_folder(tmp_path)
+        ImageCore.from_folder(tmp_path)
 
 
 def test_every_classs_rle_from_one_pass_equals_each_masks_own():
