@@ -13,7 +13,7 @@ from PIL import Image
 from ts.context import Context, RequestProcessor
 
 from contract.records import ContractError, Manifest
-from handlers.image_classifier import TorchServeHandler, select_device
+from handlers.image_classifier import TorchServeHandler, select_device, torchserve_request
 from runtime import IntegrityError, RunOptions, open_artifact
 from runtime.onnxruntime import CUDA_PROVIDER
 from tests.answers import assert_same_answer, expected_answer
@@ -112,3 +112,22 @@ def test_gpu_backends_match_cpu(resnet18_export):
     ort_gpu = open_artifact("onnx", resnet18_export["out"] / "model.dynamo.onnx", RunOptions(device="cuda:0"))
     assert CUDA_PROVIDER in ort_gpu.session.get_providers()
     torch.testing.assert_close(ort_gpu.predict(x), cpu, atol=1e-3, rtol=1e-3)
+
+
+def test_torchserves_rows_become_the_cores_request_record():
+    """What TorchServe hands a handler (a parsed JSON body, a decoded text body, a form's fields, headers with each
+    part's content type as a dict) becomes one ImageRequest; X-Request-ID's id else TorchServe's own."""
+    rows = [{"body": {"data": "aGk=", "topk": 2}}, {"body": "aGk="}, {"body": bytearray(b"\xff\xd8")},
+            {"file": b"\xff\xd8", "topk": b"3"}, {"body": [1, 2]}]
+    headers = {0: {"X-Request-ID": "abc-1", "body": {"content-type": "application/json"}},
+               1: {"body": {"content-type": "text/plain"}}, 2: {"Content-Type": "image/jpeg", "X-TopK": "4"}}
+    context = Context("m", ".", {}, batch_size=len(rows), gpu=None, mms_version="0.12.0")
+    context.request_processor = [RequestProcessor(headers.get(i, {})) for i in range(len(rows))]
+    context.request_ids = {i: f"ts-{i}" for i in range(len(rows))}
+    made = [torchserve_request(context, index, row) for index, row in enumerate(rows)]
+    assert [r.request_id for r in made] == ["abc-1", "ts-1", "ts-2", "ts-3", "ts-4"]
+    assert made[0].is_json and made[0].fields == {"data": "aGk=", "topk": 2} and made[0].body == b""
+    assert made[1].content_type == "text/plain" and made[1].body == b"aGk="
+    assert made[2].body == b"\xff\xd8" and made[2].content_type == "image/jpeg" and made[2].header("x-topk") == "4"
+    assert made[3].fields == {"file": b"\xff\xd8", "topk": b"3"} and made[3].body == b""
+    assert made[4].is_json and made[4].body == b"[1, 2]"

@@ -16,6 +16,7 @@ from kserve.protocol.infer_type import InferInput, InferRequest
 from contract.policy import Machine, PolicyChoices, resolve_policy
 from handlers.batching import Batcher
 from handlers.kserve_model import KServeModel, answered, v1_rows, v2_rows
+from handlers.request_body import image_of, requested_topk
 from handlers.request_error import RequestError
 from serving.kserve.app import binary_request
 from serving.kserve.pool import WorkerPool
@@ -46,10 +47,12 @@ def tritonclient_request(images: list[bytes], topk: int | None = None) -> InferR
 
 def test_v1_instances_and_torchserves_bodies_are_read_alike():
     b64 = base64.b64encode(CAT).decode()
-    assert v1_rows({"instances": [{"image": {"b64": b64}, "topk": 2}]})[0].topk == 2
-    assert v1_rows({"instances": [{"data": b64}]})[0].image == CAT
-    assert v1_rows({"data": b64, "topk": 3})[0].topk == 3
-    assert v1_rows(CAT)[0].image == CAT  # a raw image body (Content-Type image/jpeg)
+    assert requested_topk(v1_rows({"instances": [{"image": {"b64": b64}, "topk": 2}]})[0]) == 2
+    assert image_of(v1_rows({"instances": [{"data": b64}]})[0]) == CAT
+    assert requested_topk(v1_rows({"data": b64, "topk": 3})[0]) == 3
+    assert image_of(v1_rows(CAT, {"content-type": "image/jpeg"})[0]) == CAT  # a raw image body
+    rows = v1_rows({"instances": [{"data": b64}, {"data": b64}]}, {"x-request-id": "req-7"})
+    assert [row.request_id for row in rows] == ["req-7", "req-7"]  # one HTTP request, one id
 
 
 @pytest.mark.parametrize("payload,code,words", [
@@ -61,18 +64,18 @@ def test_v1_instances_and_torchserves_bodies_are_read_alike():
 ])
 def test_v1_bad_payloads_say_why(payload, code, words):
     with pytest.raises(RequestError) as raised:
-        v1_rows(payload)
+        image_of(v1_rows(payload)[0])  # the adapter refuses the request's shape, request_body its image
     assert raised.value.code == code and words in raised.value.message
 
 
 def test_v2_raw_bytes_survive_kserves_data_plane():
     rows = v2_rows(tritonclient_request([CAT, CAT], topk=2))
-    assert [row.image for row in rows] == [CAT, CAT] and rows[0].topk == 2
+    assert [image_of(row) for row in rows] == [CAT, CAT] and requested_topk(rows[0]) == 2
 
 
 def test_v2_json_elements_are_base64():
     request = InferRequest("resnet18", [InferInput("image", [1], "BYTES", [base64.b64encode(CAT).decode()])])
-    assert v2_rows(request)[0].image == CAT
+    assert image_of(v2_rows(request)[0]) == CAT
 
 
 def test_v2_wrong_input_is_a_400_naming_what_came():
