@@ -38,6 +38,7 @@ from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION, Manifest
 from contract.versions import UNVERSIONED, VERSION_HEADER, label_of
 from handlers.batching import Batcher
 from handlers.core import ImageCore, ImageRequest
+from handlers.logs import SERVED_BY
 from handlers.request import JSON_TYPE, request_id_of
 from handlers.request_body import TASK_OPTIONS, checked_topk, from_base64
 from handlers.request_error import RequestError
@@ -48,8 +49,6 @@ logger = logging.getLogger(__name__)
 IMAGE = "image"  # the v2 input, and the v1 instance key
 B64 = "b64"  # KServe's v1 convention for binary values: {"b64": "<base64>"}
 TOPK = "topk"  # v1 instance key, v2 request parameter
-SERVED_BY = "X-Served-By"  # the response header naming the worker that answered (as Ray's engine names its replica)
-LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 LABELS, INDICES, PROBABILITIES = "labels", "indices", "probabilities"
 V1_SHAPE = 'v1 takes {"instances": [{"image": {"b64": "<base64 image>"}}]}'
 INPUT_METADATA = [{"name": IMAGE, "datatype": "BYTES", "shape": [-1]}]
@@ -133,14 +132,6 @@ class KServeModel(Model):
         if v2:
             return v2_response(payload, self.name, answered(answers), self.core.TASK)
         return {"predictions": answered(answers)}
-
-
-def configure_logging() -> None:
-    """The core's lines (sha256 verified, "batch of N: decode=..." stage times) in the server's log, in every
-    process (KServe configures only its own and uvicorn's loggers)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    logging.getLogger("handlers").setLevel(logging.INFO)
 
 
 # ---------------------------------------------------------------- v1

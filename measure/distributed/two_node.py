@@ -23,6 +23,7 @@ from pathlib import Path
 
 import requests
 
+from handlers.logs import SERVED_BY
 from measure.distributed import report
 from measure.distributed.cluster import TWO_REPLICAS, two_node_serving
 from measure.distributed.command import measured_model, ray_command_parser
@@ -33,7 +34,6 @@ STEADY_S = 15  # load before the kill, and after recovery
 KILL_AFTER_S = 3  # into the kill phase
 GIVE_UP_S = 120  # a replica not back by then is reported as not recovered
 ATOL = 1e-4  # probability difference that makes an answer wrong (tests/answers.py uses the same)
-SERVED_BY = "X-Served-By"
 CONCURRENT_PROBES = 8  # requests at once when asking which replicas answer (two replicas take two each)
 
 

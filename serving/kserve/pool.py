@@ -62,7 +62,7 @@ def worker_main(index: int, folder: Path, device: str, settings: dict | None, po
                 conn) -> None:
     """A spawned worker: open the core, say so, then answer each batch until told to stop (None) or the front is
     gone (end of the pipe)."""
-    from handlers.kserve_model import configure_logging
+    from handlers.logs import configure_logging
     from handlers.tasks import open_core
     configure_logging()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front stops us; a terminal's Ctrl-C reaches it alone

@@ -19,7 +19,8 @@ from pathlib import Path
 import yaml
 
 from contract.errors import VisionExportError
-from handlers.kserve_model import KServeModel, configure_logging
+from handlers.kserve_model import KServeModel
+from handlers.logs import configure_logging
 from serving.kserve import app
 from serving.kserve.config import REFUSAL, KServeSettings
 from serving.kserve.pool import WorkerPool

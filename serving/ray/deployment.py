@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse
 from contract.policy import ServingPolicy
 from contract.versions import VERSION_HEADER, split_versioned
 from handlers.batching import Batcher
+from handlers.logs import SERVED_BY, configure_logging  # SERVED_BY: "NODE_ID REPLICA_ID" here
 from handlers.request import JSON_TYPE, ImageRequest
 from handlers.request_error import RequestError
 from handlers.tasks import open_core
@@ -31,10 +32,8 @@ from serving.settings import archive_config
 
 logger = logging.getLogger("serving.ray")
 
-SERVED_BY = "X-Served-By"  # "NODE_ID REPLICA_ID" of the replica that answered
 DESCRIPTION_PATH = "/description"  # GET ROUTE/description: which form serves on this machine, and why
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 
 
 def application(args: dict):
@@ -108,11 +107,3 @@ async def image_request(request: Request) -> ImageRequest:
         if isinstance(parsed, dict):
             return ImageRequest(b"", content_type, headers, parsed)
     return ImageRequest(body, content_type, headers)
-
-
-def configure_logging() -> None:
-    """The core's lines (sha256 verified, "batch of N: ...") in the replica's log, which Ray also sends to the
-    server process's log."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    logging.getLogger("handlers").setLevel(logging.INFO)
