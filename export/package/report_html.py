@@ -54,7 +54,7 @@ def _header(manifest: Manifest) -> str:
     weights = manifest.weights.get("kind", "")
     return (
         f"<h1>{escape(manifest.model.name)}</h1><p class='muted'>{escape(manifest.task)} · weights: "
-        f"{escape(str(weights))} · torch {escape(manifest.versions.get('torch', '?'))}</p>"
+        f"{escape(str(weights))} · serving order decided for {escape(decision.target or 'this machine')}</p>"
         f"<p id='served'>Served: <b>{escape(decision.served or 'nothing')}</b>"
         f"{' (asked for with --serve)' if decision.requested else ''}. Why: {escape(decision.rule)}.</p>"
     )
