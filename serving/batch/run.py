@@ -66,6 +66,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="exit 1 when any photo got an error row (default: 0 once every photo has its row)",
     )
+    parser.add_argument(
+        "--part-size",
+        type=int,
+        default=SHARD_SIZE,
+        help=f"photos per Parquet part, the most a killed run scores again (default: {SHARD_SIZE})",
+    )
     add_policy_options(parser, ("workers", "batch_size", "threads_per_worker"))
     return parser.parse_args(argv)
 
@@ -95,9 +101,11 @@ def score(args: argparse.Namespace) -> int:
         raise BatchError(f"{args.path}: no such export folder or archive; export one with `python -m export`")
     manifest = read_manifest(args.path)
     photos = read_inputs(args.input, args.column, args.id_column)
-    every_shard = shards(photos)
+    if args.part_size < 1:
+        raise BatchError(f"--part-size must be at least 1, got {args.part_size}")
+    every_shard = shards(photos, args.part_size)
     record = RunRecord(
-        names_hash(photo.input for photo in photos), len(photos), SHARD_SIZE, manifest.model.name, args.input
+        names_hash(photo.input for photo in photos), len(photos), args.part_size, manifest.model.name, args.input
     )
     written = prepare_out(args.out, record)
     pending = [shard for shard in every_shard if shard.key not in written]

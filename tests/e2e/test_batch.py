@@ -1,0 +1,131 @@
+"""`python -m serving batch` end to end, as a scheduled job runs it: real photographs and bad files in a folder,
+scored by resnet18.mar on a local Ray (Ray Data), the driver killed with SIGKILL once a part is written, then the
+same command again. The output holds exactly one row per photo; the parts written before the kill are kept as they
+were; every row equals the answer (or the error) the shared TorchServe gives for the same bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from serving.batch.output import read_rows
+from tests.answers import assert_same_answer
+from tests.conftest import ROOT
+from tests.e2e.test_bad_input import CASES
+from tests.photos import photo_jpeg
+
+pytest.importorskip("ray.data", reason="Ray Data is not installed: pip install '.[ray]' (an optional extra)")
+pytestmark = pytest.mark.slow
+PHOTOS = ("chelsea", "coffee", "rocket")
+BAD = ("truncated JPEG", "random bytes", "1x1 image")
+PART_SIZE = 2
+RUN_TIMEOUT_S = 600
+
+
+def batch_command(archive, folder, out, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "serving",
+        "batch",
+        str(archive),
+        str(folder),
+        "--out",
+        str(out),
+        "--part-size",
+        str(PART_SIZE),
+        "--workers",
+        "1",
+        *extra,
+    ]
+
+
+def killed_once_a_part_is_written(command: list[str], out) -> dict:
+    """Start the run, SIGKILL its driver as soon as a part exists, then what is left of the Ray it started (its
+    process group). {part name: its inode and mtime} at the kill."""
+    driver = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while not list(out.glob("part-*.parquet")) and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.05)
+    finally:
+        driver.kill()  # SIGKILL, the driver alone
+        driver.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # what is left of the Ray it started (its agents outlive it)
+    parts = {path.name: (path.stat().st_ino, path.stat().st_mtime_ns) for path in out.glob("part-*.parquet")}
+    assert parts, f"no part was written before the kill: {driver.stderr.read().decode()[-3000:]}"
+    return parts
+
+
+@pytest.fixture(scope="module")
+def scored(resnet18_export, tmp_path_factory):
+    folder, out = tmp_path_factory.mktemp("photos"), tmp_path_factory.mktemp("batch") / "scores"
+    bodies = {}
+    for index in range(12):
+        name = PHOTOS[index % len(PHOTOS)]
+        bodies[folder / f"{index:02d}-{name}.jpg"] = photo_jpeg(name, quality=70 + 2 * index)
+    for index, case in enumerate(BAD):
+        bodies[folder / "bad" / f"{index}.jpg"] = CASES[case][0]
+    (folder / "bad").mkdir()
+    for path, body in bodies.items():
+        path.write_bytes(body)
+    command = batch_command(resnet18_export["archive"], folder, out)
+    before_kill = killed_once_a_part_is_written(command, out)
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    return {
+        "bodies": bodies,
+        "out": out,
+        "before_kill": before_kill,
+        "command": command,
+        "summary": json.loads(resumed.stdout.strip().splitlines()[-1]),
+    }
+
+
+def test_killed_and_resumed_ends_with_exactly_one_row_per_photo(scored):
+    rows = read_rows(scored["out"]).to_pylist()
+    assert sorted(row["input"] for row in rows) == sorted(str(path) for path in scored["bodies"])
+    total = len(scored["bodies"])
+    assert scored["summary"]["photos"] == total and 0 < scored["summary"]["scored_now"] < total, scored["summary"]
+    for name, (inode, mtime) in scored["before_kill"].items():  # what was written before the kill is kept as it was
+        path = scored["out"] / name
+        assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, mtime), name
+    assert not list(scored["out"].glob(".*.tmp"))
+
+
+def test_each_row_equals_the_endpoints_answer_or_error(scored, resnet18_server):
+    rows = {row["input"]: row for row in read_rows(scored["out"]).to_pylist()}
+    for path, body in scored["bodies"].items():
+        served = requests.post(
+            resnet18_server.predictions_url(), data=body, timeout=60, headers={"Content-Type": "image/jpeg"}
+        )
+        row = rows[str(path)]
+        assert row["status"] == served.status_code, (path.name, row, served.text)
+        if served.status_code == 200:
+            answer = json.loads(row["answer"])
+            assert_same_answer(answer, served.json())
+            assert (row["label"], row["artifact"]) == (answer["predictions"][0]["label"], answer["artifact"])
+        else:
+            assert (row["error"], row["answer"]) == (served.json()["error"], None), path.name
+        assert row["model"] == "resnet18" and row["version"]
+
+
+def test_fail_on_error_exits_non_zero_when_rows_failed_without_scoring_again(scored):
+    again = subprocess.run(
+        scored["command"] + ["--fail-on-error"], cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    assert again.returncode == 1, again.stdout + again.stderr
+    summary = json.loads(again.stdout.strip().splitlines()[-1])
+    assert summary["scored_now"] == 0 and summary["failed"] == len(BAD), summary
+    assert "error rows: status != 200" in again.stdout

@@ -1,0 +1,102 @@
+"""What `python -m serving batch` writes: parts in the stated Parquet schema, each complete or absent, the run's
+record that keeps another run out of OUT; and what the Scorer makes of photos the endpoint refuses (an error row
+with the endpoint's own status and message), run in-process on the shared resnet18 export."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from handlers.request_error import RequestError
+from serving.batch.output import SCHEMA, BatchOutputError, RunRecord, part_path, prepare_out, read_rows, write_part
+from serving.batch.scoring import MAX_FILE_BYTES, Scorer, first_label, read_body
+from tests.conftest import CAT
+from tests.e2e.test_bad_input import CASES
+
+RECORD = RunRecord("abc", 2, 256, "resnet18", "photos/")
+
+
+def row(name: str, status: int = 200) -> dict:
+    ok = status == 200
+    return {
+        "input": name,
+        "status": status,
+        "error": None if ok else "no",
+        "answer": "{}" if ok else None,
+        "label": "cat" if ok else None,
+        "score": 0.5 if ok else None,
+        "model": "m",
+        "version": "v1",
+        "artifact": "onnx-traced",
+    }
+
+
+def test_a_part_is_written_whole_in_the_schema_and_read_back(tmp_path):
+    assert prepare_out(tmp_path, RECORD) == set()
+    path = write_part(tmp_path, "k1", [row("a.jpg"), row("b.txt", 415)])
+    assert path == part_path(tmp_path, "k1") and pq.read_schema(path).equals(SCHEMA, check_metadata=False)
+    assert read_rows(tmp_path).to_pylist() == [row("a.jpg"), row("b.txt", 415)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_run.json", "part-k1.parquet"]  # no temporary left
+
+
+def test_a_resumed_run_finds_its_parts_and_drops_a_killed_runs_temporary_files(tmp_path):
+    prepare_out(tmp_path, RECORD)
+    write_part(tmp_path, "k1", [row("a.jpg")])
+    (tmp_path / ".part-k2.parquet.x1y2.tmp").write_bytes(b"half a part")
+    assert prepare_out(tmp_path, RECORD) == {"k1"}
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_out_holding_another_run_is_refused_and_left_as_it_is(tmp_path):
+    prepare_out(tmp_path, RECORD)
+    write_part(tmp_path, "k1", [row("a.jpg")])
+    other = RunRecord("def", 3, 256, "resnet18", "other/")
+    with pytest.raises(BatchOutputError, match="holds another run .*choose a new --out"):
+        prepare_out(tmp_path, other)
+    assert json.loads((tmp_path / "_run.json").read_text())["source"] == "photos/"
+
+
+def test_a_file_that_cannot_be_read_is_an_error_row(tmp_path):
+    missing = read_body(str(tmp_path / "gone.jpg"), None)
+    assert isinstance(missing, RequestError) and missing.code == 404 and "cannot read" in missing.message
+    huge = tmp_path / "huge.jpg"
+    with open(huge, "wb") as handle:
+        handle.truncate(MAX_FILE_BYTES + 1)  # sparse: nothing is written
+    too_large = read_body(str(huge), None)
+    assert isinstance(too_large, RequestError) and too_large.code == 413
+    assert read_body("", b"abc") == b"abc"
+
+
+def test_first_label_of_each_task():
+    assert first_label({"predictions": [{"label": "cat", "probability": 0.9}]}) == ("cat", 0.9)
+    assert first_label({"detections": [], "image": {}}) == (None, None)
+    assert first_label({"classes": [{"label": "sky", "share": 0.4}]}) == ("sky", 0.4)
+
+
+def test_bad_photos_are_rows_with_the_endpoints_status_and_message(resnet18_export, tmp_path):
+    names = ("truncated JPEG", "random bytes", "decompression bomb", "1x1 image", "empty body")
+    files = []
+    for index, name in enumerate(names):
+        files.append(tmp_path / f"{index}.bin")
+        files[-1].write_bytes(CASES[name][0])
+    policy = {
+        "workers": 1,
+        "batch_size": 2,
+        "max_batch_delay_ms": 5,
+        "threads_per_worker": 1,
+        "device": "cpu",
+        "reason": "tests",
+    }
+    scorer = Scorer(str(resnet18_export["archive"]), policy)
+    paths = [str(CAT), *map(str, files), str(tmp_path / "missing.jpg")]
+    batch = {"input": paths, "shard": ["k"] * len(paths), "path": paths, "data": [b""] * len(paths)}
+    rows = scorer(batch)
+    assert rows["status"][0] == 200 and rows["label"][0] == json.loads(rows["answer"][0])["predictions"][0]["label"]
+    for index, name in enumerate(names, start=1):
+        status, words = CASES[name][2]
+        assert (rows["status"][index], rows["answer"][index]) == (status, None), (name, rows["error"][index])
+        assert words in rows["error"][index], (name, rows["error"][index])
+    assert rows["status"][-1] == 404
+    assert set(rows["artifact"]) == {scorer.core.record.kind} and all(rows["version"]) and set(rows["shard"]) == {"k"}
