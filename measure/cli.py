@@ -23,6 +23,8 @@ COMMANDS = {
     "decoders": ("measure.request_path.decoders", "main", "JPEG decoders compared per body size"),
     "soak": ("measure.reliability.soak", "main", "a served model held under steady load: errors and worker memory"),
     "faults": ("measure.reliability.faults", "main", "a worker killed under load: requests lost, seconds to recover"),
+    "rollout": ("measure.reliability.rollout", "main",
+                "a rollout and a rollback under load: failed requests, versions answering, switch time, latency"),
     "gpu-check": ("measure.gpu.check", "main", "the GPU path proven on a CUDA machine (make gpu-check)"),
     "ray-two-node": ("measure.distributed.two_node", "main",
                      "a Ray node killed under load on a two-node Ray Serve cluster (pip install '.[ray]' first)"),

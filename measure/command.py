@@ -11,7 +11,7 @@ from pathlib import Path
 from contract.errors import VisionExportError
 from contract.files import atomic_write_text
 from serving.processes import sigterm_interrupts
-from serving.settings import EXAMPLE_IMAGE
+from serving.settings import EXAMPLE_IMAGE, archives_in
 from serving.torchserve.config import ServerSettings, on_free_ports
 
 INTERRUPTED = "interrupted; TorchServe stopped"
@@ -49,7 +49,7 @@ def load_command_options(parser, out: str) -> None:
 
 def archive_name(model_store: Path, model: str | None) -> str:
     """The model to measure: --model, or the only archive in the store (several: the user chooses)."""
-    names = sorted(p.stem for p in Path(model_store).glob("*.mar"))
+    names = archives_in(model_store)  # NAME.vN.mar are NAME's kept versions
     if model is not None:
         if model not in names:
             raise MeasureError(f"{model_store}/{model}.mar not found (the store holds: {', '.join(names) or 'nothing'}); "

@@ -15,11 +15,12 @@ import requests
 
 from contract.versions import UNVERSIONED
 from serving.rollout.candidate import Candidate, RolloutRefused
-from serving.rollout.switchboard import LOAD_TIMEOUT_S, Switchboard, answer_of
+from serving.rollout.switchboard import DRAIN_GRACE_S, LOAD_TIMEOUT_S, Switchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
 from serving.torchserve.config import KEY_FILE, RUN_CONFIG, TOKEN_SWITCH, read_properties
 from serving.torchserve.logs import load_failure
 
+DRAIN_POLL_S = 0.2
 UNVERSIONED_TS = "1.0"  # what archives made before versions call themselves in TorchServe
 
 
@@ -81,10 +82,12 @@ class TorchServeSwitchboard(Switchboard):
     def load_beside(self, name: str, candidate: Candidate) -> None:
         live = self.described(name, self.live(name))[0]
         response = self.management(
-            "POST", "/models", url=candidate.archive.name, model_name=name, synchronous="true",
+            "POST", "/models", url=candidate.archive.name, model_name=name, synchronous="false",
             initial_workers=str(max(live.get("minWorkers", 1), 1)), batch_size=str(live.get("batchSize", 1)),
             max_batch_delay=str(live.get("maxBatchDelay", 100)), response_timeout=str(live.get("responseTimeout", 120)))
-        if response.status_code != 200:
+        # Asynchronous: a synchronous registration holds one of the frontend's event loops until the workers are up,
+        # and the keep-alive connections of that loop (inference ones too) wait with it.
+        if response.status_code not in (200, 202):
             reason = load_failure(self.run_dir.absolute() / "logs") or response.text[:300]
             self.forget(name, candidate.label)
             raise RolloutRefused(f"{candidate.label} cannot load beside {our_label(live['modelVersion'])}: {reason}")
@@ -116,6 +119,22 @@ class TorchServeSwitchboard(Switchboard):
     def set_default(self, name: str, label: str) -> None:
         answer_of(self.management("PUT", f"/models/{name}/{ts_version(label)}/set-default"),
                   f"set-default of {name} {label}")
+
+    def drain_and_unload(self, name: str, label: str) -> None:
+        """Unregistered once its queue is empty and the requests its workers hold had time to finish: TorchServe
+        drops what an unregistered version still queues, unanswered."""
+        deadline = time.monotonic() + LOAD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            while self.pending(name, label) and time.monotonic() < deadline:
+                time.sleep(DRAIN_POLL_S)
+            time.sleep(DRAIN_GRACE_S)  # a worker's batch in hand (not in the queue) finishes meanwhile
+            if not self.pending(name, label):
+                break
+        self.unload(name, label)
+
+    def pending(self, name: str, label: str) -> int:
+        described = self.described(name, label)
+        return int(described[0].get("jobQueueStatus", {}).get("pendingRequests", 0)) if described else 0
 
     def unload(self, name: str, label: str) -> None:
         answer_of(self.management("DELETE", f"/models/{name}/{ts_version(label)}"), f"unregistering {name} {label}")

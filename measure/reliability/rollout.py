@@ -1,0 +1,179 @@
+"""`python -m measure rollout`: a rollout and a rollback under load, as users see them.
+
+Real HTTP clients (a thread pool, each with its own keep-alive connection: hey reports no response headers,
+and every answer's version is the point) post the photo to /predictions/NAME throughout, on a TorchServe
+started here from the store with the live version as default. Then `python -m serving rollout NAME CANDIDATE`
+runs as a user runs it, then `rollback NAME`. Reported per phase (steady, rollout, rollback): requests, failures,
+latency p50/p99, the versions that answered; and the switch time, from the command's start to the first request
+after which every answer came from the new version.
+
+  python -m measure rollout --model-store S --model NAME --candidate S/NAME.v2.mar --live v1 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contract.versions import VERSION_HEADER, label_of, record_default
+from measure.command import write_tables
+from measure.loadgen import percentile
+from serving.rollout.candidate import checked_manifest
+from serving.settings import EXAMPLE_IMAGE, PROJECT_ROOT, REQUEST_TIMEOUT_S
+
+CONCURRENCY = 8
+STEADY_S = 20.0  # steady state measured before the rollout
+
+
+@dataclass
+class Sample:
+    start: float
+    end: float
+    status: int  # 0: no answer (connection refused, reset, timeout)
+    version: str | None  # the X-Model-Version header
+    answer: dict | None
+    error: str = ""
+
+
+@dataclass
+class VersionedLoad:
+    """CONCURRENCY clients posting image to url until stop(); every answer kept with its version and times."""
+
+    url: str
+    image: bytes
+    content_type: str = "image/jpeg"
+    concurrency: int = CONCURRENCY
+    headers: dict = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.concurrency)]
+
+    def start(self) -> VersionedLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(REQUEST_TIMEOUT_S + 5)
+        return self.samples
+
+    def _client(self) -> None:
+        import requests
+        session = requests.Session()
+        headers = {"Content-Type": self.content_type, **self.headers}
+        while not self._stop.is_set():
+            start = time.monotonic()
+            try:
+                response = session.post(self.url, data=self.image, headers=headers, timeout=REQUEST_TIMEOUT_S)
+                sample = Sample(start, time.monotonic(), response.status_code, response.headers.get(VERSION_HEADER),
+                                response.json() if response.status_code == 200 else None,
+                                "" if response.status_code == 200 else response.text[:200])
+            except (requests.RequestException, ValueError) as error:
+                sample = Sample(start, time.monotonic(), 0, None, None, f"{type(error).__name__}: {error}"[:200])
+            with self._lock:
+                self.samples.append(sample)
+
+    def between(self, start: float, end: float) -> list[Sample]:
+        with self._lock:
+            return [s for s in self.samples if start <= s.start < end]
+
+
+def failures(samples: list[Sample]) -> list[Sample]:
+    """Requests that failed, or whose answer does not name one version consistently (header and JSON)."""
+    return [s for s in samples if s.status != 200 or s.answer is None or s.answer.get("version") != s.version]
+
+
+def switch_seconds(samples: list[Sample], started: float, new: str) -> float | None:
+    """From the command's start to the first request after which every answer came from the new version."""
+    after = sorted((s for s in samples if s.start >= started), key=lambda s: s.start)
+    last_old = max((i for i, s in enumerate(after) if s.status == 200 and s.version != new), default=-1)
+    if last_old + 1 >= len(after):
+        return None
+    return after[last_old + 1].start - started
+
+
+def phase_row(phase: str, samples: list[Sample], switch_s: float | None = None) -> dict:
+    latencies = [1000 * (s.end - s.start) for s in samples if s.status == 200]
+    versions = sorted({s.version or "none" for s in samples})
+    return {"phase": phase, "requests": len(samples), "failed": len(failures(samples)),
+            "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99),
+            "versions": ", ".join(versions), "switch_s": switch_s}
+
+
+def serving_command(*args: str) -> subprocess.CompletedProcess:
+    """`python -m serving ...` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "serving", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=900)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| phase | requests | failed | p50 ms | p99 ms | versions answering | switch s |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        def number(value):
+            return "-" if value is None else f"{value:.1f}"
+        lines.append(f"| {row['phase']} | {row['requests']} | {row['failed']} | {number(row['p50_ms'])} | "
+                     f"{number(row['p99_ms'])} | {row['versions']} | {number(row['switch_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from contract.cli import run_command
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m measure rollout", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-store", type=Path, required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--live", required=True, help="the version serving at the start (vN)")
+    parser.add_argument("--candidate", type=Path, required=True, help="what `rollout` is given")
+    parser.add_argument("--image", type=Path, default=EXAMPLE_IMAGE)
+    parser.add_argument("--steady", type=float, default=STEADY_S, help="seconds of steady load before the rollout")
+    parser.add_argument("--out", type=Path, default=Path("rollout-results"))
+    args = parser.parse_args(argv)
+    from serving.torchserve import server
+    run_dir = (args.out / "run").absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record_default(run_dir, args.model, args.live)  # the start serves it
+    settings = server.on_free_ports(args.model_store, run_dir)
+    settings.models = (args.model,)
+    with server.running(settings, args.image):
+        rows, log = under_load(settings.predictions_url(args.model), args, run_dir)
+    context = {"model": args.model, "live": args.live, "candidate": str(args.candidate), "engine": "torchserve",
+               "concurrency": CONCURRENCY, "log": log}
+    write_tables(args.out, "rollout", markdown(rows), context, rows)
+    return 0 if not any(row["failed"] for row in rows) else 1
+
+
+def under_load(url: str, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict], str]:
+    load = VersionedLoad(url, args.image.read_bytes()).start()
+    try:
+        time.sleep(args.steady)
+        steady_end = time.monotonic()
+        rolled = serving_command("rollout", args.model, str(args.candidate), "--run-dir", str(run_dir))
+        rollback_start = time.monotonic()
+        back = serving_command("rollback", args.model, "--run-dir", str(run_dir))
+        end = time.monotonic()
+        time.sleep(2.0)
+    finally:
+        samples = load.stop()
+    new = label_of(checked_manifest(args.candidate).model_version)
+    rows = [phase_row("steady", [s for s in samples if s.start < steady_end]),
+            phase_row("rollout", [s for s in samples if steady_end <= s.start < rollback_start],
+                      switch_seconds([s for s in samples if s.start < rollback_start], steady_end, new)),
+            phase_row("rollback", [s for s in samples if rollback_start <= s.start < end],
+                      switch_seconds(samples, rollback_start, args.live))]
+    log = rolled.stdout + rolled.stderr + back.stdout + back.stderr
+    print(log)
+    return rows, log
