@@ -11,30 +11,23 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 
 from handlers import metrics
 from handlers.metrics import ServedModel
+from handlers.request import ACCEPTED_ID, REQUEST_ID_HEADER, request_id_of
 
-REQUEST_ID_HEADER = "X-Request-ID"
 REQUEST_ID_FIELD = "request_id"  # the field of an error body that carries it
 SIGNALS_LOG_ENV = "VISION_LOG_FORMAT"  # "json": one JSON object a line
-# What a client's id may hold: enough for a UUID, a W3C trace id or a load balancer's own id, nothing that could
-# forge another log line or a header.
-ACCEPTED_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=-]{0,127}")
 
 logger = logging.getLogger("handlers.requests")
 
 
 def request_id(given: str | None) -> str:
-    """The client's id when it is usable (ACCEPTED_ID), else a new one (a uuid4's 32 hex digits)."""
-    if given and ACCEPTED_ID.fullmatch(given.strip()):
-        return given.strip()
-    if not metrics.ON:
+    """The client's id when it is usable (handlers/request.py's rule), else a new one; with signals off, none."""
+    if not metrics.ON and not (given and ACCEPTED_ID.fullmatch(given.strip())):
         return ""
-    return uuid.uuid4().hex
+    return request_id_of({REQUEST_ID_HEADER: given or ""})
 
 
 def with_request_id(body: dict, rid: str) -> dict:

@@ -1,0 +1,147 @@
+"""What every engine shares to expose its signals (docs/observability.md): the folder its processes write their
+metrics to (handlers/metrics.py's multiprocess mode), and a small HTTP server for engines whose own server cannot
+carry them (TorchServe's metrics API has no histograms of ours): GET /metrics, /health/live, /health/ready.
+
+    python -m serving.signals --port 8083 --management http://127.0.0.1:8081 --models resnet50
+        TorchServe's signals beside it: ready when every model has a READY worker whose process is alive
+        (TorchServe's own describe keeps a dead worker READY until it notices)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from handlers import metrics
+from serving.processes import alive
+
+logger = logging.getLogger("serving.signals")
+
+METRICS_DIR = "metrics"  # in the run dir: each process's metric files
+SIGNALS_PORT = 8083  # TorchServe's signals server, beside its 8080-8082
+LIVE, READY, METRICS = "/health/live", "/health/ready", "/metrics"
+MANAGEMENT_TIMEOUT_S = 5
+Readiness = Callable[[], list[str]]  # why the server is not ready ([]: ready)
+
+
+def metrics_env(run_dir: Path, environ: dict | None = None) -> dict[str, str]:
+    """The environment a server's processes need to write their metrics to one folder: a fresh RUN_DIR/metrics,
+    or the folder the caller's environment names already."""
+    environ = os.environ if environ is None else environ
+    if environ.get(metrics.MULTIPROC_ENV):
+        return {metrics.MULTIPROC_ENV: environ[metrics.MULTIPROC_ENV]}
+    return {metrics.MULTIPROC_ENV: str(metrics.fresh_multiprocess_dir(Path(run_dir).absolute() / METRICS_DIR))}
+
+
+def handler_class(readiness: Readiness) -> type[BaseHTTPRequestHandler]:
+    class Signals(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            path = self.path.split("?")[0]
+            if path == METRICS:
+                self.answer(200, metrics.exposition(), metrics.CONTENT_TYPE)
+            elif path == LIVE:
+                self.answer_json(200, {"live": True})
+            elif path == READY:
+                missing = readiness()
+                self.answer_json(503 if missing else 200, {"ready": not missing, **({"why": missing} if missing else {})})
+            else:
+                self.answer_json(404, {"code": 404, "error": f"no route {path}: {METRICS}, {LIVE}, {READY}"})
+
+        def answer_json(self, code: int, body: dict) -> None:
+            self.answer(code, json.dumps(body).encode(), "application/json")
+
+        def answer(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args):  # noqa: A002 (http.server's name): scrapes are not logged
+            pass
+
+    return Signals
+
+
+def serve_signals(host: str, port: int, readiness: Readiness) -> ThreadingHTTPServer:
+    """The signals server on host:port, answering in a thread of its own."""
+    server = ThreadingHTTPServer((host, port), handler_class(readiness))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="signals", daemon=True).start()
+    return server
+
+
+SCRAPE_INTERVAL_S = 15  # Prometheus' own default; tests scrape every second
+
+
+def scrape_config(targets: dict[str, str], interval_s: float = SCRAPE_INTERVAL_S) -> str:
+    """A Prometheus configuration scraping each engine's metrics address ({job: "http://HOST:PORT/metrics"}):
+    what `serving deploy` gives a cluster as annotations, for a Prometheus of one's own."""
+    jobs = []
+    for job, url in targets.items():
+        scheme, rest = url.split("://", 1)
+        address, _, path = rest.partition("/")
+        jobs.append({"job_name": job, "scheme": scheme, "metrics_path": "/" + path,
+                     "static_configs": [{"targets": [address]}]})
+    interval = f"{interval_s:g}s"
+    return json.dumps({"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                       "scrape_configs": jobs}, indent=1)  # JSON is YAML: Prometheus reads it as it is
+
+
+# ---------------------------------------------------------------- TorchServe's readiness
+def torchserve_readiness(management: str, models: list[str], headers: Callable[[], dict] = dict) -> Readiness:
+    """Every model has a READY worker whose process is alive (this server runs on the workers' machine)."""
+    import requests
+
+    def why_not() -> list[str]:
+        missing = []
+        for model in models:
+            try:
+                answer = requests.get(f"{management}/models/{model}", headers=headers(), timeout=MANAGEMENT_TIMEOUT_S)
+                workers = answer.json()[0].get("workers", []) if answer.ok else []
+            except (requests.RequestException, ValueError, IndexError, KeyError, AttributeError) as error:
+                missing.append(f"{model}: TorchServe's management API did not answer ({error})")
+                continue
+            if not any(w.get("status") == "READY" and alive(w.get("pid")) for w in workers):
+                missing.append(f"{model}: no READY worker alive (workers: "
+                               f"{[(w.get('pid'), w.get('status')) for w in workers] or 'none'})")
+        return missing
+    return why_not
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving.signals", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=SIGNALS_PORT)
+    parser.add_argument("--management", required=True, help="TorchServe's management address")
+    parser.add_argument("--models", nargs="+", required=True)
+    parser.add_argument("--key-file", type=Path, default=None, help="TorchServe's key_file.json (token auth on)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+
+    def headers() -> dict:
+        if args.key_file is None or not args.key_file.is_file():
+            return {}
+        return {"Authorization": "Bearer " + json.loads(args.key_file.read_text())["management"]["key"]}
+
+    server = serve_signals(args.host, args.port, torchserve_readiness(args.management.rstrip("/"), args.models,
+                                                                      headers))
+    logger.info("signals of %s on http://%s:%d (%s, %s, %s)", ", ".join(args.models), args.host, args.port, METRICS,
+                LIVE, READY)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
