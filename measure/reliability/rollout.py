@@ -13,6 +13,8 @@ after which every answer came from the new version.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import subprocess
 import sys
 import threading
@@ -48,6 +50,7 @@ class VersionedLoad:
     image: bytes
     content_type: str = "image/jpeg"
     concurrency: int = CONCURRENCY
+    kserve_v1: bool = False  # KServe's v1 body ({"instances": [{"image": {"b64"}}]}), its answer the first prediction
     headers: dict = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
 
@@ -70,15 +73,20 @@ class VersionedLoad:
     def _client(self) -> None:
         import requests
         session = requests.Session()
-        headers = {"Content-Type": self.content_type, **self.headers}
+        body, content_type = self.image, self.content_type
+        if self.kserve_v1:
+            body = json.dumps({"instances": [{"image": {"b64": base64.b64encode(self.image).decode()}}]}).encode()
+            content_type = "application/json"
+        headers = {"Content-Type": content_type, **self.headers}
         while not self._stop.is_set():
             start = time.monotonic()
             try:
-                response = session.post(self.url, data=self.image, headers=headers, timeout=REQUEST_TIMEOUT_S)
+                response = session.post(self.url, data=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
+                ok = response.status_code == 200
+                answer = (response.json()["predictions"][0] if self.kserve_v1 else response.json()) if ok else None
                 sample = Sample(start, time.monotonic(), response.status_code, response.headers.get(VERSION_HEADER),
-                                response.json() if response.status_code == 200 else None,
-                                "" if response.status_code == 200 else response.text[:200])
-            except (requests.RequestException, ValueError) as error:
+                                answer, "" if ok else response.text[:200])
+            except (requests.RequestException, ValueError, KeyError, IndexError) as error:
                 sample = Sample(start, time.monotonic(), 0, None, None, f"{type(error).__name__}: {error}"[:200])
             with self._lock:
                 self.samples.append(sample)

@@ -32,6 +32,7 @@ from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from kserve.protocol.rest.server import RESTServer
 
 from handlers.request_error import RequestError
+from serving.kserve import versions
 
 logger = logging.getLogger("serving.kserve")
 
@@ -66,6 +67,7 @@ class OurRESTServer(RESTServer):
     def _register_endpoints(self, app) -> None:
         super()._register_endpoints(app)
         app.add_api_route(DESCRIPTION_ROUTE, self.description, methods=["GET"])
+        versions.add_routes(app, self.dataplane)  # rollout's routes, loopback clients only
 
     async def description(self, model_name: str) -> dict:
         """The model description: which form serves on this machine and why, the core's describe() (TorchServe

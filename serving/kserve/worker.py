@@ -21,7 +21,7 @@ import yaml
 from contract.errors import VisionExportError
 from handlers.kserve_model import KServeModel
 from handlers.logs import configure_logging
-from serving.kserve import app
+from serving.kserve import app, versions
 from serving.kserve.config import REFUSAL, KServeSettings
 from serving.kserve.pool import WorkerPool
 
@@ -45,10 +45,12 @@ def model_config(folder: Path) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
-def model_of(name: str, settings: KServeSettings) -> KServeModel:
-    """The model under its policy as the run config holds it (its archive's pins applied where it was resolved)."""
+def model_of(name: str, settings: KServeSettings, archive: Path | None = None, unpacked: Path | None = None
+             ) -> KServeModel:
+    """The model under its policy as the run config holds it (its archive's pins applied where it was resolved);
+    another version's archive, unpacked in a folder of its own, under the same policy (serving/kserve/versions.py)."""
     policy = settings.policies[name]
-    folder = unpack(settings.archive(name), settings.unpacked(name))
+    folder = unpack(archive or settings.archive(name), unpacked or settings.unpacked(name))
     device = "cuda:0" if policy.device == "gpu" else "cpu"
     workers = functools.partial(WorkerPool.open, name) if policy.workers > 1 else None
     model = KServeModel(name, folder, policy, device, model_config(folder).get("handler"), workers)
@@ -66,6 +68,7 @@ def serve(settings: KServeSettings) -> int:
     for name, policy in settings.policies.items():
         logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
     app.install(settings.host)
+    versions.install(settings, models, lambda archive, folder, name: model_of(name, settings, archive, folder))
     server = ModelServer(http_port=settings.http_port, workers=1, enable_grpc=False)  # one HTTP process: app.py
     openapi_page_on()
     server.dataplane = app.RawBytesDataPlane(model_registry=server.registered_models)

@@ -1,0 +1,74 @@
+"""A running KServe ModelServer of ours through its version routes (serving/kserve/versions.py, loopback clients
+only): the candidate loaded from the store beside the live version with the same policy, asked directly at
+/v1/models/NAME.vN:predict, NAME switched to it, the old one unloaded once the requests it holds are answered.
+
+The server routes a name to one model: no share of traffic, no mirror. --canary and --shadow are refused here;
+in a cluster, `python -m serving deploy kserve --canary-percent P` writes KServe's own canaryTrafficPercent."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import requests
+
+from serving.kserve.config import SETTINGS_FILE, KServeSettings
+from serving.rollout.candidate import Candidate, RolloutRefused
+from serving.rollout.switchboard import LOAD_TIMEOUT_S, Switchboard, answer_of
+from serving.settings import REQUEST_TIMEOUT_S, ServingError
+
+
+class KServeSwitchboard(Switchboard):
+    engine = "kserve"
+    no_canary = ("our local KServe server routes a name to one model: it cannot send a share to another (in a "
+                 "cluster, `deploy kserve --canary-percent P` writes KServe's canaryTrafficPercent)")
+    no_shadow = "our local KServe server has no way to copy a live request to a second model"
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir)
+        path = self.run_dir.absolute() / SETTINGS_FILE
+        if not path.is_file():
+            raise ServingError(f"no KServe run config in {self.run_dir} ({SETTINGS_FILE}): start the server with "
+                               "`python -m serving --engine kserve --detach` from the same --run-dir")
+        self.settings = KServeSettings.read(path)
+        self.base = f"http://127.0.0.1:{self.settings.http_port}"  # the version routes answer loopback only
+
+    @property
+    def model_store(self) -> Path:
+        return Path(self.settings.model_store)
+
+    def versions(self, method: str, path: str) -> requests.Response:
+        return requests.request(method, f"{self.base}/rollout/{path}", timeout=LOAD_TIMEOUT_S)
+
+    def live(self, name: str) -> str:
+        return answer_of(self.versions("GET", name), f"{name}'s versions")["default"]
+
+    def loaded(self, name: str) -> list[str]:
+        response = self.versions("GET", name)
+        return answer_of(response, f"{name}'s versions")["loaded"] if response.status_code == 200 else []
+
+    def load_beside(self, name: str, candidate: Candidate) -> None:
+        response = self.versions("POST", f"{name}/{candidate.label}")
+        if response.status_code != 200:
+            raise RolloutRefused(f"{candidate.label} cannot load beside {self.live(name)}: "
+                                 f"{response.json().get('detail', response.text[:300])}")
+
+    def ask(self, name: str, label: str, image: bytes, headers: dict) -> dict:
+        instance: dict = {"image": {"b64": base64.b64encode(image).decode()}}
+        if "X-TopK" in headers:
+            instance["topk"] = int(headers["X-TopK"])
+        if "X-Masks" in headers:
+            instance["masks"] = headers["X-Masks"]
+        target = name if label == self.live(name) else f"{name}.{label}"
+        response = requests.post(f"{self.base}/v1/models/{target}:predict", json={"instances": [instance]},
+                                 timeout=REQUEST_TIMEOUT_S)
+        return answer_of(response, f"{name} {label}")["predictions"][0]
+
+    def set_default(self, name: str, label: str) -> None:
+        answer_of(self.versions("PUT", f"{name}/{label}/default"), f"switching {name} to {label}")
+
+    def drain_and_unload(self, name: str, label: str) -> None:
+        self.unload(name, label)  # the server waits until the requests the old version holds are answered
+
+    def unload(self, name: str, label: str) -> None:
+        answer_of(self.versions("DELETE", f"{name}/{label}"), f"unloading {name} {label}")

@@ -1,0 +1,119 @@
+"""A running Ray Serve's versions: the candidate is deployed beside the live application as an application of its
+own (one replica, at /rollout/NAME/vN, for the gate only), and the switch is Ray Serve's own in-place update of
+the live application to the candidate's archive: Serve replaces its replicas a few at a time, each old one
+finishing the requests it holds before it stops, while the others answer. Then the gate's application goes.
+
+Serve routes each application's requests to its own replicas only: it has no share of traffic to another
+application nor a mirror, so --canary and --shadow are refused here rather than imitated."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import requests
+
+from serving.ray.config import ADDRESS_FILE, SETTINGS_FILE, RaySettings, deployment_options
+from serving.rollout.candidate import Candidate, RolloutRefused
+from serving.rollout.switchboard import Switchboard, answer_of
+from serving.settings import REQUEST_TIMEOUT_S, ServingError
+
+GATE_PREFIX = "/rollout"  # the candidate's route while the gate runs: /rollout/NAME/vN
+
+
+class RaySwitchboard(Switchboard):
+    engine = "ray"
+    no_canary = "Ray Serve routes an application's requests to its own replicas: it cannot send a share to another"
+    no_shadow = "Ray Serve has no way to copy a live request to a second application"
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir)
+        path = self.run_dir.absolute() / SETTINGS_FILE
+        if not path.is_file():
+            raise ServingError(f"no Ray run config in {self.run_dir} ({SETTINGS_FILE}): start the server with "
+                               "`python -m serving --engine ray --detach` from the same --run-dir")
+        self.settings = RaySettings.read(path)
+        self.connected = False
+
+    @property
+    def model_store(self) -> Path:
+        return Path(self.settings.model_store)
+
+    def connect(self) -> None:
+        """This process joins the server's cluster as a driver of Serve's namespace (once)."""
+        if self.connected:
+            return
+        import ray
+
+        from serving.ray.server import NAMESPACE
+        address = self.settings.address or (self.run_dir.absolute() / ADDRESS_FILE).read_text().strip()
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+        self.connected = True
+
+    def gate_app(self, name: str, label: str) -> str:
+        return f"{name}.{label}"
+
+    def url(self, name: str, label: str) -> str:
+        if label == self.live(name):
+            return self.settings.predictions_url(name)
+        return f"{self.settings.url}{GATE_PREFIX}/{name}/{label}"
+
+    def live(self, name: str) -> str:
+        response = requests.get(f"{self.settings.predictions_url(name)}/description", timeout=REQUEST_TIMEOUT_S)
+        return answer_of(response, f"{name}'s description")["version"]
+
+    def loaded(self, name: str) -> list[str]:
+        from ray import serve
+        self.connect()
+        applications = serve.status().applications
+        if name not in applications:
+            return []
+        gates = [app.split(".", 1)[1] for app in applications if app.startswith(f"{name}.v")]
+        return [self.live(name), *gates]
+
+    def deploy(self, name: str, archive: Path, app_name: str, route: str, beside: bool) -> None:
+        from ray import serve
+
+        from serving.ray.deployment import application, application_args
+        from serving.ray.server import deployment_failure
+        self.connect()
+        policy = self.settings.policies[name]
+        options = deployment_options(policy)
+        if beside:  # one replica for the gate, on no CPU of its own: the live replicas hold the node's CPUs
+            options["ray_actor_options"]["num_cpus"] = 0
+            options["autoscaling_config"].update(min_replicas=1, initial_replicas=1, max_replicas=1)
+        app = application({**application_args(archive.absolute(), policy), "options": options})
+        try:
+            serve.run(app, name=app_name, route_prefix=route)
+        except RuntimeError as error:
+            raise RolloutRefused(f"{archive.name} cannot be deployed: {deployment_failure(app_name) or error}") from None
+
+    def load_beside(self, name: str, candidate: Candidate) -> None:
+        app = self.gate_app(name, candidate.label)
+        try:
+            self.deploy(name, candidate.archive, app, f"{GATE_PREFIX}/{name}/{candidate.label}", beside=True)
+        except RolloutRefused:
+            self.unload(name, candidate.label)
+            raise
+
+    def ask(self, name: str, label: str, image: bytes, headers: dict) -> dict:
+        response = requests.post(self.url(name, label), data=image, headers={"Content-Type": "image/png", **headers},
+                                 timeout=REQUEST_TIMEOUT_S)
+        return answer_of(response, f"{name} {label}")
+
+    def set_default(self, name: str, label: str) -> None:
+        """Serve's in-place update of the live application: it returns once every replica runs the new version."""
+        from contract.versions import archive_name, parse_label
+        archive = self.model_store / archive_name(name, parse_label(label))
+        self.deploy(name, archive, name, f"/predictions/{name}", beside=False)
+
+    def drain_and_unload(self, name: str, label: str) -> None:
+        """The old replicas drained during Serve's update; what goes is the gate's application."""
+        for gate in self.loaded(name)[1:]:
+            self.unload(name, gate)
+
+    def unload(self, name: str, label: str) -> None:
+        from ray import serve
+        self.connect()
+        if self.gate_app(name, label) in serve.status().applications:
+            serve.delete(self.gate_app(name, label))
