@@ -67,24 +67,28 @@ def read_checkpoint(path: str) -> Checkpoint:
 def _load(path: str):
     if not os.path.isfile(path):
         raise WeightsError(f"checkpoint {path!r} is not a file")
-    allowed = list(TRAINING_GLOBALS) + _model_globals(path)
+    allowed, refused = _globals(path)
     try:
-        with torch.serialization.safe_globals(allowed):
+        with torch.serialization.safe_globals(list(TRAINING_GLOBALS) + allowed):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # UnpicklingError (a global not allowed), a truncated or foreign file
-        raise WeightsError(f"cannot read checkpoint {path}: {str(error).splitlines()[0]}; it must be a state_dict "
-                           f"saved with torch.save, a training checkpoint, or a whole torchvision model; "
-                           f"{SAVE_A_STATE_DICT}") from None
+        why = (f"it names {', '.join(refused)}, outside what a checkpoint may name ({', '.join(MODEL_NAMESPACES)})"
+               if refused else str(error).splitlines()[0])
+        raise WeightsError(f"cannot read checkpoint {path}: {why}; it must be a state_dict saved with torch.save, a "
+                           f"training checkpoint, or a whole torchvision model; {SAVE_A_STATE_DICT}") from None
 
 
-def _model_globals(path: str) -> list:
-    """The classes and functions of MODEL_NAMESPACES that the pickle names (a whole model's modules);
-    any other name is left out, so torch.load refuses it and says which."""
+def _globals(path: str) -> tuple[list, list[str]]:
+    """(the classes and functions of MODEL_NAMESPACES the pickle names: a whole model's modules, the names of any
+    others, which torch.load then refuses)."""
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception:  # not a zip checkpoint: torch.load's own error says what it is
-        return []
-    return [found for name in names if name.startswith(MODEL_NAMESPACES) and (found := _resolve(name)) is not None]
+        return [], []
+    allowed = {name: _resolve(name) for name in names if name.startswith(MODEL_NAMESPACES)}
+    training = {f"{g.__module__}.{g.__qualname__}" for g in TRAINING_GLOBALS}
+    refused = sorted(n for n in names if allowed.get(n) is None and n not in training)
+    return [found for found in allowed.values() if found is not None], refused
 
 
 def _resolve(qualified: str):

@@ -25,7 +25,7 @@ MASK_CLASSES = ("pebble",)  # + background: 2 classes, as the tutorial's pedestr
 SIZE = 160  # training images' side; the detectors' own transform resizes to DETECTOR_SIZES
 DETECTOR_SIZES = {"min_size": 160, "max_size": 256}  # a size this tool's table of torchvision archs never has
 STEPS = 2
-LOGIT_SPREAD, BACKGROUND_BIAS = 3.0, 3.0  # a random head's class logits: their spread, and background's lead
+LOGIT_SPREAD, BACKGROUND_BIAS = 3.0, 4.0  # a random head's class logits: their spread, and background's lead
 SEED = 0
 
 
@@ -66,19 +66,32 @@ def _trained(model: nn.Module, classes: int, loss_of) -> nn.Module:
 
 
 def _decisive(model: nn.Module) -> nn.Module:
-    """Seeded random class scores spread out, most boxes background (a fresh head scores every class alike)."""
-    layer = model.roi_heads.box_predictor.cls_score
-    logits = []
-    hook = layer.register_forward_hook(lambda module, args, out: logits.append(out.detach()))
+    """Seeded random scores spread out: the proposals' objectness (a young RPN scores anchors alike, and the top-k
+    among ties would flip on a rounding difference) and the boxes' classes, most boxes background."""
+    rpn, classes = model.rpn.head.cls_logits, model.roi_heads.box_predictor.cls_score
+    raw = _outputs_of(model, [rpn, classes])
     with torch.no_grad():
-        model.eval()(list(shapes(1, torch.Generator().manual_seed(SEED), 2)[0]))
-        hook.remove()
-        raw = logits[0] - layer.bias  # per box (rows) and class (columns)
-        scale = LOGIT_SPREAD / float(raw.std(0).mean())  # boxes apart, not classes
-        layer.weight.mul_(scale)
-        layer.bias.copy_(-scale * raw.mean(0))
-        layer.bias[0] += BACKGROUND_BIAS
+        rpn.weight.mul_(LOGIT_SPREAD / float(torch.cat([r.flatten() for r in raw[rpn]]).std()))
+        logits = raw[classes][0] - classes.bias  # per box (rows) and class (columns)
+        scale = LOGIT_SPREAD / float(logits.std(0).mean())  # boxes apart, not classes
+        classes.weight.mul_(scale)
+        classes.bias.copy_(-scale * logits.mean(0))
+        classes.bias[0] += BACKGROUND_BIAS
     return model
+
+
+def _outputs_of(model: nn.Module, layers: list[nn.Module]) -> dict[nn.Module, list[torch.Tensor]]:
+    """What each layer computes on one generated image (every call: the RPN's head runs once per feature map)."""
+    found: dict[nn.Module, list[torch.Tensor]] = {layer: [] for layer in layers}
+    hooks = [layer.register_forward_hook(lambda module, args, out: found[module].append(out.detach()))
+             for layer in layers]
+    try:
+        with torch.no_grad():
+            model.eval()(list(shapes(1, torch.Generator().manual_seed(SEED), 2)[0]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
 
 
 def _detection_loss(model, images, targets):
