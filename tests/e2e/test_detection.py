@@ -225,3 +225,17 @@ def test_each_served_form_of_a_detector_gets_its_request_path_measured_beside_th
                             [CAT], policy, 0.1)
     assert set(found.per_kind) == {manifest.decision().served, forms[0].split(":")[1]}
     assert all(found.of(kind, CAT.name) > 0 for kind in found.per_kind)
+
+
+@pytest.mark.parametrize("engine", ["torchserve", "kserve", "ray_served"])
+def test_the_try_it_page_draws_the_served_boxes_and_shows_the_apis_errors(engine, request, in_process, tmp_path):
+    """serving/page/ in headless Chromium in front of each engine's server above (tests/e2e/try_it.py)."""
+    from serving.ray.engine import RayServe
+    from serving.torchserve.engine import TorchServe
+    from tests.e2e.try_it import check_openapi_page, check_try_it_page
+    settings = request.getfixturevalue(engine)
+    served = {"torchserve": TorchServe, "kserve": KServe, "ray_served": RayServe}[engine](settings)
+    shot = check_try_it_page(served, DETECTOR, in_process[DETECTOR].answer(CAT.read_bytes()), CAT, tmp_path)
+    assert shot.stat().st_size > 20_000
+    if engine == "kserve":
+        check_openapi_page(settings.url)
