@@ -242,13 +242,10 @@ class ArtifactRecord:
     # files it opens beside its own (an OpenVINO IR's .bin): export-relative path -> sha256, shipped and checked too
     companions: dict[str, str] = field(default_factory=dict)
 
-    def accepts_input(self, chw: tuple[int, ...], example_shape: tuple[int, ...]) -> bool:
-        return self.spatial_dynamic or tuple(chw) == tuple(example_shape[1:])
-
 
 @dataclass
 class ServingDecision:
-    """The served artifact, decided once at export by export.package.selection's declared rule; only read after."""
+    """Which artifacts may serve, decided at export by export.package.selection; the serving machine picks at load."""
 
     served: str | None
     rule: str
@@ -257,11 +254,11 @@ class ServingDecision:
     servable: list[str]
     requested: str | None = None  # --serve, when the user chose
     speed_only: bool = False  # the benchmark served a gate-failed variant for its speed; never deployed
-    latency_ms_batch1: dict[str, Any] = field(default_factory=dict)  # for information; never chooses
+    latency_ms_batch1: dict[str, Any] = field(default_factory=dict)  # the export machine's, for information only
     # The hardware-aware part: the machine profile the order was decided for (python -m export --target) and
     # the gated candidates the archive ships, in order, each with what it needs to run and to be fast
-    # ({"kind", "runs_on", "fast_on", "fast_why"}); the engine serves the first the serving machine meets
-    # (runtime.machine.choose_form). `served` is the target's choice. Empty: serve `served` (older exports).
+    # ({"kind", "runs_on", "fast_on", "fast_why"}); at load the engine serves, of those its machine meets, the first
+    # within a margin of the fastest measured there (runtime/form_choice.py). Empty: serve `served` (older exports).
     target: str = ""
     gated: list[dict[str, Any]] = field(default_factory=list)
 

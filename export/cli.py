@@ -12,6 +12,7 @@ from contract.records import DECODE_MODES
 from contract.versions import KEEP_VERSIONS
 from export.forms import exporters, kinds
 
+PINNED_OPTIONS = ("workers", "batch_size", "max_batch_delay_ms")  # contract/policy.py's OPTIONS an export pins
 KEEP_HELP = ("versions of NAME the model store keeps (NAME.vN.mar, the newest; NAME.mar is the newest of them; "
              f"default {KEEP_VERSIONS})")
 
@@ -146,7 +147,7 @@ def _archive_options(sub) -> None:
                      help="archive and URL name: NAME.mar, /predictions/NAME (default: the arch, e.g. resnet50); "
                           "exporting another model into the same store never overwrites it")
     _serve_option(sub)
-    add_policy_options(sub, ("workers", "batch_size", "max_batch_delay_ms"), pinned=True)
+    add_policy_options(sub, PINNED_OPTIONS, pinned=True)
 
 
 def _formats_option(sub) -> None:
@@ -178,9 +179,10 @@ def _serve_option(sub) -> None:
     from runtime.machine import PROFILES
     sub.add_argument("--target", default=None, choices=sorted(PROFILES), metavar="PROFILE",
                      help=f"the machine the serving order is decided for: {', '.join(PROFILES)} (default: this "
-                          "machine). The archive ships the gated candidates in order; the engine serves the first "
-                          "the machine it runs on meets (docs/hardware-choice.md). With --precision target, the "
-                          "precisions that are fast on it are built")
+                          "machine); the manifest's served form is the first candidate it meets. The archive ships "
+                          "the gated candidates in order; at load the engine measures those the machine it runs on "
+                          "meets and serves the first within a margin of the fastest (docs/hardware-choice.md). "
+                          "With --precision target, the precisions that are fast on it are built")
     ranked = ", ".join(kinds.serving_preference())
     sub.add_argument("--serve", default=None, metavar="KIND", choices=kinds.names(),
                      help=f"kind to serve instead of the rule's choice, among those that pass parity, the accuracy "

@@ -7,11 +7,13 @@ import sys
 from pathlib import Path
 
 from contract.files import atomic_write_text
+from contract.policy import OPTIONS, PolicyChoices
 from contract.records import Manifest
 from export.atomic import ensure_writable_dir
-from export.checks.parity import Candidate, parity_inputs, report_json, report_markdown, run_parity
+from export.checks.parity import UnderTest, parity_inputs, report_json, report_markdown, run_parity
 from export.checks.trace_vs_script import CONCLUSION, MATCHES, REJECTED, TraceVsScript
 from export.checks.trace_vs_script import report_json as trace_vs_script_json
+from export.cli import PINNED_OPTIONS
 from export.errors import ExportError
 from export.forms import kinds
 from export.package.archive import ArchiveRequest
@@ -117,7 +119,7 @@ def parity_command(args) -> int:
     """Re-check an export folder: hashes first (a modified file is named), then parity against eager."""
     folder, device = args.folder, _device(args.device)
     manifest, _, module, progress = _rebuilt(folder)
-    candidates = {k: Candidate(open_artifact(r.format, folder / r.path, RunOptions(device=device), k),
+    candidates = {k: UnderTest(open_artifact(r.format, folder / r.path, RunOptions(device=device), k),
                                kinds.get(k).tolerance, r.spatial_dynamic)
                   for k, r in manifest.fp32_artifacts().items()}  # reduced-precision variants are gated instead
     report = run_parity(EagerBackend(module), candidates,
@@ -201,15 +203,15 @@ def _target_precisions(target: MachineProfile | None, device: str, quiet: bool =
 
 
 def _config_overrides(args) -> dict:
-    overrides = {}
-    if args.workers is not None:
-        overrides.update(minWorkers=args.workers, maxWorkers=args.workers)
-    if args.batch_size is not None:
-        overrides["batchSize"] = args.batch_size
-    if args.max_batch_delay is not None:
-        overrides["maxBatchDelay"] = args.max_batch_delay
-    if any(v < 1 for k, v in overrides.items() if k != "maxBatchDelay") or overrides.get("maxBatchDelay", 0) < 0:
-        raise ExportError("--workers and --batch-size must be at least 1, --max-batch-delay at least 0")
+    """The policy values the command pins in the archive, as model-config.yaml's keys (contract/policy.py's
+    OPTIONS: their flags, their ranges, checked by PolicyChoices); TorchServe's worker count is a range, pinned at
+    both ends."""
+    chosen, overrides = PolicyChoices.from_flags(args), {}
+    for option in (option for option in OPTIONS if option.name in PINNED_OPTIONS):
+        if getattr(chosen, option.name) is not None:
+            overrides[option.pin_key] = getattr(chosen, option.name)
+    if chosen.workers is not None:
+        overrides["maxWorkers"] = chosen.workers
     return overrides
 
 
@@ -246,8 +248,9 @@ def _print_serving(result, progress: Progress) -> None:
     progress.step(f"served artifact: {chosen} (rule: {serving.rule})"
                   + "".join(f"\n    not {k}: {why}" for k, why in excluded.items()))
     if len(serving.gated) > 1:
-        progress.step(f"candidates shipped for the machine that serves ({serving.target} serves {serving.served}), "
-                      "the first whose needs it meets is served:" + "".join(
+        progress.step(f"candidates shipped in order ({serving.target} meets {serving.served} first); the engine "
+                      "measures those its machine meets at load and serves the first within a margin of the "
+                      "fastest:" + "".join(
                           f"\n    {c['kind']}: {_needs_words(c)}" for c in serving.gated))
     if result.archive:
         progress.step(f"TorchServe archive: {result.archive}")

@@ -9,8 +9,7 @@ import time
 
 from contract.records import ServingDecision
 from export.checks.inspection import inspect_artifact
-from export.checks.parity import Candidate as ParityCandidate
-from export.checks.parity import ParityReport, parity_inputs, run_parity
+from export.checks.parity import ParityReport, UnderTest, parity_inputs, run_parity
 from export.errors import ExportError
 from export.forms import exporters, kinds
 from export.forms.tolerances import held_to
@@ -69,7 +68,7 @@ def parity_step(entry: ModelEntry, eager, artifacts: dict, backends: dict, refus
     spec = entry.input_spec
     inputs = parity_inputs(spec.shape, spec.value_range, spatial_dynamic=spec.resizes_in_graph,
                            dynamic_batch=spec.dynamic_batch)
-    parity = run_parity(eager, {k: ParityCandidate(backends[k], held_to(kinds.get(k).tolerance, entry.task,
+    parity = run_parity(eager, {k: UnderTest(backends[k], held_to(kinds.get(k).tolerance, entry.task,
                                                                         entry.limits), a.spatial_dynamic)
                                 for k, a in artifacts.items()}, inputs)
     for kind, comparison in parity.unrunnable().items():

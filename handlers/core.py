@@ -8,8 +8,9 @@ TorchServe adapter (handlers/image_classifier.py) maps TorchServe's context onto
     core = ImageCore.from_folder("artifacts/resnet50")   # an export folder or an unpacked .mar
     core.answer(Path("examples/cat.jpg").read_bytes())             # the JSON the endpoint answers
 
-What is served is decided at export (manifest.json's serving decision); set-up only reads it, checks the
-artifact's sha256, and opens it through runtime/ (the backends parity ran).
+Which forms may serve is decided at export (manifest.json's serving decision: its gated candidates); set-up
+chooses the one this machine serves among them (runtime/form_choice.py), checks its sha256, and opens it through
+runtime/ (the backends parity ran).
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from contract.handler_config import HandlerConfig, read_labels
 from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
 from contract.records import CLASSIFICATION, ArtifactRecord, ContractError, ImageContract, Manifest
 from contract.versions import label_of
-from handlers.form_choice import measured_choice
 from handlers.policy import this_machine
 from handlers.request import ImageRequest
 from handlers.request_body import image_of, requested_topk
 from handlers.request_error import RequestError
-from runtime import ArtifactRunError, RunOptions, open_artifact, verify_file
+from runtime import ArtifactRunError, RunOptions, open_artifact, verify_artifact
 from runtime.base import Backend
+from runtime.form_choice import Choice, choose
 from runtime.gpu_decode import NvjpegDecoder
 from runtime.images import ImageError, decode_upright, draft_floor, preprocess
-from runtime.machine import Choice, MachineProfile, choose_form
+from runtime.machine import MachineProfile
 from runtime.machine import this_machine as this_machine_profile
 
 logger = logging.getLogger(__name__)
@@ -84,23 +85,6 @@ def in_process_policy(settings: dict | None, threads: int | None) -> ServingPoli
     handler.threads pinned, else the caller's threads."""
     return resolve_policy(this_machine(), PolicyChoices.pinned_in({"handler": settings}),
                           PolicyChoices(threads_per_worker=threads, why="the caller asks for it"))
-
-
-def choose_on(manifest: Manifest, machine: MachineProfile) -> Choice:
-    """The export's gated candidates, first met by this machine (runtime.machine.choose_form); an export without
-    them (older ones, or one form asked for) serves its decided kind."""
-    decision = manifest.decision()
-    if not decision.gated:
-        return Choice(decision.served_kind(), machine, {})
-    choice = choose_form(decision.gated, machine)
-    if choice.kind is None:
-        raise HandlerSetupError(f"none of this archive's forms can be served on {machine.describe()}: "
-                                + "; ".join(f"{k}: {why}" for k, why in choice.skipped.items())
-                                + "; re-export with --target naming this machine's profile")
-    if choice.kind not in manifest.artifacts:
-        raise HandlerSetupError(f"the serving decision names {choice.kind!r}, which the manifest does not record; "
-                                "rebuild the archive with `python -m export`")
-    return choice
 
 
 def run_precision(record: ArtifactRecord, config: HandlerConfig, device: str) -> str:
@@ -170,23 +154,21 @@ class ImageCore:
                     threads: int | None = None, machine: MachineProfile | None = None,
                     policy: ServingPolicy | None = None, measure: bool = False,
                     kind: str | None = None) -> "ImageCore":
-        """Serve the first of the export's gated candidates this machine meets (`machine`: a simulated profile,
-        for tests), or the artifact `kind` when a caller names one (a benchmark's row), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the
-        serving policy the engine resolved (its threads run the model); without one, in_process_policy (the
-        archive's threads pin, else `threads`, else this machine's). `measure` (what the engines ask): among the
-        candidates this machine meets, the fastest within a margin, measured under the policy
-        (handlers/form_choice.py)."""
+        """Serve the form this machine chooses among the export's gated candidates (runtime.form_choice.choose;
+        `machine`: a simulated profile, for tests), or the artifact `kind` when a caller names one (a benchmark's
+        row), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the serving
+        policy the engine resolved (its threads run the model); without one, in_process_policy (the archive's
+        threads pin, else `threads`, else this machine's). `measure` (what the engines ask): among the candidates
+        this machine meets, the first of the declared order within a margin of the fastest, measured under the
+        policy; without it, the first candidate this machine meets."""
         folder = Path(folder)
         manifest = Manifest.read(folder)
         machine = machine or this_machine_profile(str(device))
         policy = policy or in_process_policy(settings, threads)
-        measured = kind is None and measure and measured_choice(folder, manifest, machine, policy.threads_per_worker,
-                                                                policy.batch_size, str(device), REBUILD)
-        choice = None if kind else measured or choose_on(manifest, machine)
+        choice = None if kind else choose(folder, manifest, machine, policy.threads_per_worker, policy.batch_size,
+                                          str(device), REBUILD, measure)
         record = manifest.artifacts[kind or choice.kind]
-        verify_file(folder / record.path, record.sha256, REBUILD)
-        for path, sha256 in record.companions.items():
-            verify_file(folder / path, sha256, REBUILD)
+        verify_artifact(folder, record, REBUILD)
         cls.check_task(manifest)  # another task's archive, or one without an image contract, is refused here
         config = HandlerConfig.from_dict(settings)
         labels = labels_of(folder, manifest)

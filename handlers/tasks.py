@@ -143,9 +143,9 @@ CORES = {core.TASK: core for core in (ImageCore, DetectorCore, SegmenterCore)}
 
 def open_core(folder: str | Path, device: str = "cpu", settings: dict | None = None, measure: bool = True,
               **options) -> ImageCore:
-    """The core of the archive's task (its manifest says which), set up as from_folder does, serving the fastest
-    of its gated candidates on this machine (measure: handlers/form_choice.py): what every engine opens, so a
-    detector's archive gets the detector's handler and never a classifier's."""
+    """The core of the archive's task (its manifest says which), set up as from_folder does, serving the first
+    of its gated candidates within a margin of the fastest on this machine (measure: runtime/form_choice.py): what
+    every engine opens, so a detector's archive gets the detector's handler and never a classifier's."""
     return CORES[Manifest.read(folder).task].from_folder(folder, device, settings, measure=measure, **options)
 
 

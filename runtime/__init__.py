@@ -15,7 +15,7 @@ from runtime.base import (
                           available_formats,
                           open_artifact,
 )
-from runtime.integrity import IntegrityError, file_sha256, verify_file
+from runtime.integrity import IntegrityError, file_sha256, verify_artifact, verify_file
 
 __all__ = ["ArtifactError", "ArtifactRunError", "Backend", "Outputs", "RunOptions", "UnknownFormatError", "available_formats",
-           "open_artifact", "IntegrityError", "file_sha256", "verify_file"]
+           "open_artifact", "IntegrityError", "file_sha256", "verify_artifact", "verify_file"]

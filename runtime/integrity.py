@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from contract.errors import EXIT_INTEGRITY, VisionExportError
+from contract.records import ArtifactRecord
 
 
 class IntegrityError(VisionExportError):
@@ -40,3 +41,19 @@ def verify_file(path: str | os.PathLike[str], expected_sha256: str, what_to_do: 
     problem = mismatch(path, expected_sha256)
     if problem:
         raise IntegrityError({str(path): problem}, what_to_do)
+
+
+def artifact_problems(folder: Path, record: ArtifactRecord) -> dict[str, str]:
+    """Each file of an artifact (its own and the companions it opens, e.g. an OpenVINO IR's weights) that is not
+    the one the manifest recorded, by its path in `folder`, with why."""
+    files = {record.path: record.sha256, **record.companions}
+    found = {path: mismatch(folder / path, sha256) for path, sha256 in files.items()}
+    return {path: problem for path, problem in found.items() if problem}
+
+
+def verify_artifact(folder: str | os.PathLike[str], record: ArtifactRecord, what_to_do: str) -> None:
+    """Refuse an artifact whose file or companions are not the ones the manifest recorded, before any of its code
+    runs: the one check every opener of an export's artifact makes."""
+    problems = artifact_problems(Path(folder), record)
+    if problems:
+        raise IntegrityError({str(Path(folder) / path): why for path, why in problems.items()}, what_to_do)

@@ -1,5 +1,6 @@
 """Facts of the machine a runtime decision depends on: its CPU flags, the profile it fits (avx2, avx512-vnni,
-avx512-bf16, amx, cuda) and whether it meets what a form needs to run or to be fast."""
+avx512-bf16, amx, cuda) and whether it meets what a form needs to run or to be fast (the choice among an archive's
+forms: runtime/form_choice.py)."""
 
 from __future__ import annotations
 
@@ -122,42 +123,3 @@ class Needs:
     def from_dict(cls, data: dict[str, Any] | None) -> "Needs":
         data = data or {}
         return cls(data.get("device", ANY_DEVICE), tuple(tuple(group) for group in data.get("cpu_any", ())))
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The form a machine serves: the first candidate whose needs it meets, and why each earlier one was not."""
-
-    kind: str | None
-    machine: MachineProfile
-    skipped: dict[str, str]  # kind -> why this machine does not serve it
-
-    def line(self) -> str:
-        head = (f"serving {self.kind} on {self.machine.describe()}: the first of the export's candidates this "
-                f"machine meets" if self.kind else f"no candidate can be served on {self.machine.describe()}")
-        return head + "".join(f"; not {kind}: {why}" for kind, why in self.skipped.items())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"served": self.kind, "machine": self.machine.name, "device": self.machine.device,
-                "skipped": dict(self.skipped)}
-
-
-def candidate_unmet(candidate: dict[str, Any], machine: MachineProfile) -> str | None:
-    """Why `machine` may not serve a candidate ({"kind", "runs_on", "fast_on"}, as the manifest records it)."""
-    why = Needs.from_dict(candidate.get("runs_on")).unmet(machine)
-    if why:
-        return f"cannot run here: {why}"
-    why = Needs.from_dict(candidate.get("fast_on")).unmet(machine)
-    return f"not fast here: {why}" if why else None
-
-
-def choose_form(candidates: list[dict[str, Any]], machine: MachineProfile) -> Choice:
-    """The declared rule at load: the first candidate, in the export's order, whose needs this machine meets.
-    Never by timing; the export ends its list with a form that needs nothing, so some form always serves."""
-    skipped: dict[str, str] = {}
-    for candidate in candidates:
-        why = candidate_unmet(candidate, machine)
-        if why is None:
-            return Choice(candidate["kind"], machine, skipped)
-        skipped[candidate["kind"]] = why
-    return Choice(None, machine, skipped)

@@ -29,7 +29,7 @@ CAT = ROOT / "examples" / "cat.jpg"
 # is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Servers the tests start serve the export's declared first candidate, so that their answers can be held to the same
-# artifact run in-process (tests/answers.py); tests/handlers/test_form_choice.py measures the choice itself.
+# artifact run in-process (tests/answers.py); tests/runtime/test_form_choice.py measures the choice itself.
 os.environ.setdefault("VISION_EXPORT_FORM_CHOICE", "declared")
 sys.path.insert(0, str(ROOT))
 # Session fixtures whose users run on one worker: each of these is made by that worker alone.

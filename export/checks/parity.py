@@ -224,7 +224,7 @@ def topk_agreement(reference: torch.Tensor, candidate: torch.Tensor, k: int) -> 
 # ---------------------------------------------------------------- running
 
 @dataclass(frozen=True)
-class Candidate:
+class UnderTest:
     """An opened artifact under test, the tolerance its kind is held to, and whether it claims other sizes."""
 
     runner: Backend
@@ -232,7 +232,7 @@ class Candidate:
     spatial_dynamic: bool
 
 
-def run_parity(eager: Backend, candidates: dict[str, Candidate], inputs: list[InputBatch]) -> ParityReport:
+def run_parity(eager: Backend, candidates: dict[str, UnderTest], inputs: list[InputBatch]) -> ParityReport:
     report = ParityReport()
     for batch in inputs:
         expected = eager(batch.tensor)

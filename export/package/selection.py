@@ -1,22 +1,23 @@
-"""Which artifact is served: a declared, deterministic, hardware-aware rule, applied at export and at load.
+"""Which artifacts may serve: the gated candidates the archive ships, decided at export by a declared rule; which
+of them serves is chosen on the serving machine at load (runtime/form_choice.py).
 
-The served artifact is the first kind of the serving preference (export.forms.kinds: each row's rank and its
-reason) that
+A kind may serve when, in the serving preference (export.forms.kinds: each row's rank and its reason), it
   (a) passed parity against eager PyTorch,
   (b) was not flagged by trace-vs-script as silently diverging from eager on any probe input,
   (c) for a reduced-precision variant (int8, bf16, fp16): passed the accuracy gate (export/precision/gate.py); it
       inherits (a) and (b) from the fp32 artifact it was made from, and
   (d) accepts the input the handler sends (N x C x crop height x crop width, from the image contract).
-`--serve KIND` picks another kind instead, only among those that meet (a)-(d). Export timings are recorded
-for information only and never choose: the same model always gets the same artifact. Kinds without a rank
-are served only when asked for.
+`--serve KIND` makes one kind, among those that meet (a)-(d), the archive's only candidate. Export timings are
+recorded for information only: the same model always gets the same candidates. Kinds without a rank are served
+only when asked for.
 
 Hardware: every kind declares what it needs to run and to be fast (export.forms.kinds: runs_on, fast_on; an
 artifact may add needs of its own, e.g. int8 made with 8-bit weights needs VNNI to be exact). The servable kinds,
-in preference order and cut after the first that needs nothing (it serves anywhere, so none after it could ever
-be chosen), are the gated candidates the archive ships. The served kind is the first the target machine meets
-(`--target PROFILE`, runtime.machine.PROFILES; default: this machine); at load the engine applies the same rule
-(runtime.machine.choose_form) to the machine it runs on.
+in preference order and cut after the first that needs nothing (every machine meets it, so the list ends there),
+are the gated candidates the archive ships. The manifest's `served` is the first the target machine
+meets (`--target PROFILE`, runtime.machine.PROFILES; default: this machine: runtime.form_choice.declared_choice).
+At load the engine serves, among the candidates its machine meets, the first of this order within a margin of the
+fastest, measured there (runtime.form_choice.choose).
 
 The decision is recorded in the manifest (contract.records.ServingDecision) and only read afterwards: by the
 archive, the handler and the deployment writers. `redecide` applies the same rule to a recorded decision
@@ -32,7 +33,8 @@ from export.errors import ExportError
 from export.forms import kinds
 from export.precision.gate import GATE_PASSED
 from runtime import machine
-from runtime.machine import CPU, CUDA, MachineProfile, Needs, candidate_unmet, choose_form, this_machine
+from runtime.form_choice import candidate_unmet, declared_choice
+from runtime.machine import CPU, CUDA, MachineProfile, Needs, this_machine
 
 RULE = ("first of the preference order that passed parity, does not silently diverge from eager on any "
         "probe input (trace vs script), passed the accuracy gate if reduced-precision, and accepts the "
@@ -75,14 +77,14 @@ def exclusion(candidate: Candidate, handler_input: tuple[int, ...] | None, any_s
 def decide(candidates: list[Candidate], handler_input: tuple[int, ...] | None, requested: str | None = None,
            preference: tuple[str, ...] | None = None, target: MachineProfile | None = None,
            any_size: bool = False) -> ServingDecision:
-    """The manifest's serving decision for the target machine (default: this one): the chosen kind, the gated
-    candidates in order, and why every other kind was not chosen."""
+    """The manifest's serving decision for the target machine (default: this one): the gated candidates in order,
+    the first the target meets, and why every other kind is not a candidate there."""
     preference = kinds.serving_preference() if preference is None else preference
     target = target or this_machine()
     reasons = {c.kind: exclusion(c, handler_input, any_size) for c in candidates}
     ordered = [k for k in preference if k in reasons] + [k for k in reasons if k not in preference]
     gated = gated_candidates([c for c in candidates if reasons[c.kind] is None], preference)
-    chosen = choose_form(gated, target).kind
+    chosen = declared_choice(gated, target).kind
     verdicts = {k: (SERVED if k == chosen else reasons[k] or _servable_note(k, preference, gated, target))
                 for k in ordered}
     decision = ServingDecision(served=chosen, rule=RULE, preference=list(preference), candidates=verdicts,

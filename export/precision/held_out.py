@@ -67,6 +67,6 @@ def run_batches(backend: Backend, images: torch.Tensor, batch: int = GATE_BATCH)
 
 def images_per_s(backend: Backend, example: torch.Tensor) -> float:
     """Batch-1 images/s, median of single calls after a warm-up: recorded in the ladder, and chooses int8's
-    activation type (the served artifact itself is chosen by the declared rule, never by timing)."""
+    activation type (which form serves is measured on the serving machine at load: runtime/form_choice.py)."""
     milliseconds = time_runs(lambda: backend(example), SPEED_WARMUP, SPEED_RUNS, min_seconds=0)
     return round(example.shape[0] * 1000 / statistics.median(milliseconds), 1)

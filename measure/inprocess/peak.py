@@ -24,7 +24,6 @@ from runtime.timing import time_runs
 
 GEMM_SIZE = 2048  # 2 * 2048^3 = 17 GFLOP: seconds-long on 2 cores, big enough to reach the kernel's steady state
 GEMM_REPEATS = 5  # the peak is the best of these (a peak is the best the machine did, not its median)
-CPU_PRECISIONS = ("fp32", "bf16", "int8")  # the CPU peaks measured; a row of another precision is held to none
 INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # what an x86 int8 GEMM kernel is chosen by, richest first
 
 

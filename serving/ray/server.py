@@ -60,7 +60,7 @@ def deploy(settings: RaySettings) -> None:
         logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
                     options["autoscaling_config"])
         archive = settings.archive(name).absolute()  # a rollout's default version, else NAME.mar
-        verify_archive(archive)
+        verify_archive(archive, "cuda" if policy.device == "gpu" else "cpu")
         app = application({**application_args(archive, policy), "options": options})
         try:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
@@ -68,24 +68,32 @@ def deploy(settings: RaySettings) -> None:
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
 
 
-def verify_archive(archive: Path) -> None:
-    """The archive's served artifact is the file its manifest recorded (sha256), checked before Serve starts a
-    replica: a tampered archive is refused at once with the reason. Each replica checks it again (the request
-    core), but Serve retries a failing replica constructor several times before it gives up (tens of seconds)."""
+def verify_archive(archive: Path, device: str = "cpu") -> None:
+    """Every form the archive may serve on this machine (the gated candidates it meets: the replica measures which
+    serves, runtime/form_choice.py) is the file its manifest recorded, companions included (sha256), checked before
+    Serve starts a replica: a tampered archive is refused at once with the reason. Each replica checks the form it
+    opens again (the request core), but Serve retries a failing replica constructor several times before it gives
+    up (tens of seconds)."""
     from contract.records import MANIFEST_NAME, Manifest
     from handlers.core import REBUILD
-    from runtime.integrity import IntegrityError, mismatch
+    from runtime.form_choice import may_serve_here
+    from runtime.integrity import IntegrityError, artifact_problems
+    from runtime.machine import this_machine as this_machine_profile
     with tempfile.TemporaryDirectory(prefix="verify-") as folder, zipfile.ZipFile(archive) as members:
         try:
             members.extract(MANIFEST_NAME, folder)
-            record = Manifest.read(Path(folder)).served_record()
-            members.extract(record.path, folder)
+            manifest = Manifest.read(Path(folder))
+            records = [manifest.artifacts[kind] for kind in may_serve_here(manifest, this_machine_profile(device))]
         except KeyError as missing:
             raise ServingError(f"{archive}: not an archive of `python -m export` ({missing.args[0]}); "
                                "rebuild it with `python -m export`") from None
-        problem = mismatch(Path(folder) / record.path, record.sha256)
-    if problem:
-        raise IntegrityError({f"{archive}: {record.path}": problem}, REBUILD)
+        present = set(members.namelist())
+        for record in records:
+            members.extractall(folder, [path for path in (record.path, *record.companions) if path in present])
+        problems = {f"{archive}: {path}": why for record in records
+                    for path, why in artifact_problems(Path(folder), record).items()}
+    if problems:
+        raise IntegrityError(problems, REBUILD)
 
 
 def deployment_failure(name: str) -> str | None:

@@ -88,7 +88,7 @@ def test_unwritable_output_folder(export_main, tmp_path):
 
 def test_bad_serving_shape_is_refused_before_exporting(export_main, tmp_path):
     result = export_main("resnet", "--arch", "resnet18", "--workers", "0", "--out", tmp_path / "o")
-    assert result.returncode == 1 and "--workers and --batch-size must be at least 1" in result.stderr
+    assert result.returncode == 1 and "--workers must be at least 1, got 0" in result.stderr
     assert not (tmp_path / "o").exists()
 
 

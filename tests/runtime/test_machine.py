@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime import machine
+from runtime import form_choice, machine
 
 
 def test_int8_weights_are_reduced_to_7_bits_only_where_the_kernels_would_saturate():
@@ -33,16 +33,16 @@ CANDIDATES = [  # as a manifest records them: an order decided at export
                                                   ("avx512-vnni", "onnx-int8"), ("avx2", "onnx-int8"),
                                                   ("cuda", "onnx-dynamo")])
 def test_each_profile_serves_the_first_candidate_it_meets(profile, served):
-    choice = machine.choose_form(CANDIDATES, machine.PROFILES[profile])
+    choice = form_choice.declared_choice(CANDIDATES, machine.PROFILES[profile])
     assert choice.kind == served
     assert list(choice.skipped) == [c["kind"] for c in CANDIDATES[:[c["kind"] for c in CANDIDATES].index(served)]]
     assert served in choice.line() and profile in choice.line()
 
 
 def test_the_reasons_say_what_the_machine_lacks():
-    avx2 = machine.choose_form(CANDIDATES, machine.PROFILES["avx2"])
+    avx2 = form_choice.declared_choice(CANDIDATES, machine.PROFILES["avx2"])
     assert avx2.skipped == {"openvino-bf16": "not fast here: needs avx512_bf16 or amx_bf16, which this CPU lacks"}
-    cuda = machine.choose_form(CANDIDATES, machine.PROFILES["cuda"])
+    cuda = form_choice.declared_choice(CANDIDATES, machine.PROFILES["cuda"])
     assert cuda.skipped["openvino-bf16"] == ("cannot run here: runs on the CPU only, and this machine serves on a "
                                              "CUDA GPU")
     assert cuda.skipped["onnx-int8"].startswith("not fast here: runs on the CPU only")
@@ -50,9 +50,9 @@ def test_the_reasons_say_what_the_machine_lacks():
 
 def test_a_machine_no_export_foresaw_gets_the_form_that_needs_nothing_and_none_is_an_answer_not_a_crash():
     unforeseen = machine.MachineProfile("arm", frozenset({"neon", "asimd"}))
-    assert machine.choose_form(CANDIDATES, unforeseen).kind == "onnx-int8"  # a CPU: int8 runs and is fast there
+    assert form_choice.declared_choice(CANDIDATES, unforeseen).kind == "onnx-int8"  # a CPU: int8 runs and is fast there
     gpu_only = [{"kind": "onnx-fp16", "runs_on": machine.Needs(machine.CUDA).as_dict(), "fast_on": {}}]
-    nothing = machine.choose_form(gpu_only, machine.PROFILES["avx2"])
+    nothing = form_choice.declared_choice(gpu_only, machine.PROFILES["avx2"])
     assert nothing.kind is None and "needs a CUDA GPU" in nothing.skipped["onnx-fp16"]
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import models
-from export.checks.parity import Candidate, parity_inputs, run_parity
+from export.checks.parity import UnderTest, parity_inputs, run_parity
 from export.forms import exporters, kinds
 from runtime import open_artifact
 from runtime.eager import EagerBackend
@@ -56,7 +56,7 @@ def export_onnx(module: nn.Module, folder) -> exporters.Artifact:
 
 def parity_against(truth: nn.Module, exported_from: nn.Module, folder) -> bool:
     artifact = export_onnx(exported_from, folder)
-    candidate = Candidate(open_artifact(artifact.format, artifact.path), kinds.get(KIND).tolerance, False)
+    candidate = UnderTest(open_artifact(artifact.format, artifact.path), kinds.get(KIND).tolerance, False)
     report = run_parity(EagerBackend(truth), {KIND: candidate}, parity_inputs((1, 3, 224, 224)))
     return report.passed(KIND)
 

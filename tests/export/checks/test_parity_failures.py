@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 import models
 from contract.records import MANIFEST_NAME, SCHEMA_VERSION, Manifest
-from export.checks.parity import Candidate, parity_inputs, run_parity
+from export.checks.parity import UnderTest, parity_inputs, run_parity
 from export.errors import ParityError
 from export.forms import kinds
 from runtime import file_sha256, open_artifact
@@ -51,7 +51,7 @@ def test_perturbed_onnx_weight_fails_with_typed_error_and_numbers(export_copy):
     onnx.save(model, str(perturbed))
 
     module = models.get("resnet18").build("random").module.eval()
-    candidate = Candidate(open_artifact("onnx", perturbed), kinds.get("onnx-traced").tolerance, False)
+    candidate = UnderTest(open_artifact("onnx", perturbed), kinds.get("onnx-traced").tolerance, False)
     report = run_parity(EagerBackend(module), {"perturbed": candidate}, parity_inputs((1, 3, 224, 224)))
     with pytest.raises(ParityError) as error:
         report.raise_on_failure()

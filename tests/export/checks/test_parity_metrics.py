@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from export.checks.parity import (
-    Candidate,
+    UnderTest,
     compare_outputs,
     parity_inputs,
     run_parity,
@@ -66,8 +66,8 @@ def test_run_parity_raises_typed_error_with_numbers():
 
     def off(x):
         return x.sum(dim=(2, 3)) + 0.5
-    report = run_parity(eager, {"good": Candidate(eager, ONNX_TOLERANCE, False),
-                                "bad": Candidate(off, ONNX_TOLERANCE, False)}, parity_inputs((1, 3, 8, 8)))
+    report = run_parity(eager, {"good": UnderTest(eager, ONNX_TOLERANCE, False),
+                                "bad": UnderTest(off, ONNX_TOLERANCE, False)}, parity_inputs((1, 3, 8, 8)))
     assert report.passed("good") and not report.passed("bad")
     with pytest.raises(ParityError) as error:
         report.raise_on_failure()
@@ -83,8 +83,8 @@ def test_each_candidate_is_held_to_its_own_tolerance_and_size_claim():
     def close(x):  # within 1e-2, outside 1e-4
         return x.sum(dim=(2, 3)) + 1e-3
     inputs = parity_inputs((1, 3, 8, 8), spatial_dynamic=True)
-    report = run_parity(eager, {"loose": Candidate(close, Tolerance(atol=1e-2, rtol=0.0), True),
-                                "tight": Candidate(close, Tolerance(atol=1e-4, rtol=0.0), False)}, inputs)
+    report = run_parity(eager, {"loose": UnderTest(close, Tolerance(atol=1e-2, rtol=0.0), True),
+                                "tight": UnderTest(close, Tolerance(atol=1e-4, rtol=0.0), False)}, inputs)
     assert report.passed("loose") and not report.passed("tight")
     assert report.summary()["loose"]["tolerance"] == {"atol": 1e-2, "rtol": 0.0}
     # only the candidate claiming other spatial sizes is run on the other-size batch
@@ -102,7 +102,7 @@ def test_an_artifact_that_refuses_an_input_fails_parity_with_its_cause():
         except ValueError as error:
             raise ArtifactRunError("refuses failed on this input") from error
 
-    report = run_parity(eager, {"refuses": Candidate(refuses, ONNX_TOLERANCE, False)}, parity_inputs((1, 3, 8, 8)))
+    report = run_parity(eager, {"refuses": UnderTest(refuses, ONNX_TOLERANCE, False)}, parity_inputs((1, 3, 8, 8)))
     assert not report.passed("refuses")
     metrics = report.failures[0].metrics
     assert "refuses failed on this input" in metrics["error"]

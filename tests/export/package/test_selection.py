@@ -77,7 +77,8 @@ def test_serve_picks_another_servable_kind_and_refuses_a_diverging_one_with_the_
 # ---------------------------------------------------------------- the hardware-aware part: targets and candidates
 
 from export.precision.gate import GATE_PASSED  # noqa: E402
-from runtime.machine import BF16_FLAGS, CPU, PROFILES, Needs, choose_form  # noqa: E402
+from runtime.form_choice import declared_choice  # noqa: E402
+from runtime.machine import BF16_FLAGS, CPU, PROFILES, Needs  # noqa: E402
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def test_the_target_serves_the_first_gated_candidate_it_meets(bf16_kind, target,
     assert decision.served == served and decision.target == target
     # the candidates the archive ships: preference order, cut after the first that needs nothing
     assert [c["kind"] for c in decision.gated] == [bf16_kind, "onnx-int8", "onnx-dynamo"]
-    assert choose_form(decision.gated, PROFILES[target]).kind == served  # the same rule at load
+    assert declared_choice(decision.gated, PROFILES[target]).kind == served  # the rule without measuring
     if served != bf16_kind:
         assert decision.candidates[bf16_kind].startswith(f"servable on another machine ({target}: ")
 

@@ -1,5 +1,5 @@
 """The form an engine serves: the fastest of the archive's gated candidates this machine meets, measured under the
-serving policy, the declared order breaking near ties (handlers/form_choice.py); kept for restarts and the other
+serving policy, the declared order breaking near ties (runtime/form_choice.py); kept for restarts and the other
 workers."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import zipfile
 
 import pytest
 
-from handlers import form_choice
 from handlers.core import REBUILD
 from handlers.tasks import open_core
+from runtime import form_choice
 from runtime.machine import this_machine
 
 
@@ -30,7 +30,7 @@ def test_an_engine_measures_once_and_serves_the_same_choice_after(lite0_int8_exp
     with zipfile.ZipFile(lite0_int8_export["archive"]) as archive:
         archive.extractall(folder)
     manifest = lite0_int8_export["manifest"]
-    met, _ = form_choice.met_candidates(manifest, this_machine())
+    met = form_choice.may_serve_here(manifest, this_machine())
     assert len(met) >= 2, met  # the gated int8 and an fp32 form
     monkeypatch.setattr(form_choice, "CACHE_DIR", tmp_path / "choices")
     monkeypatch.setenv(form_choice.CHOICE_ENV, "remeasure")

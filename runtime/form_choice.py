@@ -1,0 +1,228 @@
+"""Which of an archive's gated candidates serves on a machine: the one place the choice is made, for the export's
+--target and for every engine at load.
+
+The export decides what MAY serve (export/package/selection.py: the gated candidates, in its declared order, each
+with what it needs to run and to be fast). Here the machine chooses among them:
+
+  declared_choice  the first candidate the machine meets (runtime.machine's needs): what the export records as
+                   `served` for its --target, and what a worker serves when one candidate is met or
+                   VISION_EXPORT_FORM_CHOICE=declared.
+  choose           what the core opens at load (handlers/core.py from_folder, so every engine): among the
+                   candidates this machine meets, each measured briefly under the serving policy's own setting (its
+                   threads, its batch size), the first in the declared order within MARGIN of the fastest.
+
+What is fastest depends on the model as well as the machine (on an AMX Xeon OpenVINO's bf16 is twice its int8 for
+ResNet-50 while int8 leads for EfficientNet-Lite0's depthwise convolutions: docs/hardware-choice.md), so no order
+declared at export can be right everywhere. A measurement is kept on disk, keyed by the candidates' files, the CPU
+and the setting, so restarts and the other workers serve the same choice without measuring again; a lock makes the
+first worker measure alone while the others wait for its result. VISION_EXPORT_FORM_CHOICE=remeasure measures
+again and replaces what was kept. Every candidate is checked against the manifest's sha256 (runtime.integrity
+verify_artifact) before any of its code runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import statistics
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from contract.files import atomic_write_text
+from contract.records import ContractError, Manifest
+from runtime.base import RunOptions, open_artifact
+from runtime.integrity import verify_artifact
+from runtime.machine import MachineProfile, Needs
+from runtime.timing import time_runs
+
+logger = logging.getLogger(__name__)
+
+MARGIN = 0.10  # a candidate less than this much faster than an earlier one in the declared order does not displace it
+WARMUP_CALLS = 3
+MEASURE_SECONDS = 0.6  # per candidate: enough for a stable median at batch 1 on the forms measured here
+CHOICE_ENV = "VISION_EXPORT_FORM_CHOICE"  # declared | remeasure (unset: measure once, then keep)
+CACHE_DIR = Path(tempfile.gettempdir()) / "vision-export-form-choices"
+
+
+class FormChoiceError(ContractError):
+    """No form of the archive can serve on this machine, or the choice names one the manifest does not record."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The form a machine serves: the first candidate whose needs it meets, and why each earlier one was not."""
+
+    kind: str | None
+    machine: MachineProfile
+    skipped: dict[str, str]  # kind -> why this machine does not serve it
+
+    def line(self) -> str:
+        head = (f"serving {self.kind} on {self.machine.describe()}: the first of the export's candidates this "
+                f"machine meets" if self.kind else f"no candidate can be served on {self.machine.describe()}")
+        return head + "".join(f"; not {kind}: {why}" for kind, why in self.skipped.items())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"served": self.kind, "machine": self.machine.name, "device": self.machine.device,
+                "skipped": dict(self.skipped)}
+
+
+@dataclass(frozen=True)
+class MeasuredChoice(Choice):
+    """A Choice with the measured images/s of each candidate this machine meets."""
+
+    measured: dict[str, float] = field(default_factory=dict)  # kind -> images/s at the policy's setting
+    how: str = "declared order"
+
+    def line(self) -> str:
+        if not self.measured:
+            return super().line()
+        table = ", ".join(f"{kind} {rate:.1f}" for kind, rate in self.measured.items())
+        skipped = "".join(f"; not {kind}: {why}" for kind, why in self.skipped.items())
+        return f"serving {self.kind} on {self.machine.describe()}: {self.how} (images/s: {table}){skipped}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "measured_images_per_s": dict(self.measured), "how": self.how}
+
+
+def candidate_unmet(candidate: dict[str, Any], machine: MachineProfile) -> str | None:
+    """Why `machine` may not serve a candidate ({"kind", "runs_on", "fast_on"}, as the manifest records it)."""
+    why = Needs.from_dict(candidate.get("runs_on")).unmet(machine)
+    if why:
+        return f"cannot run here: {why}"
+    why = Needs.from_dict(candidate.get("fast_on")).unmet(machine)
+    return f"not fast here: {why}" if why else None
+
+
+def met_candidates(gated: list[dict[str, Any]], machine: MachineProfile,
+                   recorded: Any = None) -> tuple[list[str], dict[str, str]]:
+    """The gated candidates this machine meets, in the declared order (only those `recorded` holds, when given),
+    and why each one it does not meet is not served."""
+    met, skipped = [], {}
+    for candidate in gated:
+        why = candidate_unmet(candidate, machine)
+        if why is not None:
+            skipped[candidate["kind"]] = why
+        elif recorded is None or candidate["kind"] in recorded:
+            met.append(candidate["kind"])
+    return met, skipped
+
+
+def declared_choice(gated: list[dict[str, Any]], machine: MachineProfile) -> Choice:
+    """The first candidate, in the export's order, whose needs this machine meets (the export ends its list with a
+    form that needs nothing, so some form always serves)."""
+    met, skipped = met_candidates(gated, machine)
+    if not met:
+        return Choice(None, machine, skipped)
+    order = [candidate["kind"] for candidate in gated]
+    earlier = set(order[:order.index(met[0])])
+    return Choice(met[0], machine, {kind: why for kind, why in skipped.items() if kind in earlier})
+
+
+def may_serve_here(manifest: Manifest, machine: MachineProfile) -> list[str]:
+    """The kinds `choose` may open on this machine: the gated candidates it meets, or the decided kind of an export
+    without them (older ones, or one form asked for)."""
+    decision = manifest.decision()
+    if not decision.gated:
+        return [decision.served_kind()]
+    return met_candidates(decision.gated, machine, manifest.artifacts)[0]
+
+
+def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: int, batch: int, device: str,
+           rebuild: str, measure: bool = True) -> Choice:
+    """The form this machine serves: measured among the candidates it meets (`measure`, what the engines ask), else
+    the first it meets; an export without gated candidates serves its decided kind."""
+    decision = manifest.decision()
+    if not decision.gated:
+        return Choice(decision.served_kind(), machine, {})
+    measured = measured_choice(folder, manifest, machine, threads, batch, device, rebuild) if measure else None
+    choice = measured or declared_choice(decision.gated, machine)
+    if choice.kind is None:
+        raise FormChoiceError(f"none of this archive's forms can be served on {machine.describe()}: "
+                              + "; ".join(f"{k}: {why}" for k, why in choice.skipped.items())
+                              + "; re-export with --target naming this machine's profile")
+    if choice.kind not in manifest.artifacts:
+        raise FormChoiceError(f"the serving decision names {choice.kind!r}, which the manifest does not record; "
+                              "rebuild the archive with `python -m export`")
+    return choice
+
+
+def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, threads: int, batch: int,
+                    device: str, rebuild: str) -> MeasuredChoice | None:
+    """The candidate to serve, measured (or read from an earlier measurement); None when there is nothing to choose
+    between (one candidate or none met) or the environment asks for the declared order."""
+    met, skipped = met_candidates(manifest.decision().gated, machine, manifest.artifacts)
+    mode = os.environ.get(CHOICE_ENV, "")
+    if len(met) < 2 or mode == "declared":
+        return None
+    handler_input = manifest.input.handler_input()
+    if handler_input is None:  # the core refuses such an archive by name (check_task)
+        return None
+    shape = (batch, *handler_input)
+    key = _key(manifest, met, machine, threads, shape, device)
+    with _locked(key):
+        measured = None if mode == "remeasure" else _kept(key)
+        if measured is None:
+            measured = {kind: _rate(folder, manifest, kind, threads, shape, device, rebuild) for kind in met}
+            atomic_write_text(CACHE_DIR / f"{key}.json", json.dumps(measured))
+            how = "measured at this worker's start"
+        else:
+            how = "as measured at an earlier start on this machine"
+    kind = within_margin(met, measured)
+    return MeasuredChoice(kind, machine, skipped, measured,
+                          f"{how}; the first of the declared order within {MARGIN:.0%} of the fastest")
+
+
+def within_margin(declared: list[str], rates: dict[str, float]) -> str:
+    """The first kind of the declared order whose rate is within MARGIN of the fastest."""
+    fastest = max(rates.values())
+    return next(kind for kind in declared if rates[kind] >= (1 - MARGIN) * fastest)
+
+
+def _rate(folder: Path, manifest: Manifest, kind: str, threads: int, shape: tuple[int, ...], device: str,
+          rebuild: str) -> float:
+    record = manifest.artifacts[kind]
+    verify_artifact(folder, record, rebuild)  # before any of its code runs
+    backend = open_artifact(record.format, folder / record.path,
+                            RunOptions(device=device, threads=threads, precision=record.run_precision), name=kind)
+    batch = torch.rand(shape, generator=torch.Generator().manual_seed(0))
+    milliseconds = time_runs(lambda: backend(batch), WARMUP_CALLS, 3, min_seconds=MEASURE_SECONDS)
+    return round(shape[0] * 1000 / float(statistics.median(milliseconds)), 1)
+
+
+def _key(manifest: Manifest, met: list[str], machine: MachineProfile, threads: int, shape: tuple[int, ...],
+         device: str) -> str:
+    """Each candidate by its kind and its file's sha256: kinds that run one file in two precisions (an int8 IR with
+    its remainder in f32 or bf16) share the file, not the measurement."""
+    facts = [f"{kind} {manifest.artifacts[kind].sha256}" for kind in met] + sorted(machine.flags) + [
+        str(threads), str(shape), device, str(os.cpu_count())]
+    return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:24]
+
+
+def _kept(key: str) -> dict[str, float] | None:
+    try:
+        kept = json.loads((CACHE_DIR / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return {str(kind): float(rate) for kind, rate in kept.items()} if isinstance(kept, dict) else None
+
+
+@contextmanager
+def _locked(key: str) -> Iterator[None]:
+    """One worker measures at a time (the others would share its cores and skew its figures) and the rest read
+    what it kept."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
