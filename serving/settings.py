@@ -13,7 +13,7 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.policy import NOTHING_CHOSEN, Machine, PolicyChoices, ServingPolicy, resolve_policy
-from contract.versions import is_versioned, served_archive
+from contract.versions import ModelVersion, is_versioned, served_archive
 from handlers.policy import this_machine
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -144,6 +144,16 @@ def archive_config(archive: Path) -> dict:
 
 
 TORCHSERVE_MANIFEST = "MAR-INF/MANIFEST.json"
+
+
+def archive_version(archive: Path) -> ModelVersion | None:
+    """The version the archive's manifest records; None for one archived before versions, or unreadable."""
+    try:
+        with zipfile.ZipFile(archive) as members:
+            found = json.loads(members.read("manifest.json")).get("model_version")
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError):
+        return None
+    return ModelVersion.from_dict(found) if isinstance(found, dict) else None
 
 
 def torchserve_version(archive: Path) -> str | None:

@@ -44,7 +44,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         sub.add_argument("--force", action="store_true", help="replace OUT if it exists")
     targets.choices["kserve"].add_argument("--model-store", type=Path, default=Path("model-store"))
     targets.choices["kserve"].add_argument("--storage-uri", default=KSERVE_URI,
-                                           help="where the storage folder will be ({model}, {device} are filled in)")
+                                           help="where the storage folder will be ({model}, {device}, {version} "
+                                                "are filled in)")
+    targets.choices["kserve"].add_argument("--canary-percent", type=int, default=None, metavar="P",
+                                           help="KServe's canaryTrafficPercent: applied over the running service, P %% "
+                                                "of requests go to this version's revision (docs/rollout.md)")
     targets.choices["triton"].add_argument("--instance-kind", choices=("gpu", "cpu"), default="gpu")
     targets.choices["triton"].add_argument("--storage-uri", default=TRITON_URI)
     ray = targets.choices["ray"]
@@ -67,7 +71,8 @@ def deploy(argv: list[str]) -> int:
               f"storage/model-store/{name}.mar, storage-pvc.yaml (claim {CLAIM_NAME}: kubectl cp storage/. "
               f"{CLAIM_NAME}-upload:/pv/{storage_folder(name)})")
     elif args.target == "kserve":
-        out = write_kserve(args.out, args.export_dir, args.model_store, name, args.storage_uri, args.force)
+        out = write_kserve(args.out, args.export_dir, args.model_store, name, args.storage_uri, args.force,
+                           args.canary_percent)
         print(f"wrote {out}/: gpu/ and cpu/ (TorchServe runtime), kserve-engine/ (our image with ENGINE=kserve): "
               "storage/ + inferenceservice.yaml each; storage-pvc.yaml")
     else:

@@ -16,10 +16,12 @@ import shutil
 from pathlib import Path
 
 from contract.policy import Machine, PolicyChoices, ServingPolicy, resolve_policy
+from contract.versions import label_of
 from serving.deploy.common import (
     API_VERSION,
     READINESS_SCRIPT,
     RESOURCES,
+    DeployError,
     ReplicaNumbers,
     autoscaling,
     dump_yaml,
@@ -29,8 +31,10 @@ from serving.deploy.common import (
     replica_numbers,
 )
 from serving.deploy.kserve_predictor import write_engine_material
+from serving.settings import archive_version, torchserve_version
 
 STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/{model}-{device}"  # docs/scaling.md: or s3://BUCKET/...
+VERSION_ANNOTATION = "vision-export/model-version"  # the archive's version (contract/versions.py), vN
 PVC_NAME = "vision-export-models"
 KSERVE_PORT = 8085  # TorchServe's port behind KServe's wrapper (KServe's documented layout)
 
@@ -43,11 +47,11 @@ def pod_policy(device: str) -> ServingPolicy:
                           flags=PolicyChoices(batch_size=1, why="KServe's envelope takes one request per call"))
 
 
-def kserve_config_properties(model_name: str, mar_name: str, device: str) -> str:
+def kserve_config_properties(model_name: str, mar_name: str, device: str, ts_version: str = "1.0") -> str:
     """TorchServe's config for KServe: env-var overrides, the v1 envelope, and the model's startup settings
-    (pod_policy)."""
+    (pod_policy) under the archive's own TorchServe version."""
     policy = pod_policy(device)
-    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {"1.0": {
+    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {ts_version: {
         "defaultVersion": True, "marName": mar_name, **policy.model_config(), "responseTimeout": 120}}}}
     return "\n".join([
         "# TorchServe config for KServe's pytorch (TorchServe) runtime, written by `python -m serving deploy kserve`.",
@@ -105,10 +109,24 @@ def storage_upload_objects(mar_bytes: int) -> list[dict]:
     ]
 
 
+def versioned(service: dict, version: str, canary_percent: int | None) -> dict:
+    """The InferenceService naming the archive's version; with canary_percent, KServe's canaryTrafficPercent: applied
+    over the running service, that share of requests goes to the new revision until it is raised to 100."""
+    service["metadata"]["annotations"][VERSION_ANNOTATION] = version
+    if canary_percent is not None:
+        if not 0 <= canary_percent <= 100:
+            raise DeployError(f"--canary-percent {canary_percent}: give a share of requests from 0 to 100")
+        service["spec"]["predictor"]["canaryTrafficPercent"] = canary_percent
+    return service
+
+
 def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str | None = None,
-                 storage_uri: str = STORAGE_URI_PLACEHOLDER, force: bool = False) -> Path:
-    """gpu/ and cpu/ storage folders with the export's archive (model_name: default the model's name)."""
+                 storage_uri: str = STORAGE_URI_PLACEHOLDER, force: bool = False,
+                 canary_percent: int | None = None) -> Path:
+    """gpu/ and cpu/ storage folders with the export's archive (model_name: default the model's name); each
+    InferenceService names the archive's version (and a canary share, canary_percent)."""
     manifest, model_name, archive = exported_archive(export_dir, model_store, model_name)
+    version = label_of(archive_version(archive))
     numbers = replica_numbers(manifest.model.name)
     staging = fresh_output(Path(out), force)
     header = (f"# KServe InferenceService for {manifest.model.name} ({manifest.served_record().kind}) served by "
@@ -120,12 +138,15 @@ def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str
         (storage / "config").mkdir(parents=True)
         (storage / "model-store").mkdir()
         _link_or_copy(archive, storage / "model-store" / archive.name)
-        (storage / "config" / "config.properties").write_text(kserve_config_properties(model_name, archive.name, device))
-        uri = storage_uri.format(model=model_name, device=device)
+        (storage / "config" / "config.properties").write_text(kserve_config_properties(
+            model_name, archive.name, device, torchserve_version(archive) or "1.0"))
+        uri = storage_uri.format(model=model_name, device=device, version=version)
         (staging / device / "inferenceservice.yaml").write_text(
-            dump_yaml([inference_service(model_name, device, numbers, uri)], header))
+            dump_yaml([versioned(inference_service(model_name, device, numbers, uri), version, canary_percent)],
+                      header))
 
-    write_engine_material(staging, archive, model_name, storage_uri, _link_or_copy)
+    write_engine_material(staging, archive, model_name, storage_uri.replace("{version}", version), _link_or_copy,
+                          lambda service: versioned(service, version, canary_percent))
     (staging / "storage-pvc.yaml").write_text(dump_yaml(
         storage_upload_objects(archive.stat().st_size),
         "# A claim to hold the storage folders, and a pod to copy them there:\n# kubectl apply -f storage-pvc.yaml; "

@@ -58,8 +58,10 @@ def engine_inference_service(model_name: str, numbers: ReplicaNumbers, storage_u
     }
 
 
-def write_engine_material(staging: Path, archive: Path, model_name: str, storage_uri: str, link) -> None:
-    """kserve-engine/: the storage folder (model-store/NAME.mar) and its InferenceService."""
+def write_engine_material(staging: Path, archive: Path, model_name: str, storage_uri: str, link,
+                          finish=lambda service: service) -> None:
+    """kserve-engine/: the storage folder (model-store/NAME.mar) and its InferenceService (finish: what the
+    caller adds to it, e.g. the version)."""
     folder = staging / ENGINE_FOLDER
     (folder / "storage" / "model-store").mkdir(parents=True)
     link(archive, folder / "storage" / "model-store" / archive.name)
@@ -70,5 +72,5 @@ def write_engine_material(staging: Path, archive: Path, model_name: str, storage
               "# storageUri is a placeholder: copy "
               f"{ENGINE_FOLDER}/storage/ there (docs/scaling.md); the image too.\n"
               f"# Autoscaling target from: {numbers.source}.\n")
-    service = engine_inference_service(model_name, numbers, uri)
+    service = finish(engine_inference_service(model_name, numbers, uri))
     (folder / "inferenceservice.yaml").write_text(dump_yaml([service], header))

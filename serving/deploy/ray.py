@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
+from contract.versions import label_of
 from handlers.policy import this_machine
 from serving.deploy.common import (
     MAX_REPLICAS,
@@ -33,10 +34,11 @@ from serving.deploy.common import (
     fresh_output,
     publish,
 )
-from serving.deploy.kserve import PVC_NAME, storage_upload_objects
+from serving.deploy.kserve import PVC_NAME, VERSION_ANNOTATION, storage_upload_objects
 from serving.deploy.kserve_predictor import IMAGE_PLACEHOLDER, MOUNT
 from serving.ray.config import HTTP_PORT, OBJECT_STORE_BYTES
-from serving.settings import archive_pins
+from serving.ray.serve_config import versioned_name
+from serving.settings import archive_pins, archive_version
 
 API_VERSION = "ray.io/v1"  # KubeRay's RayService (validated against KubeRay v1.7.0's CRD in the tests)
 CLUSTER_MODEL_STORE = PurePosixPath(MOUNT) / "model-store"  # where the pods read the archives, as kserve-engine/
@@ -154,7 +156,9 @@ def ray_service(model_store: Path, model_name: str, policy: ServingPolicy, ray_v
     return {
         "apiVersion": API_VERSION,
         "kind": "RayService",
-        "metadata": {"name": f"{model_name}-ray", "annotations": {"vision-export/policy": policy.reason}},
+        "metadata": {"name": f"{model_name}-ray", "annotations": {
+            "vision-export/policy": policy.reason,
+            VERSION_ANNOTATION: label_of(archive_version(Path(model_store) / f"{model_name}.mar"))}},
         "spec": {
             "serveConfigV2": BlockText(yaml.safe_dump(config, sort_keys=False)),
             "rayClusterConfig": {
@@ -203,7 +207,7 @@ def write_ray(out: Path, export_dir: Path, model_store: Path, model_name: str | 
     service = ray_service(Path(model_store), model_name, policy, version, cluster_model_store)
     staging = fresh_output(Path(out), force)
     (staging / "storage" / "model-store").mkdir(parents=True)
-    shutil.copy2(archive, staging / "storage" / "model-store" / archive.name)
+    shutil.copy2(archive, staging / "storage" / "model-store" / versioned_name(Path(model_store), model_name))
     folder = storage_folder(model_name)
     (staging / "storage-pvc.yaml").write_text(dump_yaml(
         storage_objects(archive.stat().st_size),

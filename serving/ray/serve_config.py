@@ -13,8 +13,10 @@ from pathlib import Path
 import yaml
 
 from contract.policy import ServingPolicy
+from contract.versions import archive_name
 from serving.ray.config import HTTP_PORT, deployment_options
 from serving.ray.deployment import application_args
+from serving.settings import archive_version
 
 IMPORT_PATH = "serving.ray.deployment:application"
 CLUSTER_HOST = "0.0.0.0"  # in a cluster the proxies serve the pod's or node's address; the network guards them
@@ -30,11 +32,18 @@ def serve_config(model_store: Path, policies: dict[str, ServingPolicy],
     where = Path(cluster_model_store) if cluster_model_store else Path(model_store).absolute()
     applications = []
     for name, policy in policies.items():
-        args = application_args(where / f"{name}.mar", policy)
+        args = application_args(where / versioned_name(Path(model_store), name), policy)
         applications.append({"name": name, "route_prefix": f"/predictions/{name}", "import_path": IMPORT_PATH,
                              "args": args, "deployments": [{"name": name, **deployment_options(policy)}]})
     return {"proxy_location": CLUSTER_PROXY_LOCATION, "http_options": {"host": CLUSTER_HOST, "port": HTTP_PORT},
             "applications": applications}
+
+
+def versioned_name(model_store: Path, name: str) -> str:
+    """NAME.vN.mar for the version NAME.mar is (each version its own path: a cluster that is given the next one
+    updates its application in place), NAME.mar for an archive made before versions."""
+    version = archive_version(model_store / f"{name}.mar")
+    return archive_name(name, version.number) if version else f"{name}.mar"
 
 
 def validated(config: dict) -> dict:
