@@ -172,7 +172,7 @@ def draw_answer(drawer: Drawer, image: Image.Image, output, forms: list[str], ag
         return Answer(forms, data_uri(shown), summary, agrees=agrees)
     if drawer.task == CLASSIFICATION:
         bars = top_k(drawer, output)
-        return Answer(forms, data_uri(shown), f"top-1 {bars[0][0]} ({bars[0][1]:.2f})", bars=bars, agrees=agrees)
+        return Answer(forms, data_uri(shown), f"top-1 {bars[0][0]} ({bars[0][1]:.3g})", bars=bars, agrees=agrees)
     legend = _overlay_classes(drawer, shown, output)
     return Answer(forms, data_uri(shown), f"{len(legend)} classes", legend=legend, agrees=agrees)
 

@@ -177,8 +177,9 @@ def _answer(answer: Answer) -> str:
         caption += f" <span class='muted'>(refused by the export: {escape(answer.refused)})</span>"
     if answer.detail:
         caption += f"<br><span class='muted'>{escape(answer.detail)}</span>"
+    top = max((p for _, p in answer.bars), default=0) or 1.0  # bars relative to the top class: random weights too
     bars = "".join(
-        f"<div><span class='bar' style='width:{max(2, round(p * 160))}px'></span>{escape(label)} {p:.2f}</div>"
+        f"<div><span class='bar' style='width:{max(2, round(p / top * 160))}px'></span>{escape(label)} {p:.3g}</div>"
         for label, p in answer.bars
     )
     legend = "".join(
