@@ -93,6 +93,9 @@ class Tally:
     failed: int = 0
     start_s: float = 0.0  # Ray started and the policy resolved, before the first photo
     scoring_s: float = 0.0  # from the dataset's start to its last part written: the rate's time
+    first_answer_s: float = 0.0  # from the dataset's start to the first answers (the actors loading the model)
+    first_rows: int = 0  # photos in that first batch of answers
+    workers: int = 1  # the actor pool's size
     stage_ms: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
 
 
@@ -143,8 +146,8 @@ def run_on_ray(args: argparse.Namespace, pending: list[Shard]) -> Tally:
         policy = cluster_policy(args)
         logger.info("serving policy on the cluster's %s: %s", describe_cluster(), policy.reason)
         scoring = time.monotonic()
-        tally = stream(args.out, pending, dataset(args.path, pending, policy))
-        tally.start_s, tally.scoring_s = scoring - started, time.monotonic() - scoring
+        tally = stream(args.out, pending, dataset(args.path, pending, policy), scoring)
+        tally.start_s, tally.scoring_s, tally.workers = scoring - started, time.monotonic() - scoring, policy.workers
         return tally
     finally:
         ray.shutdown()
@@ -195,7 +198,8 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy):
         for shard in pending
         for photo in shard.photos
     ]
-    rows = ray.data.from_items(items, override_num_blocks=max(len(pending), policy.workers))
+    # a block per call: answers stream back (parts written, progress shown) as each call ends
+    rows = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // ROWS_PER_CALL)))
     return rows.map_batches(
         Scorer,
         batch_size=ROWS_PER_CALL,
@@ -211,7 +215,7 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy):
     )
 
 
-def stream(out: Path, pending: list[Shard], answered) -> Tally:
+def stream(out: Path, pending: list[Shard], answered, started: float) -> Tally:
     """The answered rows, gathered per shard; each shard written as its part once all its rows are in."""
     sizes = {shard.key: len(shard.photos) for shard in pending}
     waiting: dict[str, list[dict]] = {}
@@ -219,6 +223,8 @@ def stream(out: Path, pending: list[Shard], answered) -> Tally:
     progress = Progress(sum(sizes.values()))
     columns = SCHEMA.names
     for batch in answered.iter_batches(batch_size=None, batch_format="pyarrow"):
+        if not tally.first_rows:
+            tally.first_answer_s, tally.first_rows = time.monotonic() - started, batch.num_rows
         for row in batch.to_pylist():
             for stage in STAGES:
                 tally.stage_ms[stage] += row[f"{stage}_ms"]
@@ -249,15 +255,23 @@ def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
     statuses = table.column("status").to_pylist()
     failed = sum(1 for status in statuses if status != 200)
     rate = tally.rows / tally.scoring_s if tally.rows and tally.scoring_s else 0.0
+    steady_s = tally.scoring_s - tally.first_answer_s
+    steady = (tally.rows - tally.first_rows) / steady_s if tally.rows > tally.first_rows and steady_s > 0 else rate
     per_photo = {stage: ms / tally.rows for stage, ms in tally.stage_ms.items()} if tally.rows else {}
+    in_core = sum(tally.stage_ms.values()) / 1000 / (tally.scoring_s * tally.workers) if tally.scoring_s else 0.0
     lines = [
         f"done: {record.photos} photos, {record.photos - failed} answered, {failed} error rows, in {args.out}",
-        f"this run: {tally.rows} photos in {tally.scoring_s:.1f} s, {rate:.1f} photos/s (Ray's start and the "
-        f"policy before it: {tally.start_s:.1f} s)"
+        f"this run: {tally.rows} photos in {tally.scoring_s:.1f} s, {rate:.1f} photos/s; {steady:.1f} photos/s "
+        f"after the first answers ({tally.first_answer_s:.1f} s: the actors loading the model); Ray's start "
+        f"before it: {tally.start_s:.1f} s"
         + (" (the rest were written by an earlier run)" if tally.rows < record.photos else ""),
     ]
     if per_photo:
-        lines.append("per photo in the actors: " + ", ".join(f"{s} {ms:.1f} ms" for s, ms in per_photo.items()))
+        lines.append(
+            "per photo in the actors: "
+            + ", ".join(f"{s} {ms:.1f} ms" for s, ms in per_photo.items())
+            + f"; the {tally.workers} actor(s) spent {100 * in_core:.0f} % of the run's time in the core"
+        )
     if failed:
         lines.append(f"error rows: status != 200, e.g. {first_error(table)}")
     print("\n".join(lines), flush=True)
@@ -270,6 +284,10 @@ def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
                 "start_s": round(tally.start_s, 2),
                 "scoring_s": round(tally.scoring_s, 2),
                 "photos_per_s": round(rate, 2),
+                "first_answer_s": round(tally.first_answer_s, 2),
+                "photos_per_s_after_first_answers": round(steady, 2),
+                "workers": tally.workers,
+                "share_of_actor_time_in_core": round(in_core, 3),
                 "stage_ms_per_photo": {s: round(ms, 2) for s, ms in per_photo.items()},
             }
         ),
