@@ -55,9 +55,10 @@ def test_apis_listen_on_loopback_only(default_server):
 
 
 def test_registering_a_model_from_a_url_is_refused(default_server):
-    response = requests.post(f"{default_server.management_url}/models",
-                             params={"url": "http://127.0.0.1:1/evil.mar"}, timeout=30)
-    assert response.status_code == 405 and response.json()["type"] == "MethodNotAllowedException", response.text
+    """Registration is on (a rollout registers versions beside the live one), from the model store only."""
+    for url in ("http://127.0.0.1:1/evil.mar", "file:///etc/passwd.mar", "../../../tmp/evil.mar"):
+        response = requests.post(f"{default_server.management_url}/models", params={"url": url}, timeout=30)
+        assert response.status_code == 404 and "not" in response.json()["message"], response.text
 
 
 def test_with_the_model_api_on_only_the_local_model_store_may_register(resnet18_export, tmp_path):
