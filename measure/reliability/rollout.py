@@ -22,11 +22,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.policy import ServingPolicy
 from contract.versions import VERSION_HEADER, label_of, record_default
 from measure.command import write_tables
 from measure.loadgen import percentile
 from serving.rollout.candidate import checked_manifest
-from serving.settings import EXAMPLE_IMAGE, PROJECT_ROOT, REQUEST_TIMEOUT_S
+from serving.settings import EXAMPLE_IMAGE, PROJECT_ROOT, REQUEST_TIMEOUT_S, ServingSettings, free_port
 
 CONCURRENCY = 8
 STEADY_S = 20.0  # steady state measured before the rollout
@@ -134,6 +135,24 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def engine_settings(engine: str, store: Path, run_dir: Path, name: str,
+                    policy: ServingPolicy | None = None) -> tuple[ServingSettings, str]:
+    """The engine's settings on free loopback ports serving name (policy: given whole, else this machine's), and
+    the URL a client posts the photo to."""
+    if engine == "torchserve":
+        from serving.torchserve.config import on_free_ports
+        settings = on_free_ports(store, run_dir)
+        settings.models, settings.policy = (name,), policy
+        return settings, settings.predictions_url(name)
+    if engine == "kserve":
+        from serving.kserve.config import KServeSettings
+        settings = KServeSettings(store, (name,), run_dir=run_dir, policy=policy, http_port=free_port())
+        return settings, settings.predict_url(name)
+    from serving.ray.config import RaySettings
+    settings = RaySettings(store, (name,), run_dir=run_dir, policy=policy, http_port=free_port())
+    return settings, settings.predictions_url(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     from contract.cli import run_command
     return run_command(lambda: _main(argv))
@@ -142,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m measure rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=("torchserve", "kserve", "ray"), default="torchserve")
     parser.add_argument("--model-store", type=Path, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--live", required=True, help="the version serving at the start (vN)")
@@ -150,22 +170,21 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--steady", type=float, default=STEADY_S, help="seconds of steady load before the rollout")
     parser.add_argument("--out", type=Path, default=Path("rollout-results"))
     args = parser.parse_args(argv)
-    from serving.torchserve import server
-    run_dir = (args.out / "run").absolute()
+    from serving import engine as engines
+    run_dir = (args.out / f"run-{args.engine}").absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     record_default(run_dir, args.model, args.live)  # the start serves it
-    settings = server.on_free_ports(args.model_store, run_dir)
-    settings.models = (args.model,)
-    with server.running(settings, args.image):
-        rows, log = under_load(settings.predictions_url(args.model), args, run_dir)
-    context = {"model": args.model, "live": args.live, "candidate": str(args.candidate), "engine": "torchserve",
+    settings, url = engine_settings(args.engine, args.model_store, run_dir, args.model)
+    with engines.get(args.engine)(settings).running(args.image):
+        rows, log = under_load(url, args, run_dir)
+    context = {"model": args.model, "live": args.live, "candidate": str(args.candidate), "engine": args.engine,
                "concurrency": CONCURRENCY, "log": log}
-    write_tables(args.out, "rollout", markdown(rows), context, rows)
+    write_tables(args.out, f"rollout-{args.engine}", markdown(rows), context, rows)
     return 0 if not any(row["failed"] for row in rows) else 1
 
 
 def under_load(url: str, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict], str]:
-    load = VersionedLoad(url, args.image.read_bytes()).start()
+    load = VersionedLoad(url, args.image.read_bytes(), kserve_v1=args.engine == "kserve").start()
     try:
         time.sleep(args.steady)
         steady_end = time.monotonic()

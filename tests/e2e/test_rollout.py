@@ -16,11 +16,8 @@ from contract.policy import ServingPolicy
 from contract.records import Manifest
 from contract.versions import read_defaults, record_default
 from export.package.archive import build_archive
-from measure.reliability.rollout import VersionedLoad, failures, serving_command
+from measure.reliability.rollout import VersionedLoad, engine_settings, failures, serving_command
 from serving import engine as engines
-from serving.kserve.config import KServeSettings
-from serving.settings import ServingSettings, free_port
-from serving.torchserve import server
 from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 
@@ -56,27 +53,14 @@ ONE_WORKER = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, thread
                            reason="tests: one worker")
 
 
-def engine_settings(engine: str, store: Path, run_dir: Path) -> tuple[ServingSettings, str]:
-    """The engine's settings on free loopback ports, and the URL a client posts the photo to."""
-    if engine == "torchserve":
-        settings = server.on_free_ports(store, run_dir)
-        settings.models, settings.policy = (NAME,), ONE_WORKER
-        return settings, settings.predictions_url(NAME)
-    if engine == "kserve":
-        settings = KServeSettings(store, (NAME,), run_dir=run_dir, policy=ONE_WORKER, http_port=free_port())
-        return settings, settings.predict_url(NAME)
-    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
-    from serving.ray.config import RaySettings
-    settings = RaySettings(store, (NAME,), run_dir=run_dir, policy=ONE_WORKER, http_port=free_port())
-    return settings, settings.predictions_url(NAME)
-
-
 @pytest.mark.parametrize("engine", ["torchserve", "kserve", "ray"])
 def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     record_default(run_dir, NAME, "v1")  # the start serves v1 although NAME.mar is v2
-    settings, url = engine_settings(engine, versioned_store, run_dir)
+    if engine == "ray":
+        pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
+    settings, url = engine_settings(engine, versioned_store, run_dir, NAME, ONE_WORKER)
     with engines.get(engine)(settings).running(CAT):
         load = VersionedLoad(url, CAT.read_bytes(), kserve_v1=engine == "kserve").start()
         try:
