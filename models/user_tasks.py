@@ -60,7 +60,14 @@ def module_entry(reference: str, input_shape: tuple[int, ...], labels_file: str 
     if task == CLASSIFICATION:
         return _classifier(reference, input_shape, labels_file), TaskFound(CLASSIFICATION, "--task classification")
     module = built_by(load_factory(reference), reference).eval()
-    found = task_of(_eager_output(module, input_shape), input_shape, task)
+    try:
+        output = _eager_output(module, input_shape)
+    except UserModuleError as error:
+        if task != AUTO:
+            raise
+        why = f"{error}: exported as before, so the export's own checks say where"
+        return _classifier(reference, input_shape, labels_file), TaskFound(CLASSIFICATION, why)
+    found = task_of(output, input_shape, task)
     if found.task == DETECTION:
         return _detector(reference, input_shape, labels_file, module, found), found
     if found.task == SEGMENTATION:

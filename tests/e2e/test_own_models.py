@@ -157,3 +157,15 @@ def test_every_engine_answers_with_the_users_classes_what_the_served_form_answer
             answer = _posted(settings.predictions_url(name))
         assert answer == json.loads(json.dumps(in_process[name].answer(CAT.read_bytes())))
         _answers_named_by_the_user(name, answer)
+
+
+@pytest.mark.parametrize("name", [DETECTOR, MASKS])
+def test_the_model_is_rebuilt_from_its_manifest_with_the_exported_weights(exports, name):
+    """What `export parity` and `explain` rebuild: the fine-tuned arch at its classes, or the module at its task."""
+    from export.package.rebuild import entry_from_manifest, weights_from_manifest
+    from models.weights import state_dict_fingerprint
+    manifest = Manifest.read(exports["base"] / name)
+    entry = entry_from_manifest(manifest)
+    built = entry.build(weights_from_manifest(manifest))
+    assert entry.task == DETECTION and entry.outputs == tuple(o.name for o in manifest.outputs)
+    assert state_dict_fingerprint(built.module) == manifest.weights["state_dict_sha256"]

@@ -81,6 +81,10 @@ FACTORIES = textwrap.dedent('''
 
     def two_outputs():
         return TwoOutputs()
+
+
+    def fails():
+        return nn.Linear(3, 2)
 ''')
 
 
@@ -150,3 +154,10 @@ def test_a_module_fitting_no_task_is_entered_as_before_and_says_why(factories):
     assert entry.task == CLASSIFICATION and entry.source["task"] == "auto"
     with pytest.raises(UserModuleError, match="returned tuple, not a torch.nn.Module"):
         module_entry(f"{factories}:pair", SHAPE)
+
+
+def test_a_module_that_fails_on_its_input_is_left_to_the_exports_own_checks_unless_a_task_is_asked(factories):
+    entry, found = module_entry(f"{factories}:fails", SHAPE)
+    assert found.task == CLASSIFICATION and "failed on an input of shape (1, 3, 48, 64)" in found.why
+    with pytest.raises(UserModuleError, match="RuntimeError"):
+        module_entry(f"{factories}:fails", SHAPE, task=DETECTION)
