@@ -15,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from contract.errors import VisionExportError
 from contract.files import atomic_write_text
@@ -40,7 +41,7 @@ class ModelVersion:
         return f"v{self.number}"
 
     @classmethod
-    def from_dict(cls, data: dict) -> ModelVersion:
+    def from_dict(cls, data: dict[str, Any]) -> ModelVersion:
         return cls(int(data["number"]), str(data["content"]))
 
 

@@ -42,8 +42,9 @@ def class_map_answer(array: np.ndarray) -> dict:
 
 
 def test_a_segmenter_agrees_when_every_class_mask_overlaps():
-    live = np.zeros((20, 20)); live[5:15, 5:15] = 3
-    moved = np.zeros((20, 20)); moved[10:20, 10:20] = 3
+    live, moved = np.zeros((20, 20)), np.zeros((20, 20))
+    live[5:15, 5:15] = 3
+    moved[10:20, 10:20] = 3
     assert compare_masks(class_map_answer(live), class_map_answer(live.copy()))[0]
     agrees, how = compare_masks(class_map_answer(live), class_map_answer(moved))
     assert not agrees and "class 3" in how
