@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Healthy only when TorchServe's management API lists MODEL and a READY worker for every registered model.
-# /ping answers as soon as the Java frontend is up, also while a worker is still loading its model or after
-# it has died. Reads the address the server binds (TS_MANAGEMENT_ADDRESS, 0.0.0.0 meaning this machine).
+# Healthy only when TorchServe's management API lists MODEL and, for every registered model, a READY worker whose
+# process is alive (TorchServe keeps a killed worker READY until it notices). /ping answers as soon as the Java
+# frontend is up, also while a worker is still loading its model or after it has died. Reads the address the server binds (TS_MANAGEMENT_ADDRESS, 0.0.0.0 meaning this machine).
 set -euo pipefail
 
-# With ENGINE=kserve: KServe's own readiness, as KServe documents it (v2 server ready, MODEL ready); its model is
-# ready only once the archive's artifact passed its sha256 check and opened.
+# With ENGINE=kserve: our readiness (serving/kserve/signals.py: every model has a live inference worker), then
+# KServe's own for MODEL; a model is ready only once the archive's artifact passed its sha256 check and opened.
 if [[ "${ENGINE:-torchserve}" == kserve ]]; then
   exec "${PYTHON:-python}" - "http://127.0.0.1:${KSERVE_HTTP_PORT:-8080}" "${MODEL:-resnet50}" <<'KSERVE'
 import json
@@ -13,7 +13,7 @@ import sys
 import urllib.request
 
 base, model = sys.argv[1], sys.argv[2]
-for path in ("/v2/health/ready", f"/v2/models/{model}/ready"):
+for path in ("/health/ready", f"/v2/models/{model}/ready"):
     try:
         with urllib.request.urlopen(base + path, timeout=5) as response:
             answer = json.load(response)
@@ -30,6 +30,7 @@ fi
 exec "${PYTHON:-python}" - "${TS_MANAGEMENT_ADDRESS:-http://127.0.0.1:8081}" "${MODEL:-resnet50}" \
   "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}/key_file.json" <<'EOF'
 import json
+import os
 import sys
 import urllib.request
 from pathlib import Path
@@ -41,6 +42,16 @@ base = f"{address.scheme}://{host}:{address.port or 8081}"
 headers = {}
 if key_file.is_file():  # token authorisation is on
     headers["Authorization"] = "Bearer " + json.loads(key_file.read_text())["management"]["key"]
+
+
+def alive(pid):
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def get(path):
@@ -56,9 +67,11 @@ if model not in registered:
     sys.exit(f"unhealthy: {model} is not registered (models: {', '.join(registered) or 'none'})")
 ready = {}
 for name in registered:
-    statuses = [w.get("status") for entry in get(f"/models/{name}") for w in entry.get("workers", [])]
-    if "READY" not in statuses:
-        sys.exit(f"unhealthy: no READY worker for {name} (workers: {statuses or 'none'})")
-    ready[name] = statuses.count("READY")
-print("healthy: " + ", ".join(f"{name}: {count} READY worker(s)" for name, count in ready.items()))
+    workers = [w for entry in get(f"/models/{name}") for w in entry.get("workers", [])]
+    answering = [w for w in workers if w.get("status") == "READY" and alive(w.get("pid"))]
+    if not answering:
+        sys.exit(f"unhealthy: no READY worker alive for {name} (workers: "
+                 f"{[(w.get('pid'), w.get('status')) for w in workers] or 'none'})")
+    ready[name] = len(answering)
+print("healthy: " + ", ".join(f"{name}: {count} READY worker(s) alive" for name, count in ready.items()))
 EOF

@@ -19,6 +19,7 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,6 +30,7 @@ from contract.handler_config import HandlerConfig, read_labels
 from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
 from contract.records import CLASSIFICATION, ArtifactRecord, ContractError, ImageContract, Manifest
 from contract.versions import label_of
+from handlers import metrics, signals
 from handlers.policy import this_machine
 from handlers.request import ImageRequest
 from handlers.request_body import image_of, requested_topk
@@ -196,6 +198,11 @@ class ImageCore:
                 "why": self.choice.line() if self.choice else "chosen by the caller, not by the machine rule",
                 "backend": self.backend.describe(), "policy": self.policy.describe() if self.policy else None}
 
+    @cached_property
+    def served(self) -> metrics.ServedModel:
+        """What its metrics and request lines name: model, version, form (handlers/metrics.py)."""
+        return metrics.ServedModel.of(self.describe())
+
     # ------------------------------------------------------------ the request's life
     def decode(self, image: bytes) -> Image.Image:
         return decode_upright(image, self.draft_floor)
@@ -251,6 +258,7 @@ class ImageCore:
         if ready:
             self._predict_into(answers, ready, times)
         logger.info(times.line(len(rows)))
+        signals.log_batch(self.served, list(zip(rows, answers)), times.ms)
         return BatchResult(answers, times)
 
     def prepare(self, images: list[bytes], times: StageTimes) -> list:

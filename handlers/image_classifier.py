@@ -2,7 +2,9 @@
 
 What is TorchServe's lives here: the model folder and GPU from system_properties, model-config.yaml's
 `handler:` section, the serving policy `python -m serving` wrote in TorchServe's run config (handlers/policy.py),
-the request rows and their headers, per-row status codes, and the stage times as TorchServe metrics.
+the request rows and their headers, per-row status codes and X-Request-ID headers. Metrics and request lines
+are every engine's (handlers/metrics.py, handlers/signals.py): TorchServe's frontend hides when a request
+arrived, so here a request's latency starts when its batch reaches the worker.
 Everything else (which artifact, its sha256, preprocessing, the request's life) is the core's.
 """
 
@@ -17,7 +19,8 @@ import torch
 
 from contract.errors import VisionExportError
 from contract.versions import VERSION_HEADER
-from handlers.core import STAGES, ImageCore, StageTimes  # measure reads STAGES here
+from handlers import metrics, signals
+from handlers.core import ImageCore
 from handlers.policy import worker_policy
 from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
@@ -27,7 +30,6 @@ from runtime import IntegrityError
 logger = logging.getLogger(__name__)
 
 DESCRIBE_HEADER = "describe"  # set by TorchServe's management API on GET /models/NAME?customized=true
-METRIC_NAMES = {stage: f"{stage.capitalize()}Time" for stage in STAGES}  # ms per batch, Prometheus gauges
 
 
 def select_device(system_properties: dict, cuda_available: Callable[[], bool] | None = None) -> torch.device:
@@ -67,27 +69,26 @@ class TorchServeHandler:
         if _header(context, 0, DESCRIBE_HEADER) == "True":
             return [self.core.describe()]  # shown as the model's customizedMetadata
 
-        result = self.core.run_batch([torchserve_request(context, index, row) for index, row in enumerate(data)])
-        responses = [self._respond(context, index, answer) for index, answer in enumerate(result.answers)]
-        _report_metrics(context, result.times)
+        timer = metrics.Timer()
+        requests = [torchserve_request(context, index, row) for index, row in enumerate(data)]
+        with metrics.in_flight(self.core.served.model):
+            result = self.core.run_batch(requests)
+        responses = [self._respond(context, index, answer, requests[index].request_id)
+                     for index, answer in enumerate(result.answers)]
+        for answer in result.answers:
+            metrics.observe_request(self.core.served, getattr(answer, "code", 200), timer.seconds())
         _version_headers(context, len(responses), self.core.version)
         return responses
 
     @staticmethod
-    def _respond(context, index: int, answer) -> dict:
+    def _respond(context, index: int, answer, rid: str) -> dict:
+        if context is not None and rid:
+            context.set_response_header(index, signals.REQUEST_ID_HEADER, rid)
         if not isinstance(answer, RequestError):
             return answer
         if context is not None:
             context.set_response_status(code=answer.code, phrase=answer.message[:200], idx=index)
-        return answer.as_response()
-
-
-def _report_metrics(context, times: StageTimes) -> None:
-    metrics = getattr(context, "metrics", None)
-    if metrics is None:
-        return
-    for stage in STAGES:
-        metrics.add_time(METRIC_NAMES[stage], times.ms[stage], None, "ms")
+        return signals.with_request_id(answer.as_response(), rid)
 
 
 def _version_headers(context, rows: int, version: str) -> None:

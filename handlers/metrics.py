@@ -132,9 +132,11 @@ class Timer:
 
 
 # ---------------------------------------------------------------- what a metrics address serves
-def multiprocess_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
-    value = environ.get(MULTIPROC_ENV)
-    return Path(value) if value else None
+MULTIPROC_DIR = os.environ.get(MULTIPROC_ENV)  # as prometheus_client read it at import: the mode is fixed then
+
+
+def multiprocess_dir() -> Path | None:
+    return Path(MULTIPROC_DIR) if MULTIPROC_DIR else None
 
 
 def registry() -> CollectorRegistry:

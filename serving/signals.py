@@ -4,7 +4,8 @@ carry them (TorchServe's metrics API has no histograms of ours): GET /metrics, /
 
     python -m serving.signals --port 8083 --management http://127.0.0.1:8081 --models resnet50
         TorchServe's signals beside it: ready when every model has a READY worker whose process is alive
-        (TorchServe's own describe keeps a dead worker READY until it notices)
+        (TorchServe's own describe keeps a dead worker READY until it notices); with --watch PID it ends when
+        TorchServe's launcher does
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,6 +30,7 @@ METRICS_DIR = "metrics"  # in the run dir: each process's metric files
 SIGNALS_PORT = 8083  # TorchServe's signals server, beside its 8080-8082
 LIVE, READY, METRICS = "/health/live", "/health/ready", "/metrics"
 MANAGEMENT_TIMEOUT_S = 5
+WATCH_S = 1.0  # how often --watch looks whether the server it serves beside is still there
 Readiness = Callable[[], list[str]]  # why the server is not ready ([]: ready)
 
 
@@ -123,6 +126,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--management", required=True, help="TorchServe's management address")
     parser.add_argument("--models", nargs="+", required=True)
     parser.add_argument("--key-file", type=Path, default=None, help="TorchServe's key_file.json (token auth on)")
+    parser.add_argument("--watch", type=int, default=None, help="exit once the process of this id has exited")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
 
@@ -136,7 +140,8 @@ def main(argv: list[str]) -> int:
     logger.info("signals of %s on http://%s:%d (%s, %s, %s)", ", ".join(args.models), args.host, args.port, METRICS,
                 LIVE, READY)
     try:
-        threading.Event().wait()
+        while args.watch is None or alive(args.watch):
+            time.sleep(WATCH_S)
     except KeyboardInterrupt:
         pass
     server.shutdown()

@@ -30,7 +30,7 @@ from serving.deploy.common import (
     publish,
     replica_numbers,
 )
-from serving.deploy.kserve_predictor import write_engine_material
+from serving.deploy.kserve_predictor import scrape_annotations, write_engine_material
 from serving.settings import archive_version, torchserve_version
 
 STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/{model}-{device}"  # docs/scaling.md: or s3://BUCKET/...
@@ -82,7 +82,8 @@ def inference_service(model_name: str, device: str, numbers: ReplicaNumbers, sto
         "kind": "InferenceService",
         "metadata": {"name": name, "annotations": {
             "vision-export/throughput-source": numbers.source,
-            "vision-export/replica-requests-per-second": f"{numbers.requests_per_s:.1f}"}},
+            "vision-export/replica-requests-per-second": f"{numbers.requests_per_s:.1f}",
+            **scrape_annotations(8082)}},  # TorchServe's own metrics port in this runtime's config
         "spec": {"predictor": {
             **autoscaling(device, numbers),
             "model": {
@@ -92,6 +93,9 @@ def inference_service(model_name: str, device: str, numbers: ReplicaNumbers, sto
                 "resources": RESOURCES[device],
                 "readinessProbe": {"exec": {"command": ["python3", "-c", READINESS_SCRIPT.replace("MODEL_NAME", model_name)]},
                                    "initialDelaySeconds": 20, "periodSeconds": 30, "timeoutSeconds": 25},
+                # TorchServe's frontend answers (its /ping); readiness above asks a real prediction of the model
+                "livenessProbe": {"httpGet": {"path": "/ping", "port": KSERVE_PORT}, "initialDelaySeconds": 30,
+                                  "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
             }}},
     }
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from serving.deploy.common import (
     API_VERSION,
-    READINESS_SCRIPT,
     RESOURCES,
     ReplicaNumbers,
     autoscaling,
@@ -23,6 +22,7 @@ from serving.deploy.common import (
 )
 
 ENGINE_FOLDER = "kserve-engine"
+LIVE_ROUTE, READY_ROUTE = "/health/live", "/health/ready"  # serving/kserve/signals.py's
 IMAGE_PLACEHOLDER = "vision-export-torchserve:latest"  # compose.yaml's image: push it where the cluster pulls from
 MOUNT = "/mnt/models"  # where KServe's storage initializer puts the storageUri's contents
 CONTAINER_PORT = 8080  # KServe's default HTTP port, which the entrypoint's KSERVE_HTTP_PORT keeps
@@ -39,9 +39,19 @@ def engine_container(model_name: str, storage_uri: str, image: str) -> dict:
         "ports": [{"containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "resources": RESOURCES["cpu"],
         # a real prediction of a generated image through the pod's v1 endpoint, as for the TorchServe runtime
-        "readinessProbe": {"exec": {"command": ["python3", "-c", READINESS_SCRIPT.replace("MODEL_NAME", model_name)]},
-                           "initialDelaySeconds": 20, "periodSeconds": 30, "timeoutSeconds": 25},
+        # liveness: the server answers; readiness: every model has a live inference worker (serving/kserve/signals.py)
+        "livenessProbe": {"httpGet": {"path": LIVE_ROUTE, "port": CONTAINER_PORT}, "initialDelaySeconds": 20,
+                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+        "readinessProbe": {"httpGet": {"path": READY_ROUTE, "port": CONTAINER_PORT}, "initialDelaySeconds": 20,
+                           "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 2},
     }
+
+
+def scrape_annotations(port: int, path: str = "/metrics") -> dict:
+    """The pod annotations a Prometheus with the usual kubernetes-pods job scrapes by (KServe passes an
+    InferenceService's annotations on to its pods)."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": path,
+            "serving.kserve.io/enable-prometheus-scraping": "true"}
 
 
 def engine_inference_service(model_name: str, numbers: ReplicaNumbers, storage_uri: str,
@@ -51,6 +61,7 @@ def engine_inference_service(model_name: str, numbers: ReplicaNumbers, storage_u
         "kind": "InferenceService",
         "metadata": {"name": f"{model_name}-kserve", "annotations": {
             "vision-export/engine": "kserve",
+            **scrape_annotations(CONTAINER_PORT),  # Prometheus' pod annotations: our /metrics (docs/observability.md)
             "vision-export/throughput-source": numbers.source,
             "vision-export/replica-requests-per-second": f"{numbers.requests_per_s:.1f}"}},
         "spec": {"predictor": {**autoscaling("cpu", numbers),

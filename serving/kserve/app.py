@@ -7,6 +7,8 @@
 - raw bytes in v2: KServe turns a binary-data BYTES input into UTF-8 text, so a JPEG sent as tritonclient sends
   it fails with a 500 ("Failed to encode ... using UTF-8"); our data plane keeps such inputs as bytes (and
   reads tritonclient's JSON-only requests, which come without a Content-Type, as JSON);
+- signals: every engine's metrics on /metrics (KServe's route shows one process's default registry), a request
+  id on every answer, liveness and readiness that ask the worker pool (serving/kserve/signals.py);
 - one HTTP process: KServe's own `--workers N` starts N uvicorn processes, each answering the connections it
   accepted. Keep-alive connections stay with the process that accepted them, and the kernel spreads only new
   connections (a shared socket: the first worker that wakes accepts every waiting one; SO_REUSEPORT sockets:
@@ -31,8 +33,10 @@ from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput, deserialize_bytes_tensor
 from kserve.protocol.rest.server import RESTServer
 
+from handlers.metrics import ServedModel
 from handlers.request_error import RequestError
-from serving.kserve import versions
+from handlers.signals import with_request_id
+from serving.kserve import signals, versions
 
 logger = logging.getLogger("serving.kserve")
 
@@ -41,8 +45,9 @@ CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data ext
 _bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST server
 
 
-async def request_error_response(_, error: RequestError) -> JSONResponse:
-    return JSONResponse(status_code=error.code, content=error.as_response())
+async def request_error_response(request, error: RequestError) -> JSONResponse:
+    return JSONResponse(status_code=error.code, content=with_request_id(error.as_response(),
+                                                                         signals.request_id_of(request)))
 
 
 def port_taken(host: str, port: int) -> OSError | None:
@@ -63,11 +68,32 @@ class OurRESTServer(RESTServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.config.host = _bind_host
+        self.served: dict = {}  # model name -> (its core, its metrics' labels: handlers/metrics.py)
 
     def _register_endpoints(self, app) -> None:
         super()._register_endpoints(app)
         app.add_api_route(DESCRIPTION_ROUTE, self.description, methods=["GET"])
         versions.add_routes(app, self.dataplane)  # rollout's routes, loopback clients only
+        app.add_api_route(signals.METRICS_ROUTE, signals.metrics_route, methods=["GET"])
+        app.router.routes.insert(0, app.router.routes.pop())  # first: KServe's own /metrics is matched after it
+        app.add_api_route(signals.LIVE_ROUTE, signals.live_route, methods=["GET"])
+        app.add_api_route(signals.READY_ROUTE, self.ready, methods=["GET"])
+
+    def _add_middlewares(self, app) -> None:
+        super()._add_middlewares(app)
+        app.add_middleware(signals.RequestSignals, served_of=self.served_of)  # the outermost: sees every answer
+
+    def served_of(self, name: str):
+        """The labels of model name's metrics; None for a name the registry does not hold."""
+        model = self.dataplane.model_registry.get_model(name)
+        if model is None or model.core is None:
+            return None
+        if self.served.get(name, (None,))[0] is not model.core:  # a version switch brings another core
+            self.served[name] = (model.core, ServedModel.of(model.core.describe()))
+        return self.served[name][1]
+
+    async def ready(self):
+        return signals.ready_answer(list(self.dataplane.model_registry.get_models().values()))
 
     async def description(self, model_name: str) -> dict:
         """The model description: which form serves on this machine and why, the core's describe() (TorchServe

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 from serving.engine import Engine, register
 from serving.kserve.config import HTTP_PORT, REFUSAL, KServeSettings
 from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
+from serving.signals import metrics_env
 
 if TYPE_CHECKING:
     import requests
@@ -56,7 +57,8 @@ class KServe(Engine):
         self.settings.log_file.unlink(missing_ok=True)
         config = self.settings.write()
         return self.popen([sys.executable, "-m", "serving.kserve.worker", str(config)], self.settings.log_file,
-                          {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **self.settings.extra_env})
+                          {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **metrics_env(self.settings.run_dir),
+                           **self.settings.extra_env})
 
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         import requests

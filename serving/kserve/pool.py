@@ -32,6 +32,7 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.policy import ServingPolicy
+from handlers import metrics
 from handlers.request_error import RequestError
 
 logger = logging.getLogger("serving.kserve")
@@ -222,6 +223,15 @@ class WorkerPool:
                         "restarts": self.restarts[index]} for index, worker in sorted(self.workers.items())]
         return {**self.description, "workers": workers}
 
+    def not_answering(self) -> str | None:
+        """Why no worker can take a batch now (None: one can): what readiness asks (serving/kserve/signals.py)."""
+        with self.lock:
+            if self.broken is not None:
+                return self.broken
+            if any(worker.process.is_alive() for worker in self.workers.values()):
+                return None
+        return "no live inference worker (a new one is starting)"
+
     # ---------------------------------------------------------------- a worker that dies
     def _watch(self) -> None:
         while True:
@@ -239,6 +249,7 @@ class WorkerPool:
             del self.workers[dead.index]
             if dead in self.idle:
                 self.idle.remove(dead)
+        metrics.process_exited(dead.process.pid)
         logger.error("%s: inference %s exited with code %s: starting a new worker %d", self.model, dead.name,
                      dead.exit_code(), dead.index)
         threading.Thread(target=self._restart, args=(dead.index,), name=f"{self.model}-restart-{dead.index}",

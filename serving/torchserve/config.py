@@ -26,6 +26,7 @@ MODEL_RESPONSE_TIMEOUT_S = 120  # TorchServe's per-model responseTimeout: a work
 INFERENCE_PORT = 8080
 MANAGEMENT_PORT = 8081
 METRICS_PORT = 8082
+SIGNALS_PORT = 8083  # our metrics and health beside TorchServe (serving/signals.py)
 GRPC_INFERENCE_PORT = 7070
 GRPC_MANAGEMENT_PORT = 7071
 MODEL_VERSION = "1.0"  # what `python -m export` archives
@@ -39,6 +40,7 @@ class ServerSettings(ServingSettings):
     inference_port: int = INFERENCE_PORT
     management_port: int = MANAGEMENT_PORT
     metrics_port: int = METRICS_PORT
+    signals_port: int = SIGNALS_PORT
     grpc_inference_port: int = GRPC_INFERENCE_PORT
     grpc_management_port: int = GRPC_MANAGEMENT_PORT
     config: Path = DEFAULT_CONFIG
@@ -57,6 +59,10 @@ class ServerSettings(ServingSettings):
     @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}"
+
+    @property
+    def signals_url(self) -> str:
+        return f"http://{self.host}:{self.signals_port}"
 
     @property
     def key_file(self) -> Path:
@@ -97,7 +103,7 @@ def token_auth_switched_on(settings: ServerSettings, environ: dict) -> bool:
 def on_free_ports(model_store: Path, run_dir: Path) -> ServerSettings:
     """Settings whose five ports (HTTP and gRPC) are all free: for tests and benchmarks beside other servers."""
     return ServerSettings(model_store=model_store, run_dir=run_dir, inference_port=free_port(),
-                          management_port=free_port(), metrics_port=free_port(),
+                          management_port=free_port(), metrics_port=free_port(), signals_port=free_port(),
                           grpc_inference_port=free_port(), grpc_management_port=free_port())
 
 

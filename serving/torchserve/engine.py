@@ -19,9 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from handlers.metrics import MULTIPROC_ENV
 from handlers.policy import RUN_CONFIG_ENV
 from serving.engine import Engine, await_prediction, register
-from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, ServingError, policies_text
+from serving.processes import read_pgid, stop_group
+from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, PROJECT_ROOT, STOP_TIMEOUT_S, ServingError, policies_text
+from serving.signals import METRICS_DIR, metrics_env
 from serving.torchserve import config as ts
 from serving.torchserve.config import ServerSettings, token_auth_switched_on, write_run_config
 from serving.torchserve.logs import FRONTEND_LOG, WORKER_LOG, exit_reason, load_failure
@@ -29,6 +32,8 @@ from serving.torchserve.logs import FRONTEND_LOG, WORKER_LOG, exit_reason, load_
 if TYPE_CHECKING:
     import requests
 
+SIGNALS_PID = "signals.pgid"  # the signals server beside TorchServe (serving/signals.py)
+SIGNALS_STOP_S = 10
 SOCKET_PATH_MAX = 100  # sun_path holds 107 bytes; leave room for ".ts.sock.NNNNN"
 
 
@@ -49,6 +54,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
                                "the policy"}
     retry_on = (KeysNotWritten,)  # a probe before TorchServe wrote its keys is tried again
     settings: ServerSettings
+    signals: subprocess.Popen | None = None  # the signals server this process started beside TorchServe
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -56,6 +62,8 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         parser.add_argument("--inference-port", type=int, default=ts.INFERENCE_PORT)
         parser.add_argument("--management-port", type=int, default=ts.MANAGEMENT_PORT)
         parser.add_argument("--metrics-port", type=int, default=ts.METRICS_PORT)
+        parser.add_argument("--signals-port", type=int, default=ts.SIGNALS_PORT,
+                            help="our metrics (GET /metrics) and health (/health/live, /health/ready) beside TorchServe")
         parser.add_argument("--grpc-inference-port", type=int, default=ts.GRPC_INFERENCE_PORT)
         parser.add_argument("--grpc-management-port", type=int, default=ts.GRPC_MANAGEMENT_PORT)
         parser.add_argument("--config", type=Path, default=ts.DEFAULT_CONFIG)
@@ -66,7 +74,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
     @classmethod
     def own_settings(cls, args: argparse.Namespace) -> dict:
         return {"inference_port": args.inference_port, "management_port": args.management_port,
-                "metrics_port": args.metrics_port, "grpc_inference_port": args.grpc_inference_port,
+                "metrics_port": args.metrics_port, "signals_port": args.signals_port, "grpc_inference_port": args.grpc_inference_port,
                 "grpc_management_port": args.grpc_management_port, "config": args.config,
                 "token_auth": args.token_auth}
 
@@ -89,8 +97,17 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         for old in [*settings.log_dir.glob("*.log"), settings.key_file]:
             old.unlink(missing_ok=True)  # a previous run's key file would not open this run's server
         config = write_run_config(settings)
-        return self.popen(torchserve_command(settings, config), settings.log_dir / "console.log",
-                          server_env(settings, config))
+        server = self.popen(torchserve_command(settings, config), settings.log_dir / "console.log",
+                            server_env(settings, config))
+        self.signals = start_signals(settings, server.pid)
+        (settings.run_dir.absolute() / SIGNALS_PID).write_text(str(self.signals.pid))
+        return server
+
+    def stop(self, process: subprocess.Popen | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """TorchServe's whole group, then the signals server beside it."""
+        stopped = super().stop(process, timeout)
+        stop_signals(self.settings.run_dir.absolute() / SIGNALS_PID, self.signals)
+        return stopped
 
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         url, body = self.settings.predictions_url(model), Path(image).read_bytes()
@@ -128,7 +145,8 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
                 f"--data-binary @{shown}")
 
     def metrics_url(self) -> str:
-        return f"{self.settings.metrics_url}/metrics"
+        """Ours (handlers/metrics.py); TorchServe's own ts_* metrics stay on its metrics port."""
+        return f"{self.settings.signals_url}/metrics"
 
     def request_headers(self) -> dict:
         return auth_headers(self.settings)
@@ -138,6 +156,27 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
             return []
         return [f"token authorisation on: keys (inference, management) in {self.settings.key_file}; anonymous "
                 "requests are refused"]
+
+
+def start_signals(settings: ServerSettings, server: int) -> subprocess.Popen:
+    """Our signals server (serving/signals.py) beside TorchServe, in a session of its own (a process cannot join
+    another session's group): it ends by itself within a second of TorchServe's launcher (--watch)."""
+    command = [sys.executable, "-m", "serving.signals", "--host", settings.host, "--port", str(settings.signals_port),
+               "--management", settings.management_url, "--watch", str(server), "--models", *settings.served_models()]
+    if settings.token_auth:
+        command += ["--key-file", str(settings.key_file)]
+    with open(settings.log_dir / "signals.log", "ab") as output:
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT),
+               MULTIPROC_ENV: str(settings.run_dir.absolute() / METRICS_DIR)}  # server_env made it afresh
+        return subprocess.Popen(command, cwd=settings.run_dir.absolute(), env=env,
+                                stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop_signals(pid_file: Path, process: subprocess.Popen | None) -> None:
+    """The signals server's group (it leads its own session), reaped when this process started it."""
+    if process is not None or read_pgid(pid_file) is not None:
+        stop_group(pid_file, process, SIGNALS_STOP_S, "the signals server")
+    pid_file.unlink(missing_ok=True)
 
 
 def torchserve_command(settings: ServerSettings, config: Path) -> list[str]:
@@ -164,6 +203,7 @@ def server_env(settings: ServerSettings, run_config: Path) -> dict:
     return {
         **os.environ,
         RUN_CONFIG_ENV: str(run_config),  # workers inherit it: the handler reads its model's policy there
+        **metrics_env(run_dir),  # every worker writes its metrics there; the signals server reads them all
         "TS_INFERENCE_ADDRESS": settings.inference_url,
         "TS_MANAGEMENT_ADDRESS": settings.management_url,
         "TS_METRICS_ADDRESS": settings.metrics_url,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import collections
 import concurrent.futures
+import json
 import os
 import re
 import signal
@@ -332,3 +333,70 @@ def test_a_worker_that_cannot_start_again_stops_the_server_with_the_reason(resne
     log = settings.log_file.read_text()
     assert "inference worker 1 could not be started again (3 tries)" in log and "sha256" in log, log[-3000:]
     assert not group_alive(process.pid)
+
+
+# ---------------------------------------------------------------- signals: ids, metrics scraped, health
+READY_LOST_S = 5  # how soon readiness says no after the model's last worker died (it asks the pool each time)
+
+
+def test_a_request_id_is_returned_on_answers_and_errors_and_logged_with_stage_times(settings):
+    offset = settings.log_file.stat().st_size
+    answer = requests.post(settings.predict_url("resnet18"), json=cat_body(), headers={"X-Request-ID": "cat-4711"},
+                           timeout=60)
+    assert answer.status_code == 200 and answer.headers["X-Request-ID"] == "cat-4711"
+    error = requests.post(settings.predict_url("resnet18"), json={"instances": [{"image": {"b64": b64(b"nope")}}]},
+                          headers={"X-Request-ID": "bad-4712"}, timeout=60)
+    assert error.status_code == 415 and error.json()["request_id"] == "bad-4712"
+    made = requests.post(settings.predict_url("resnet18"), json=cat_body(), timeout=60).headers["X-Request-ID"]
+    assert re.fullmatch(r"[0-9a-f]{32}", made)
+    time.sleep(1)
+    log = log_since(settings, offset)
+    line = next(line for line in log.splitlines() if "request cat-4711 " in line)
+    assert "model=resnet18" in line and "version=" in line and "form=" in line and "code=200" in line
+    assert "inference_ms=" in line and "decode_ms=" in line
+    assert any("request bad-4712 " in line and "code=415" in line for line in log.splitlines())
+    assert any(f"request {made} " in line for line in log.splitlines())
+
+
+def test_prometheus_p99_agrees_with_heys_and_the_dashboard_queries_answer(settings, tmp_path):
+    from tests.prometheus import agrees_with_hey, check_dashboard, prometheus
+    body = tmp_path / "cat.json"
+    body.write_text(json.dumps(cat_body()))
+    assert predict(settings, {"instances": [{"image": {"b64": b64(b"nope")}}]}).status_code == 415  # a failure
+    with prometheus({"kserve": f"{settings.url}/metrics"}, tmp_path / "prometheus") as server:
+        agrees_with_hey(server, settings.predict_url("resnet18"), body, "application/json", "resnet18")
+        check_dashboard(server, ROOT / "serving" / "grafana" / "vision-export.json", "resnet18")
+    text = requests.get(f"{settings.url}/metrics", timeout=10).text
+    assert 'vision_stage_duration_seconds_bucket{form="' in text and 'vision_batch_size_count{' in text
+
+
+def test_not_ready_when_the_models_last_worker_dies_ready_again_when_replaced_no_wrong_answer(settings, expect):
+    """Both workers killed: readiness says no within READY_LOST_S and yes once the pool replaced them; the requests
+    sent meanwhile wait for a worker or get a 5xx naming the dead one, never a wrong answer."""
+    live, ready = f"{settings.url}/health/live", f"{settings.url}/health/ready"
+    assert requests.get(ready, timeout=10).status_code == 200
+    workers = workers_of(settings)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for worker in workers:
+            os.kill(worker["pid"], signal.SIGKILL)
+        killed, not_ready_at, sent = time.monotonic(), None, []
+        while True:
+            if len(sent) < 8:
+                sent.append(pool.submit(requests.post, settings.predict_url("resnet18"), json=cat_body(),
+                                        timeout=REPLACED_S))
+            readiness = requests.get(ready, timeout=10)
+            assert requests.get(live, timeout=10).status_code == 200
+            if readiness.status_code == 503 and not_ready_at is None:
+                not_ready_at = time.monotonic()
+                assert not_ready_at - killed <= READY_LOST_S, readiness.json()
+            if readiness.status_code == 200 and not_ready_at is not None:
+                break
+            assert time.monotonic() - killed < REPLACED_S, f"not ready again in {REPLACED_S} s: {readiness.json()}"
+            time.sleep(0.5)
+        for future in sent:
+            response = future.result()
+            if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
+                assert_same_answer(response.json()["predictions"][0], expect(CAT.read_bytes()))
+            else:
+                assert response.status_code >= 500 and response.json()["request_id"], response.text
+    assert predict(settings, cat_body()).status_code == 200

@@ -121,14 +121,21 @@ def test_decompression_bomb_is_refused_with_413(serving):
     assert response.status_code == 413 and "pixels" in response.json()["error"]
 
 
-def test_metrics_endpoint_shows_the_handlers_stage_times(serving):
-    assert _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}).status_code == 200
-    text = requests.get(f"{serving.metrics_url}/metrics", timeout=10).text
-    assert "ts_inference_requests_total" in text and "# TYPE" in text
-    for metric in ("DecodeTime", "PreprocessTime", "InferenceTime", "EncodeTime"):
-        line = next(row for row in text.splitlines()
-                    if row.startswith(metric + "{") and f'ModelName="{serving.model_name}"' in row)
-        assert float(line.rsplit(" ", 1)[1]) >= 0.0  # present on the Prometheus endpoint, in milliseconds
+def test_signals_ids_metrics_scraped_by_prometheus_and_health(serving, tmp_path):
+    """Our metrics and health beside TorchServe (serving/signals.py): an id returned and logged with the stage
+    times, a real Prometheus' p99 agreeing with hey's, the dashboard's queries answered, readiness true."""
+    from tests.prometheus import agrees_with_hey, check_dashboard, prometheus
+    answer = _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg", "X-Request-ID": "ts-cat-4711"})
+    assert answer.status_code == 200 and answer.headers["X-Request-ID"]  # TorchServe's own id: it replaces ours
+    error = _post(serving, b"this is not an image", {"Content-Type": "image/jpeg", "X-Request-ID": "ts-bad-4712"})
+    assert error.status_code == 415 and error.json()["request_id"] == "ts-bad-4712"
+    assert requests.get(f"{serving.signals_url}/health/ready", timeout=30).json() == {"ready": True}
+    with prometheus({"torchserve": f"{serving.signals_url}/metrics"}, tmp_path / "prometheus") as server:
+        agrees_with_hey(server, serving.predictions_url(), CAT, "image/jpeg", serving.model_name)
+        check_dashboard(server, ROOT / "serving" / "grafana" / "vision-export.json", serving.model_name)
+    log = (serving.log_dir / "model_log.log").read_text(errors="replace")
+    line = next(line for line in log.splitlines() if "request ts-cat-4711 " in line)
+    assert "model=resnet18" in line and "form=" in line and "version=" in line and "inference_ms=" in line
 
 
 def test_the_model_description_says_which_form_serves_here_and_why(serving, resnet18_export):

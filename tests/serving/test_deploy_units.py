@@ -93,7 +93,11 @@ def test_the_kserve_engines_inference_service_passes_the_sdk_schema():
     assert env["ENGINE"] == "kserve" and env["STORAGE_URI"] == "pvc://claim/resnet-kserve"
     assert env["MODEL_STORE"] == "/mnt/models/model-store" and env["KSERVE_HTTP_PORT"] == "8080"
     assert container.ports[0].container_port == 8080 and predictor.scale_metric == "concurrency"
-    assert container.readiness_probe._exec.command[0] == "python3"
+    # liveness and readiness are the engine's own routes (serving/kserve/signals.py), scraped as annotated
+    assert container.liveness_probe.http_get.path == "/health/live"
+    assert container.readiness_probe.http_get.path == "/health/ready" and container.readiness_probe.http_get.port == 8080
+    annotations = service.metadata.annotations
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
 
 
 def test_the_kserve_engine_takes_its_own_benchmark_rows(tmp_path):
