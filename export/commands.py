@@ -30,7 +30,7 @@ from export.precision.request import (
 )
 from runtime import RunOptions, open_artifact
 from runtime.eager import EagerBackend
-from runtime.machine import PROFILES, MachineProfile, Needs, this_machine
+from runtime.machine import PROFILES, MachineProfile, Needs, this_machine_profile
 
 CONTROLFLOW_MODELS = ("cf-branch", "cf-loop", "cf-repeat", "resnet18")
 
@@ -192,7 +192,7 @@ def precision_request(args, device: str, target: MachineProfile | None) -> Preci
 
 def _target_precisions(target: MachineProfile | None, device: str, quiet: bool = False) -> tuple[str, ...]:
     """--precision target, saying what is left out and why (quiet: the default, which needs no notice)."""
-    target = target or this_machine()
+    target = target or this_machine_profile()
     chosen, left_out = target_precisions(target, device)
     if quiet:  # the export's own line says what the default built, once the weights are known
         return chosen

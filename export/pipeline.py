@@ -39,7 +39,7 @@ from export.warnings_log import WarningLog
 from models.registry import BuiltModel, ModelEntry
 from models.weights import state_dict_fingerprint
 from runtime.eager import EagerBackend
-from runtime.machine import MachineProfile, this_machine
+from runtime.machine import MachineProfile, this_machine_profile
 
 
 @dataclass
@@ -309,7 +309,7 @@ def decide_serving(run: ExportRun, checked: Checked, paths: TraceVsScript,
                                     checked.artifacts[source].spatial_dynamic, example_size,
                                     gate=variant.gate.verdict,
                                     runs_on=artifact_needs(kind, variant.made_by, run.options.device)))
-    target = run.options.target or this_machine()
+    target = run.options.target or this_machine_profile()
     decision = decide(candidates, spec.record().handler_input(), run.options.serve, target=target,
                       any_size=spec.resize_rule is not None)
     return decision

@@ -80,7 +80,7 @@ def profile_name(flags: set[str], cuda: bool) -> str:
     return met[-1] if met else "generic"
 
 
-def this_machine(device: str | None = None) -> MachineProfile:
+def this_machine_profile(device: str | None = None) -> MachineProfile:
     """This machine as a profile: its real flags, and the device the engine serves on here (cuda when a GPU is
     there, unless `device` says otherwise)."""
     flags = cpu_flags()

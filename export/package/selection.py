@@ -34,7 +34,7 @@ from export.forms import kinds
 from export.precision.gate import GATE_PASSED
 from runtime import machine
 from runtime.form_choice import candidate_unmet, declared_choice
-from runtime.machine import CPU, CUDA, MachineProfile, Needs, this_machine
+from runtime.machine import CPU, CUDA, MachineProfile, Needs, this_machine_profile
 
 RULE = ("first of the preference order that passed parity, does not silently diverge from eager on any "
         "probe input (trace vs script), passed the accuracy gate if reduced-precision, and accepts the "
@@ -80,7 +80,7 @@ def decide(candidates: list[Candidate], handler_input: tuple[int, ...] | None, r
     """The manifest's serving decision for the target machine (default: this one): the gated candidates in order,
     the first the target meets, and why every other kind is not a candidate there."""
     preference = kinds.serving_preference() if preference is None else preference
-    target = target or this_machine()
+    target = target or this_machine_profile()
     reasons = {c.kind: exclusion(c, handler_input, any_size) for c in candidates}
     ordered = [k for k in preference if k in reasons] + [k for k in reasons if k not in preference]
     gated = gated_candidates([c for c in candidates if reasons[c.kind] is None], preference)

@@ -11,7 +11,7 @@ import pytest
 from handlers.core import REBUILD
 from handlers.tasks import open_core
 from runtime import form_choice
-from runtime.machine import this_machine
+from runtime.machine import this_machine_profile
 
 
 def test_the_first_of_the_declared_order_within_the_margin_of_the_fastest_serves():
@@ -30,17 +30,17 @@ def test_an_engine_measures_once_and_serves_the_same_choice_after(lite0_int8_exp
     with zipfile.ZipFile(lite0_int8_export["archive"]) as archive:
         archive.extractall(folder)
     manifest = lite0_int8_export["manifest"]
-    met = form_choice.may_serve_here(manifest, this_machine())
+    met = form_choice.may_serve_here(manifest, this_machine_profile())
     assert len(met) >= 2, met  # the gated int8 and an fp32 form
     monkeypatch.setattr(form_choice, "CACHE_DIR", tmp_path / "choices")
     monkeypatch.setenv(form_choice.CHOICE_ENV, "remeasure")
-    first = form_choice.measured_choice(folder, manifest, this_machine(), 1, 1, "cpu", REBUILD)
+    first = form_choice.measured_choice(folder, manifest, this_machine_profile(), 1, 1, "cpu", REBUILD)
     assert set(first.measured) == set(met) and all(rate > 0 for rate in first.measured.values())
     assert first.kind == form_choice.within_margin(met, first.measured) and "measured at this worker's start" in first.line()
     monkeypatch.delenv(form_choice.CHOICE_ENV)
-    again = form_choice.measured_choice(folder, manifest, this_machine(), 1, 1, "cpu", REBUILD)
+    again = form_choice.measured_choice(folder, manifest, this_machine_profile(), 1, 1, "cpu", REBUILD)
     assert again.kind == first.kind and again.measured == first.measured and "earlier start" in again.how
     core = open_core(folder, threads=1)  # what the engines open: the kept choice, shown in the description
     assert core.record.kind == first.kind and core.describe()["choice"]["measured_images_per_s"] == first.measured
     monkeypatch.setenv(form_choice.CHOICE_ENV, "declared")
-    assert form_choice.measured_choice(folder, manifest, this_machine(), 1, 1, "cpu", REBUILD) is None
+    assert form_choice.measured_choice(folder, manifest, this_machine_profile(), 1, 1, "cpu", REBUILD) is None

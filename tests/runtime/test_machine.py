@@ -64,7 +64,7 @@ def test_profiles_nest_and_this_machine_is_named_by_the_richest_it_meets():
         assert machine.profile_name(set(machine.PROFILES[name].flags) | {"sse4_2"}, cuda=False) == name
     assert machine.profile_name({"avx2", "fma"}, cuda=True) == "cuda"
     assert machine.profile_name({"sse4_2"}, cuda=False) == "generic"
-    here = machine.this_machine("cpu")
+    here = machine.this_machine_profile("cpu")
     assert here.device == "cpu" and here.flags == frozenset(machine.cpu_flags())
 
 
