@@ -31,7 +31,7 @@ from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
 from contract.records import CLASSIFICATION, ArtifactRecord, ContractError, ImageContract, Manifest
 from contract.versions import label_of
 from handlers import metrics, signals
-from handlers.policy import this_machine
+from handlers.policy import this_machine_resources
 from handlers.request import ImageRequest
 from handlers.request_body import image_of, requested_topk
 from handlers.request_error import RequestError
@@ -40,8 +40,7 @@ from runtime.base import Backend
 from runtime.form_choice import Choice, choose
 from runtime.gpu_decode import NvjpegDecoder
 from runtime.images import ImageError, decode_upright, draft_floor, preprocess
-from runtime.machine import MachineProfile
-from runtime.machine import this_machine as this_machine_profile
+from runtime.machine import MachineProfile, this_machine_profile
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ def input_row(image: bytes, contract: ImageContract) -> torch.Tensor:
 def in_process_policy(settings: dict | None, threads: int | None) -> ServingPolicy:
     """The policy of a core opened without an engine (a test, a measurement): this machine's, the archive's
     handler.threads pinned, else the caller's threads."""
-    return resolve_policy(this_machine(), PolicyChoices.pinned_in({"handler": settings}),
+    return resolve_policy(this_machine_resources(), PolicyChoices.pinned_in({"handler": settings}),
                           PolicyChoices(threads_per_worker=threads, why="the caller asks for it"))
 
 

@@ -24,7 +24,7 @@ POLICIES_PROPERTY = "vision_export_policies"  # config.properties: {model: its p
 RESOLVED_HERE = "this worker's own resolution (no run config names this model)"
 
 
-def this_machine() -> Machine:
+def this_machine_resources() -> Machine:
     """(GPUs that CUDA can use here, CPU cores available to this process)."""
     import torch
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -57,4 +57,4 @@ def worker_policy(model: str, model_config: dict | None, environ: dict | None = 
     policy = policies_in(Path(path)).get(model) if path and Path(path).is_file() else None
     if policy is not None:
         return policy, f"the run config {path}"
-    return resolve_policy(this_machine(), PolicyChoices.pinned_in(model_config)), RESOLVED_HERE
+    return resolve_policy(this_machine_resources(), PolicyChoices.pinned_in(model_config)), RESOLVED_HERE

@@ -14,7 +14,7 @@ from pathlib import Path
 from contract.errors import VisionExportError
 from contract.policy import NOTHING_CHOSEN, Machine, PolicyChoices, ServingPolicy, resolve_policy
 from contract.versions import ModelVersion, is_versioned, served_archive
-from handlers.policy import this_machine
+from handlers.policy import this_machine_resources
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_IMAGE = PROJECT_ROOT / "examples" / "cat.jpg"
@@ -53,7 +53,7 @@ class ServingSettings:
     def resolve_policies(self, machine: Machine | None = None) -> dict[str, ServingPolicy]:
         """Each served model's policy, resolved (resolve_policy: this machine, its archive's pins, the command's
         flags) unless given whole, and kept for the run config."""
-        machine = machine or this_machine()
+        machine = machine or this_machine_resources()
         self.policies = {name: self.policy or resolve_policy(machine, self.pins_of(name), self.flags)
                          for name in self.served_models()}
         return self.policies
@@ -174,7 +174,7 @@ def archive_pins(archive: Path) -> PolicyChoices:
 def policy_with(workers: int | None = None, batch_size: int | None = None, max_batch_delay: int | None = None,
                 threads: int | None = None) -> ServingPolicy:
     """This machine's policy with the choices given as flags (None: not given), no archive's pins."""
-    return resolve_policy(this_machine(), flags=PolicyChoices(workers, batch_size, max_batch_delay, threads))
+    return resolve_policy(this_machine_resources(), flags=PolicyChoices(workers, batch_size, max_batch_delay, threads))
 
 
 def policies_text(policies: dict[str, ServingPolicy]) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from contract.records import Manifest
 from handlers.core import STAGES, ImageCore, ImageRequest
-from handlers.policy import machine_policy, this_machine
+from handlers.policy import machine_policy, this_machine_resources
 from handlers.request_error import RequestError
 from handlers.tasks import CORES
 from measure.command import MeasureError, write_tables
@@ -105,7 +105,7 @@ def _main(argv: list[str] | None) -> int:
                              "chooses at startup without measuring)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/pipeline"))
     args = parser.parse_args(argv)
-    gpus, cores = this_machine()
+    gpus, cores = this_machine_resources()
     policy = machine_policy(gpus, cores)
     device = "cuda" if gpus else "cpu"
     manifest = Manifest.read(args.export_dir)

@@ -46,7 +46,7 @@ from contract.files import atomic_write_text
 from contract.policy import ServingPolicy
 from contract.records import CLASSIFICATION, MANIFEST_NAME, Manifest
 from export.package.archive import build_archive
-from handlers.policy import machine_policy, this_machine
+from handlers.policy import machine_policy, this_machine_resources
 from measure.command import run_load_command
 from measure.inprocess import bench as inprocess
 from measure.loadgen import require_hey
@@ -185,7 +185,7 @@ def inprocess_report(source: str, export_dir: Path, out: Path) -> inprocess.Repo
         return None
     if source != "run":
         return inprocess.load_report(Path(source))
-    policy = machine_policy(*this_machine())
+    policy = machine_policy(*this_machine_resources())
     plan = inprocess.Plan(list(inprocess.DEFAULT_BATCHES),
                           inprocess.parse_threads(f"{policy.threads_per_worker},all", CORES))
     print(f"in-process benchmark of {export_dir} (threads {plan.threads}: the serving policy's and all cores)",
@@ -225,7 +225,7 @@ def best_fp32_peak_fraction(result: inprocess.Report | None) -> float | None:
 def pipeline_ceilings(args, manifest: Manifest, names: list[str], files: list[Path]) -> ceiling.Ceilings | None:
     if args.pipeline == "none":
         return None
-    gpus, cores = this_machine()
+    gpus, cores = this_machine_resources()
     policy = machine_policy(gpus, cores)
     ceilings = ceiling.measure(args.export_dir, manifest, [ceiling_of(n, manifest) for n in names], files,
                                      policy, args.pipeline_seconds, "cuda" if gpus else "cpu")
@@ -340,7 +340,7 @@ def _main(argv) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     names = runnable(names, manifest)
     measured = inprocess_report(args.inprocess, args.export_dir, args.out)
-    best, alone = model_alone(measured, manifest.model.name, machine_policy(*this_machine()))
+    best, alone = model_alone(measured, manifest.model.name, machine_policy(*this_machine_resources()))
     ceilings = pipeline_ceilings(args, manifest, names, files)
     descriptions = describe(names)
     for name in names:

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from contract.policy import PolicyChoices, ServingPolicy, resolve_policy
 from contract.versions import label_of
-from handlers.policy import this_machine
+from handlers.policy import this_machine_resources
 from serving.deploy.common import (
     MAX_REPLICAS,
     RESOURCES,
@@ -200,7 +200,7 @@ def write_ray(out: Path, export_dir: Path, model_store: Path, model_name: str | 
     pods the machine of the archive's policy as resolved here (this machine, its pins, the flags)."""
     version = installed_ray_version()
     manifest, model_name, archive = exported_archive(export_dir, model_store, model_name)
-    policy = resolve_policy(this_machine(), archive_pins(archive), flags)
+    policy = resolve_policy(this_machine_resources(), archive_pins(archive), flags)
     cluster_model_store = PurePosixPath(cluster_model_store)
     if not cluster_model_store.is_absolute():
         raise DeployError(f"--cluster-model-store {cluster_model_store}: give an absolute path inside the pods")

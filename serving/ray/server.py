@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from contract.errors import INTERRUPTIONS, VisionExportError
-from handlers.policy import this_machine
+from handlers.policy import this_machine_resources
 from serving.processes import sigterm_interrupts
 from serving.ray import cluster
 from serving.ray.config import REFUSAL, RaySettings, deployment_options, head_cpus
@@ -38,7 +38,7 @@ def start_head(settings: RaySettings):
     """Our own head node, its processes in this process's session; (its `ray start` process, its address)."""
     port = settings.gcs_port or free_port()
     temp_dir = settings.temp_dir()
-    command = cluster.node_command(temp_dir, head_cpus(settings.policies, this_machine().cores), head_port=port)
+    command = cluster.node_command(temp_dir, head_cpus(settings.policies, this_machine_resources().cores), head_port=port)
     node = cluster.start_node(command, settings.log_dir / "ray-head.log")
     address = f"{settings.host}:{port}"
     cluster.wait_for_gcs(address, node, settings.log_dir / "ray-head.log")
@@ -78,7 +78,7 @@ def verify_archive(archive: Path, device: str = "cpu") -> None:
     from handlers.core import REBUILD
     from runtime.form_choice import may_serve_here
     from runtime.integrity import IntegrityError, artifact_problems
-    from runtime.machine import this_machine as this_machine_profile
+    from runtime.machine import this_machine_profile
     with tempfile.TemporaryDirectory(prefix="verify-") as folder, zipfile.ZipFile(archive) as members:
         try:
             members.extract(MANIFEST_NAME, folder)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from handlers.policy import machine_policy, this_machine
+from handlers.policy import machine_policy, this_machine_resources
 from serving.kserve import server as kserve
 from serving.kserve.config import KServeSettings
 from serving.settings import ServingError, free_port
@@ -274,7 +274,7 @@ def test_engine_kserve_serves_the_store_with_the_policys_workers_and_stops_on_si
     assert health.returncode == 0 and "KServe serves resnet18" in health.stdout, health.stdout + health.stderr
     (group,) = [int(line.split()[0]) for line in processes_mentioning("serving.kserve.worker")
                 if str(server.tmpdir) in line]  # the ModelServer's process group (its run dir is in TMPDIR)
-    workers = machine_policy(*this_machine()).workers
+    workers = machine_policy(*this_machine_resources()).workers
     spawned = subprocess.run(["pgrep", "-g", str(group), "-f", "spawn_main"], capture_output=True, text=True)
     assert len(spawned.stdout.split()) == (workers if workers > 1 else 0)  # KServe spawns --workers processes
     assert server.stop() == 0, server.output()

@@ -19,7 +19,7 @@ from PIL import Image
 
 from contract.policy import PolicyChoices, ServingPolicy
 from contract.records import DETECTION, SEGMENTATION, Manifest
-from handlers.policy import machine_policy, this_machine
+from handlers.policy import machine_policy, this_machine_resources
 from handlers.tasks import open_core
 from measure.request_path import stages
 from measure.served import ceiling, configurations
@@ -220,7 +220,7 @@ def test_each_served_form_of_a_detector_gets_its_request_path_measured_beside_th
     forms = [n for n in names if n.startswith(configurations.FORM_PREFIX)]
     assert names[0] == "default" and {"kserve", "ray"} <= set(names)
     assert {n.split(":")[1] for n in forms} == set(manifest.decision().servable) - {manifest.decision().served}
-    policy = machine_policy(*this_machine())
+    policy = machine_policy(*this_machine_resources())
     found = ceiling.measure(export_dir, manifest, [configurations.ceiling_of(n, manifest) for n in names[:2]],
                             [CAT], policy, 0.1)
     assert set(found.per_kind) == {manifest.decision().served, forms[0].split(":")[1]}

@@ -26,7 +26,7 @@ from handlers.policy import (
     machine_policy,
     policies_in,
     policies_line,
-    this_machine,
+    this_machine_resources,
     worker_policy,
 )
 
@@ -48,7 +48,7 @@ def test_cpu_host_gets_a_worker_per_core_without_batching_and_never_oversubscrib
 def test_the_gpu_policy_is_chosen_when_cuda_is_there(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    gpus, cores = this_machine()
+    gpus, cores = this_machine_resources()
     assert gpus == 1
     assert machine_policy(gpus, cores).batch_size == GPU_BATCH_SIZE
 
@@ -123,7 +123,7 @@ def test_the_handler_reads_its_models_policy_from_the_run_config(tmp_path):
 
 def test_without_a_run_config_naming_the_model_the_handler_resolves_it_the_same_way(tmp_path):
     config = {"minWorkers": 1, "handler": {"threads": 2}}
-    expected = resolve_policy(this_machine(), PolicyChoices.pinned_in(config))
+    expected = resolve_policy(this_machine_resources(), PolicyChoices.pinned_in(config))
     assert worker_policy("resnet18", config, {}) == (expected, RESOLVED_HERE)
     other = tmp_path / "config.properties"
     other.write_text(policies_line({"another": machine_policy(0, 2)}) + "\n")

@@ -8,7 +8,7 @@ import pytest
 
 from runtime import IntegrityError
 from runtime.form_choice import may_serve_here
-from runtime.machine import this_machine
+from runtime.machine import this_machine_profile
 from serving.ray.server import verify_archive
 
 pytestmark = pytest.mark.slow
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_a_tampered_candidate_that_may_serve_here_is_refused_though_the_export_chose_another(lite0_int8_export,
                                                                                           tmp_path):
     manifest = lite0_int8_export["manifest"]
-    met = may_serve_here(manifest, this_machine("cpu"))
+    met = may_serve_here(manifest, this_machine_profile("cpu"))
     assert len(met) >= 2, met  # the gated int8 and an fp32 form
     other = next(kind for kind in met if kind != manifest.decision().served)
     tampered_path = manifest.artifacts[other].path
