@@ -224,6 +224,21 @@ def test_quoted_command_flags_exist():
     assert unknown == {}
 
 
+def cited_docs(tracked: list[str]) -> Iterator[str]:
+    """`docs/...` paths that code, configuration and the Makefile cite (a comment's "measured: docs/X.md")."""
+    for name in tracked:
+        if name.startswith("docs/") or not name.endswith((*SOURCE_EXTENSIONS, ".txt", ".yaml", "Makefile")):
+            continue
+        for cited in re.findall(r"docs/[\w./-]+", (ROOT / name).read_text(errors="replace")):
+            cited = cited.rstrip(".,;:")
+            if not any(PLACEHOLDER.search(part) for part in cited.split("/")) and not (ROOT / cited).exists():
+                yield f"{name}: {cited}"
+
+
+def test_docs_cited_by_code_exist():
+    assert list(cited_docs(tracked_files())) == []
+
+
 def test_quoted_make_targets_exist():
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
     quoted = {target for path in [ROOT / "README.md", *pages()] for target in MAKE.findall(code_of(path.read_text()))}
