@@ -79,7 +79,9 @@ def fine_tuned_entry(task: str, arch: str, checkpoint_path: str, labels_file: st
     source = {SOURCE_KEY: arch, "task": task, "num_classes": classes}
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(checkpoint_path).stem)
     if task == DETECTION:
-        return _detector_entry(name, what, flat_outputs(model), weights, labels, source)
+        sizes = ("the pickled model's own transform" if checkpoint.shape == WHOLE_MODEL
+                 else f"torchvision {arch}'s transform (a {checkpoint.shape} keeps none)")
+        return _detector_entry(name, what, flat_outputs(model), weights, labels, source, sizes)
     return _segmenter_entry(name, what, SegmenterOutputs(model), weights, labels, source)
 
 
@@ -91,9 +93,9 @@ def _built(wrapped: nn.Module, weights: WeightsInfo, labels: list[str] | None, c
     return build
 
 
-def _detector_entry(name, what, wrapped, weights, labels, source) -> ModelEntry:
+def _detector_entry(name, what, wrapped, weights, labels, source, sizes: str) -> ModelEntry:
     model = wrapped.model
-    rule = resize_rule(model, source="the checkpoint's model transform (GeneralizedRCNNTransform)")
+    rule = resize_rule(model, source=sizes)
     masks = (MASK_OUTPUT,) if isinstance(wrapped, MaskDetectorOutputs) else ()
     return ModelEntry(
         name=name, family=DETECTION, task=DETECTION, description=what,

@@ -69,6 +69,7 @@ def test_a_whole_model_keeps_its_own_sizes_and_thresholds_a_state_dict_gets_the_
     whole = fine_tuned_entry(DETECTION, ARCH, str(folder / "whole.pt"))
     assert (whole.input_spec.resize_rule.min_side, whole.input_spec.resize_rule.max_side) == (200, 300)
     assert (whole.limits.score_threshold, whole.limits.max_detections) == (0.3, 20)
+    assert whole.input_spec.resize_rule.source == "the pickled model's own transform"
     plain = fine_tuned_entry(DETECTION, ARCH, str(folder / "weights.pt"))
     assert (plain.input_spec.resize_rule.min_side, plain.limits.max_detections) == (320, 100)
     assert plain.build(str(folder / "weights.pt")).labels is None and "by its index" in plain.description
