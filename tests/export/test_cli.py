@@ -142,7 +142,7 @@ def test_serving_a_diverging_artifact_is_refused_and_changes_nothing(gated, expo
     assert "refusing to serve 'traced': silently diverges from eager on: large values (x10)" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert (store / "gated.mar").read_bytes() == archive and Manifest.read(out) == before
-    assert sorted(p.name for p in store.iterdir()) == ["gated.mar"]  # no archive, no scratch folder
+    assert sorted(p.name for p in store.iterdir()) == ["gated.mar", "gated.v1.mar"]  # no archive, no scratch folder
     failed = out.with_name("gated.failed")  # the attempt is kept for inspection, never with a manifest
     assert f"the failed attempt is kept in {failed}" in refused.stderr
     assert "refusing to serve 'traced'" in (failed / FAILURE_NOTE).read_text()
@@ -158,7 +158,8 @@ def test_name_writes_that_archive_and_leaves_another_byte_identical(gated, expor
     result = export_main("module", f"{USER_FILE}:plain", "--input-shape", "1,3,16,16", "--out", out,
                          "--model-store", store, "--name", "classifier")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(p.name for p in store.iterdir()) == ["classifier.mar", "gated.mar"]
+    assert sorted(p.name for p in store.iterdir()) == ["classifier.mar", "classifier.v1.mar", "gated.mar",
+                                                       "gated.v1.mar"]
     assert (store / "gated.mar").read_bytes() == first
     with zipfile.ZipFile(store / "classifier.mar") as archive:
         archived = Manifest.from_json(archive.read(MANIFEST_NAME).decode())

@@ -113,7 +113,7 @@ def test_archive_holds_handler_runtime_contract_artifact_manifest_labels_and_con
     import yaml
     manifest = Manifest.read(resnet18_export["out"])
     assert resnet18_export["archive"] == resnet18_export["model_store"] / "resnet18.mar"  # named after the model
-    assert sorted(p.name for p in resnet18_export["model_store"].iterdir()) == ["resnet18.mar"]
+    assert sorted(p.name for p in resnet18_export["model_store"].iterdir()) == ["resnet18.mar", "resnet18.v1.mar"]
     with zipfile.ZipFile(resnet18_export["archive"]) as archive:
         names = set(archive.namelist())
         config = yaml.safe_load(archive.read("model-config.yaml"))
