@@ -36,7 +36,7 @@ from serving.batch.progress import Progress
 from serving.settings import archive_pins
 
 PROG = "python -m serving batch"
-ROWS_PER_CALL = 16  # photos Ray Data hands an actor per call: amortises its per-call cost, small for even spread
+ROWS_PER_CALL = 16  # photos Ray Data hands an actor per call (at most a part's): amortises its per-call cost
 PASSED_TO_WORKERS = ("VISION_EXPORT_FORM_CHOICE", "OMP_WAIT_POLICY")  # the driver's settings the actors follow
 logger = logging.getLogger("serving.batch")
 
@@ -146,7 +146,9 @@ def run_on_ray(args: argparse.Namespace, pending: list[Shard]) -> Tally:
         policy = cluster_policy(args)
         logger.info("serving policy on the cluster's %s: %s", describe_cluster(), policy.reason)
         scoring = time.monotonic()
-        tally = stream(args.out, pending, dataset(args.path, pending, policy), scoring)
+        tally = stream(
+            args.out, pending, dataset(args.path, pending, policy, min(ROWS_PER_CALL, args.part_size)), scoring
+        )
         tally.start_s, tally.scoring_s, tally.workers = scoring - started, time.monotonic() - scoring, policy.workers
         return tally
     finally:
@@ -187,7 +189,7 @@ def describe_cluster() -> str:
     return f"{len(nodes)} node(s), {int(resources.get('CPU', 0))} CPU(s), {int(resources.get('GPU', 0))} GPU(s)"
 
 
-def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy):
+def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_per_call: int):
     """The pending photos as rows, answered by an actor pool of the policy's workers, each on its threads."""
     import ray.data
 
@@ -199,10 +201,10 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy):
         for photo in shard.photos
     ]
     # a block per call: answers stream back (parts written, progress shown) as each call ends
-    rows = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // ROWS_PER_CALL)))
+    rows = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // rows_per_call)))
     return rows.map_batches(
         Scorer,
-        batch_size=ROWS_PER_CALL,
+        batch_size=rows_per_call,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=policy.workers),
         num_cpus=policy.threads_per_worker,
