@@ -139,9 +139,10 @@ def multiprocess_dir() -> Path | None:
     return Path(MULTIPROC_DIR) if MULTIPROC_DIR else None
 
 
-def registry() -> CollectorRegistry:
-    """The registry to expose: every process's values from the multiprocess folder, or this process's own."""
-    folder = multiprocess_dir()
+def registry(folder: Path | None = None) -> CollectorRegistry:
+    """The registry to expose: every process's values from the multiprocess folder (this process's, or `folder`
+    where other processes write), or this process's own."""
+    folder = folder or multiprocess_dir()
     if folder is None:
         from prometheus_client import REGISTRY
         return REGISTRY
@@ -150,9 +151,9 @@ def registry() -> CollectorRegistry:
     return collected
 
 
-def exposition() -> bytes:
-    """The Prometheus text format of registry()."""
-    return generate_latest(registry())
+def exposition(folder: Path | None = None) -> bytes:
+    """The Prometheus text format of registry(folder)."""
+    return generate_latest(registry(folder))
 
 
 def fresh_multiprocess_dir(folder: Path) -> Path:

@@ -43,12 +43,12 @@ def metrics_env(run_dir: Path, environ: dict | None = None) -> dict[str, str]:
     return {metrics.MULTIPROC_ENV: str(metrics.fresh_multiprocess_dir(Path(run_dir).absolute() / METRICS_DIR))}
 
 
-def handler_class(readiness: Readiness) -> type[BaseHTTPRequestHandler]:
+def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPRequestHandler]:
     class Signals(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             path = self.path.split("?")[0]
             if path == METRICS:
-                self.answer(200, metrics.exposition(), metrics.CONTENT_TYPE)
+                self.answer(200, metrics.exposition(folder), metrics.CONTENT_TYPE)
             elif path == LIVE:
                 self.answer_json(200, {"live": True})
             elif path == READY:
@@ -73,9 +73,10 @@ def handler_class(readiness: Readiness) -> type[BaseHTTPRequestHandler]:
     return Signals
 
 
-def serve_signals(host: str, port: int, readiness: Readiness) -> ThreadingHTTPServer:
-    """The signals server on host:port, answering in a thread of its own."""
-    server = ThreadingHTTPServer((host, port), handler_class(readiness))
+def serve_signals(host: str, port: int, readiness: Readiness, folder: Path | None = None) -> ThreadingHTTPServer:
+    """The signals server on host:port, answering in a thread of its own; its metrics from `folder` (default: this
+    process's multiprocess folder)."""
+    server = ThreadingHTTPServer((host, port), handler_class(readiness, folder))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="signals", daemon=True).start()
     return server

@@ -177,9 +177,11 @@ def test_the_shell_chooses_engine_model_store_and_ports():
     # What tests/docker/test_image.py and users set: ENGINE=kserve docker compose up, a store elsewhere, loopback ports.
     cpu = compose_config("--profile", CPU_PROFILE, ENGINE="kserve", MODEL="resnet18", MODEL_STORE_DIR="/srv/models",
                          INFERENCE_PORT="127.0.0.1:18080", METRICS_PORT="127.0.0.1:18082",
-                         MANAGEMENT_PORT="18081", PAGE_PORT="127.0.0.1:18090")["services"][CPU_SERVICE]
+                         MANAGEMENT_PORT="18081", PAGE_PORT="127.0.0.1:18090",
+                         SIGNALS_PORT="127.0.0.1:18083")["services"][CPU_SERVICE]
     assert cpu["environment"]["ENGINE"] == "kserve" and cpu["environment"]["MODEL"] == "resnet18"
     assert sorted(port_bindings(cpu)) == [("127.0.0.1", 18080, 8080), ("127.0.0.1", 18081, 8081),
-                                          ("127.0.0.1", 18082, 8082), ("127.0.0.1", 18090, 8090)]
+                                          ("127.0.0.1", 18082, 8082), ("127.0.0.1", 18083, 8083),
+                                          ("127.0.0.1", 18090, 8090)]
     volumes = [v.split(":")[:2] if isinstance(v, str) else [v["source"], v["target"]] for v in cpu["volumes"]]
     assert ["/srv/models", image_env()["MODEL_STORE"]] in volumes, volumes
