@@ -27,8 +27,8 @@ from contract.cli import moved, run_command
 from contract.policy import PolicyChoices, add_policy_options
 from serving import engine as engines
 from serving.engine import DEFAULT_ENGINE, Engine
-from serving.page.server import DEFAULT_HOST as PAGE_HOST
-from serving.page.server import DEFAULT_PORT as PAGE_PORT
+from serving.page import DEFAULT_HOST as PAGE_HOST
+from serving.page import DEFAULT_PORT as PAGE_PORT
 from serving.processes import LogFollower, serve_until_stopped, sigterm_interrupts, start_until_ready
 from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models
 

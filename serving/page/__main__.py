@@ -13,7 +13,8 @@ from pathlib import Path
 
 from contract.cli import run_command
 from contract.records import MANIFEST_NAME, Manifest
-from serving.page.server import DEFAULT_HOST, DEFAULT_PORT, RAW, V1, PageServer, PageTarget
+from serving.page import DEFAULT_HOST, DEFAULT_PORT
+from serving.page.server import RAW, V1, PageServer, PageTarget
 from serving.settings import DEFAULT_MODEL_STORE, ServingError, choose_models
 
 

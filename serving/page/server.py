@@ -17,10 +17,9 @@ from urllib.parse import urlsplit
 import requests
 
 from contract.errors import VisionExportError
+from serving.page import DEFAULT_HOST, DEFAULT_PORT
 
 PAGE = Path(__file__).with_name("page.html")
-DEFAULT_PORT = 8090
-DEFAULT_HOST = "127.0.0.1"
 FORWARD_TIMEOUT_S = 300  # a 12 MP photo on a busy CPU
 MAX_BODY_BYTES = 64 * 1024 * 1024
 FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "X-Request-ID")  # and every X- option header
