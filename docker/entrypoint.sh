@@ -28,6 +28,7 @@ esac
 KSERVE_HOST="${KSERVE_HOST:-0.0.0.0}"
 KSERVE_HTTP_PORT="${KSERVE_HTTP_PORT:-8080}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-25}"  # below compose's stop_grace_period (30 s), after which Docker kills
+SIGNALS_PORT="${SIGNALS_PORT:-8083}"  # our metrics and health beside TorchServe (serving/signals.py); 0: none
 PAGE_PORT="${PAGE_PORT:-8090}"  # the try-it page (serving/page/) on every interface of the container; 0: none
 # Where the archive goes when MODEL_STORE is not writable (e.g. a bind mount Docker created as root).
 KEYS_DIR="$(absolute "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}")"
@@ -46,6 +47,22 @@ start_page() {
   (cd "$ROOT" && exec "$PYTHON" -m serving.page --url "http://127.0.0.1:${TS_INFERENCE_ADDRESS##*:}" \
     --model-store "$MODEL_STORE" --page-host 0.0.0.0 --page-port "$PAGE_PORT" "${keys[@]}") &
   page=$!
+}
+# Our metrics (every worker's, from PROMETHEUS_MULTIPROC_DIR) and health beside TorchServe; never needed to serve.
+signals=""
+start_signals() {
+  [[ "$SIGNALS_PORT" == 0 ]] && return
+  local keys=() models
+  if [[ "${1:-}" == token ]]; then keys=(--key-file "$KEYS_DIR/key_file.json"); fi
+  models="$(sed -n 's/^load_models=//p' "$served_config" | tr ',' '\n' | cut -d= -f1 | tr '\n' ' ')"
+  # shellcheck disable=SC2086  # one argument per model
+  (cd "$ROOT" && exec "$PYTHON" -m serving.signals --host 0.0.0.0 --port "$SIGNALS_PORT" \
+    --management "http://127.0.0.1:$(management_port)" --models $models "${keys[@]}") &
+  signals=$!
+}
+management_port() { local address="${TS_MANAGEMENT_ADDRESS:-http://127.0.0.1:8081}"; echo "${address##*:}"; }
+stop_signals() {
+  if [[ -n "$signals" ]]; then kill -TERM "$signals" 2>/dev/null || true; wait "$signals" 2>/dev/null || true; signals=""; fi
 }
 stop_page() {
   if [[ -n "$page" ]]; then kill -TERM "$page" 2>/dev/null || true; wait "$page" 2>/dev/null || true; page=""; fi
@@ -87,6 +104,7 @@ on_signal() {
     fi
   fi
   stop_page
+  stop_signals
   # A stop while serving is the normal end; an interrupted export is not.
   if $serving; then exit 0; fi
   [[ "$1" == INT ]] && exit 130 || exit 143
@@ -158,17 +176,23 @@ status=0
 # TorchServe writes key_file.json (token authorisation, TS_DISABLE_TOKEN_AUTHORIZATION=false) in its working
 # folder: a known one, so the health check and clients can read the keys.
 mkdir -p "$KEYS_DIR"
+metrics_dir="$runtime_dir/metrics"  # each worker's metric files (handlers/metrics.py), read by the signals server
+mkdir -p "$metrics_dir"
+export PROMETHEUS_MULTIPROC_DIR="$metrics_dir"
 if [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]] \
    || grep -qx 'disable_token_authorization=false' "$served_config"; then
   log "token authorisation on: keys (inference, management) in $KEYS_DIR/key_file.json; anonymous requests are refused"
   start_page token
+  start_signals token
 else
   start_page
+  start_signals
 fi
 run bash -c 'cd "$1" && shift && exec "$@"' _ "$KEYS_DIR" env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
-  VISION_EXPORT_RUN_CONFIG="$served_config" \
+  VISION_EXPORT_RUN_CONFIG="$served_config" PROMETHEUS_MULTIPROC_DIR="$metrics_dir" \
   "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$served_config" \
   --model-store "$MODEL_STORE" || status=$?
 stop_page
+stop_signals
 log "TorchServe exited with status $status"
 exit "$status"
