@@ -113,7 +113,8 @@ def torchserve(exports, tmp_path_factory):
 @pytest.fixture(scope="module")
 def kserve(exports, tmp_path_factory):
     settings = KServeSettings(exports["store"], (DETECTOR, SEGMENTER, MASKS), http_port=free_port(),
-                              run_dir=tmp_path_factory.mktemp("own-kserve"), flags=PolicyChoices(workers=1))
+                              run_dir=tmp_path_factory.mktemp("own-kserve"),
+                              flags=PolicyChoices(workers=1, threads_per_worker=1))  # as in-process: the same sums
     with KServe(settings).running(CAT):
         yield settings
 
