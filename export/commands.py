@@ -16,6 +16,7 @@ from export.checks.trace_vs_script import report_json as trace_vs_script_json
 from export.cli import PINNED_OPTIONS
 from export.errors import ExportError
 from export.forms import kinds
+from export.forms.tolerances import held_to
 from export.package.archive import ArchiveRequest
 from export.package.manifest import verify_hashes
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
@@ -120,11 +121,13 @@ def parity_command(args) -> int:
     folder, device = args.folder, _device(args.device)
     manifest, _, module, progress = _rebuilt(folder)
     candidates = {k: UnderTest(open_artifact(r.format, folder / r.path, RunOptions(device=device), k),
-                               kinds.get(k).tolerance, r.spatial_dynamic)
+                               held_to(kinds.get(k).tolerance, manifest.task, manifest.limits),  # boxes as sets
+                               r.spatial_dynamic)
                   for k, r in manifest.fp32_artifacts().items()}  # reduced-precision variants are gated instead
     report = run_parity(EagerBackend(module), candidates,
                         parity_inputs(manifest.input.example_shape, manifest.input.value_range,
-                                      spatial_dynamic=manifest.input.resizes_in_graph))
+                                      spatial_dynamic=manifest.input.resizes_in_graph,
+                                      dynamic_batch=manifest.input.dynamic_batch))
     print(report.table())
     atomic_write_text(folder / "parity.recheck.md", report_markdown(report, manifest.model.name + " (re-check)"))
     atomic_write_text(folder / "parity.recheck.json", report_json(report))
