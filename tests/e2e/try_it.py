@@ -52,9 +52,12 @@ def _boxes_sit_where_the_answer_puts_them(browser, answer: dict) -> None:
     x1, y1, _, y2 = drawn[-1]["box"]  # the last box drawn is on top: its left edge is its colour
     pixel = browser.execute_script(
         "return Array.from(arguments[0].getContext('2d').getImageData(arguments[1], arguments[2], 1, 1).data)",
-        canvas, x1 + 1, (y1 + y2) // 2)
+        canvas,
+        x1 + 1,
+        (y1 + y2) // 2,
+    )
     colour = drawn[-1]["colour"]
-    assert pixel[:3] == [int(colour[k:k + 2], 16) for k in (1, 3, 5)]
+    assert pixel[:3] == [int(colour[k : k + 2], 16) for k in (1, 3, 5)]
 
 
 def _asked(target, model: str, body: bytes, content_type: str, ok: bool = True) -> dict:
@@ -62,11 +65,16 @@ def _asked(target, model: str, body: bytes, content_type: str, ok: bool = True) 
     url = target.urls[model]
     if target.protocol == V1:
         import base64
+
         instance = {"image": {"b64": base64.b64encode(body).decode()}, "max_detections": MAX_DETECTIONS}
         response = requests.post(url, json={"instances": [instance]}, headers=target.auth(), timeout=300)
     else:
-        response = requests.post(url, data=body, timeout=300, headers={
-            "Content-Type": content_type, "X-Max-Detections": str(MAX_DETECTIONS), **target.auth()})
+        response = requests.post(
+            url,
+            data=body,
+            timeout=300,
+            headers={"Content-Type": content_type, "X-Max-Detections": str(MAX_DETECTIONS), **target.auth()},
+        )
     assert response.ok == ok, response.text
     found = response.json()
     return found["predictions"][0] if ok and target.protocol == V1 else found
