@@ -81,6 +81,7 @@ class TorchServeSwitchboard(Switchboard):
 
     def load_beside(self, name: str, candidate: Candidate) -> None:
         live = self.described(name, self.live(name))[0]
+        logged_before = load_failure(self.run_dir.absolute() / "logs")
         response = self.management(
             "POST", "/models", url=candidate.archive.name, model_name=name, synchronous="false",
             initial_workers=str(max(live.get("minWorkers", 1), 1)), batch_size=str(live.get("batchSize", 1)),
@@ -91,10 +92,11 @@ class TorchServeSwitchboard(Switchboard):
             reason = load_failure(self.run_dir.absolute() / "logs") or response.text[:300]
             self.forget(name, candidate.label)
             raise RolloutRefused(f"{candidate.label} cannot load beside {our_label(live['modelVersion'])}: {reason}")
-        self.await_answer(name, candidate.label)
+        self.await_answer(name, candidate.label, logged_before)
 
-    def await_answer(self, name: str, label: str) -> None:
-        """A real prediction from the new version (its workers may still be starting); unloaded when none comes."""
+    def await_answer(self, name: str, label: str, logged_before: str | None) -> None:
+        """A real prediction from the new version (its workers may still be starting); unloaded when none comes
+        or the logs say a worker failed since it was registered."""
         from serving.settings import EXAMPLE_IMAGE
         deadline, last = time.monotonic() + LOAD_TIMEOUT_S, ""
         while time.monotonic() < deadline:
@@ -104,7 +106,8 @@ class TorchServeSwitchboard(Switchboard):
                 return
             except (RolloutRefused, requests.RequestException) as error:
                 last = str(error)
-            if failure and label in failure:
+            if failure and failure != logged_before:
+                last = failure
                 break
             time.sleep(1.0)
         self.forget(name, label)
