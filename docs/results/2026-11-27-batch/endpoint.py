@@ -26,5 +26,14 @@ started = time.monotonic()
 with ThreadPoolExecutor(concurrency) as pool:
     statuses = list(pool.map(post, photos))
 seconds = time.monotonic() - started
-print(json.dumps({"concurrency": concurrency, "photos": len(photos), "ok": statuses.count(200),
-                  "seconds": round(seconds, 2), "photos_per_s": round(len(photos) / seconds, 2)}))
+print(
+    json.dumps(
+        {
+            "concurrency": concurrency,
+            "photos": len(photos),
+            "ok": statuses.count(200),
+            "seconds": round(seconds, 2),
+            "photos_per_s": round(len(photos) / seconds, 2),
+        }
+    )
+)

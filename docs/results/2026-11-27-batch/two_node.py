@@ -30,8 +30,9 @@ try:
             time.sleep(10)
     wait_for_second_node(nodes)
     ray.shutdown()
-    done = subprocess.run([sys.executable, "-m", "serving", "batch", export, photos, "--out", out,
-                           "--address", nodes.address])
+    done = subprocess.run(
+        [sys.executable, "-m", "serving", "batch", export, photos, "--out", out, "--address", nodes.address]
+    )
 finally:
     end_nodes(nodes)
 sys.exit(done.returncode)
