@@ -202,5 +202,8 @@ def under_load(url: str, args: argparse.Namespace, run_dir: Path) -> tuple[list[
             phase_row("rollback", [s for s in samples if rollback_start <= s.start < end],
                       switch_seconds(samples, rollback_start, args.live))]
     log = rolled.stdout + rolled.stderr + back.stdout + back.stderr
+    start = min(s.start for s in samples)
+    log += "".join(f"failed: sent at {s.start - start:.1f} s, after {s.end - s.start:.1f} s: {s.error}\n"
+                   for s in failures(samples))
     print(log)
     return rows, log
