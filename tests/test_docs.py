@@ -20,7 +20,8 @@ DOCS = ROOT / "docs"
 RESULTS = DOCS / "results"
 INDEX = DOCS / "index.md"
 MAX_PAGE_WORDS = 15_000  # docs/*.md together, results apart: what a newcomer can read in an afternoon
-SOURCE_EXTENSIONS = (".py", ".toml", ".sh", ".cfg")  # a bare name with one of these is ours (a .yaml or .json may be an output)
+# a bare name with one of these is ours (a .yaml or .json may be something a command writes)
+SOURCE_EXTENSIONS = (".py", ".toml", ".sh", ".cfg")
 COMMANDS = {"export": "export.cli", "serving": "serving.cli", "measure": "measure.cli"}
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
