@@ -74,6 +74,7 @@ OPTIONS = (
                  "threads"),
 )
 OPTION = {option.name: option for option in OPTIONS}
+EXPORT_PINS = ("workers", "batch_size", "max_batch_delay_ms")  # what `python -m export` may pin in model-config.yaml
 
 
 def add_policy_options(parser: argparse.ArgumentParser, names: tuple[str, ...] = tuple(OPTION),

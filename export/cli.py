@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 from contract.cli import run_command
-from contract.policy import add_policy_options
+from contract.policy import EXPORT_PINS, add_policy_options
 from contract.records import DECODE_MODES
 from contract.versions import KEEP_VERSIONS
 from export.forms import exporters, kinds
 
-PINNED_OPTIONS = ("workers", "batch_size", "max_batch_delay_ms")  # contract/policy.py's OPTIONS an export pins
 KEEP_HELP = ("versions of NAME the model store keeps (NAME.vN.mar, the newest; NAME.mar is the newest of them; "
              f"default {KEEP_VERSIONS})")
 
@@ -147,7 +146,7 @@ def _archive_options(sub) -> None:
                      help="archive and URL name: NAME.mar, /predictions/NAME (default: the arch, e.g. resnet50); "
                           "exporting another model into the same store never overwrites it")
     _serve_option(sub)
-    add_policy_options(sub, PINNED_OPTIONS, pinned=True)
+    add_policy_options(sub, EXPORT_PINS, pinned=True)
 
 
 def _formats_option(sub) -> None:

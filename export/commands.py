@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 
 from contract.files import atomic_write_text
-from contract.policy import OPTIONS, PolicyChoices
+from contract.policy import EXPORT_PINS, OPTIONS, PolicyChoices
 from contract.records import Manifest
 from export.atomic import ensure_writable_dir
 from export.checks.parity import UnderTest, parity_inputs, report_json, report_markdown, run_parity
 from export.checks.trace_vs_script import CONCLUSION, MATCHES, REJECTED, TraceVsScript
 from export.checks.trace_vs_script import report_json as trace_vs_script_json
-from export.cli import PINNED_OPTIONS
 from export.errors import ExportError
 from export.forms import kinds
 from export.forms.tolerances import held_to
@@ -210,7 +209,7 @@ def _config_overrides(args) -> dict:
     OPTIONS: their flags, their ranges, checked by PolicyChoices); TorchServe's worker count is a range, pinned at
     both ends."""
     chosen, overrides = PolicyChoices.from_flags(args), {}
-    for option in (option for option in OPTIONS if option.name in PINNED_OPTIONS):
+    for option in (option for option in OPTIONS if option.name in EXPORT_PINS):
         if getattr(chosen, option.name) is not None:
             overrides[option.pin_key] = getattr(chosen, option.name)
     if chosen.workers is not None:
