@@ -12,6 +12,8 @@ from pathlib import Path
 from contract.policy import ServingPolicy
 from serving.settings import ServingSettings
 
+SIGNALS_PORT = 8002  # our metrics and health beside Serve's 8000 (serving/ray/signals.py)
+
 HTTP_PORT = 8000  # Ray Serve's default (ray.serve.config.DEFAULT_HTTP_PORT)
 SETTINGS_FILE = "ray-settings.json"
 LOG_FILE = "ray-serve.log"
@@ -29,12 +31,17 @@ OBJECT_STORE_BYTES = 100 * 2**20
 @dataclass
 class RaySettings(ServingSettings):
     http_port: int = HTTP_PORT
+    signals_port: int = SIGNALS_PORT  # our metrics and health, served by the server process
     address: str | None = None  # an existing cluster's GCS address (HOST:PORT); None: a head node of our own
     gcs_port: int = 0  # our head node's GCS port; 0: a free one
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def signals_url(self) -> str:
+        return f"http://{self.host}:{self.signals_port}"
 
     def predictions_url(self, model: str) -> str:
         return f"{self.url}/predictions/{model}"

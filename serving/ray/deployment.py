@@ -23,10 +23,12 @@ from starlette.responses import JSONResponse
 
 from contract.policy import ServingPolicy
 from contract.versions import VERSION_HEADER, split_versioned
+from handlers import metrics
 from handlers.batching import Batcher
 from handlers.logs import SERVED_BY, configure_logging  # SERVED_BY: "NODE_ID REPLICA_ID" here
-from handlers.request import JSON_TYPE, ImageRequest
+from handlers.request import JSON_TYPE, REQUEST_ID_HEADER, ImageRequest, request_id_of
 from handlers.request_error import RequestError
+from handlers.signals import with_request_id
 from handlers.tasks import open_core
 from serving.settings import archive_config
 
@@ -74,21 +76,26 @@ class RayDeployment:
     async def __call__(self, request: Request) -> JSONResponse:
         if request.method == "GET" and request.url.path.rstrip("/").endswith(DESCRIPTION_PATH):
             return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
-        try:
-            rows = [await image_request(request)]
-        except RequestError as error:
-            return self.respond(error)
-        (answer,) = await self.batcher.answer(rows)
-        return self.respond(answer)
+        timer, rid = metrics.Timer(), request_id_of(request.headers)
+        with metrics.in_flight(self.core.served.model):
+            try:
+                rows = [await image_request(request, rid)]
+            except RequestError as error:
+                return self.respond(error, rid, timer)
+            (answer,) = await self.batcher.answer(rows)
+        return self.respond(answer, rid, timer)
 
-    def respond(self, answer) -> JSONResponse:
-        headers = {SERVED_BY: self.served_by, VERSION_HEADER: self.core.version}
+    def respond(self, answer, rid: str, timer: metrics.Timer) -> JSONResponse:
+        """The answer with its id (header, and error body), its latency and code recorded (handlers/metrics.py)."""
+        headers = {SERVED_BY: self.served_by, VERSION_HEADER: self.core.version, REQUEST_ID_HEADER: rid}
+        code = answer.code if isinstance(answer, RequestError) else 200
+        metrics.observe_request(self.core.served, code, timer.seconds())
         if isinstance(answer, RequestError):
-            return JSONResponse(answer.as_response(), status_code=answer.code, headers=headers)
+            return JSONResponse(with_request_id(answer.as_response(), rid), status_code=code, headers=headers)
         return JSONResponse(answer, headers=headers)
 
 
-async def image_request(request: Request) -> ImageRequest:
+async def image_request(request: Request, rid: str = "") -> ImageRequest:
     """The HTTP request as the core's ImageRequest: the body's bytes, a JSON object parsed, a form's fields by name
     (handlers/request_body.py finds the image and the options in it)."""
     headers = dict(request.headers.items())
@@ -97,7 +104,7 @@ async def image_request(request: Request) -> ImageRequest:
         form = await request.form()
         fields = {name: (await value.read() if hasattr(value, "read") else str(value).encode())
                   for name, value in form.multi_items()}
-        return ImageRequest(b"", content_type, headers, fields)
+        return ImageRequest(b"", content_type, headers, fields, rid)
     body = await request.body()
     if content_type == JSON_TYPE:
         try:
@@ -105,5 +112,5 @@ async def image_request(request: Request) -> ImageRequest:
         except (UnicodeDecodeError, json.JSONDecodeError):
             parsed = None  # request_body answers with why it does not parse
         if isinstance(parsed, dict):
-            return ImageRequest(b"", content_type, headers, parsed)
-    return ImageRequest(body, content_type, headers)
+            return ImageRequest(b"", content_type, headers, parsed, rid)
+    return ImageRequest(body, content_type, headers, request_id=rid)

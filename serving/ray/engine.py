@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from serving.engine import Engine, register
-from serving.ray.config import HTTP_PORT, REFUSAL, RaySettings, deployment_options
+from serving.ray.config import HTTP_PORT, REFUSAL, SIGNALS_PORT, RaySettings, deployment_options
 from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ class RayServe(Engine):
         parser.add_argument("--host", default=HOST, help="address Serve's HTTP proxy binds (default: loopback)")
         parser.add_argument("--inference-port", "--http-port", dest="http_port", type=int, default=HTTP_PORT,
                             help=f"Serve's HTTP port (default {HTTP_PORT})")
+        parser.add_argument("--signals-port", type=int, default=SIGNALS_PORT,
+                            help="our metrics (GET /metrics) and health (/health/live, /health/ready)")
         parser.add_argument("--address", default=None, help="a running Ray cluster's GCS address HOST:PORT to "
                             "deploy on (default: start a head node of our own, ended by stop); where Serve runs "
                             "there already, --http-port must be its proxy's port (Serve keeps its first options)")
@@ -55,7 +57,8 @@ class RayServe(Engine):
 
     @classmethod
     def own_settings(cls, args: argparse.Namespace) -> dict:
-        return {"host": args.host, "http_port": args.http_port, "address": args.address}
+        return {"host": args.host, "http_port": args.http_port, "address": args.address,
+                "signals_port": args.signals_port}
 
     def run_extra_action(self, action: str, args: argparse.Namespace) -> int:
         """serve-config: for clusters that deploy with Ray's own tools (serve deploy, KubeRay)."""
@@ -119,6 +122,10 @@ class RayServe(Engine):
         port = address.read_text().rsplit(":", 1)[1]
         return [f"Ray head node: {address.read_text()}; another node joins with `ray start --address "
                 f"ADDRESS:{port}`, ADDRESS this machine's address as that node reaches it (docs/scaling.md)"]
+
+    def metrics_url(self) -> str:
+        """Ours (serving/ray/signals.py), of the replicas on this machine."""
+        return f"{self.settings.signals_url}/metrics"
 
     def urls(self, model: str) -> dict[str, str]:
         return {"predictions": self.settings.predictions_url(model)}

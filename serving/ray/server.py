@@ -21,7 +21,7 @@ from pathlib import Path
 from contract.errors import INTERRUPTIONS, VisionExportError
 from handlers.policy import this_machine_resources
 from serving.processes import sigterm_interrupts
-from serving.ray import cluster
+from serving.ray import cluster, signals
 from serving.ray.config import REFUSAL, RaySettings, deployment_options, head_cpus
 from serving.settings import ServingError, free_port
 
@@ -54,9 +54,10 @@ def deploy(settings: RaySettings) -> None:
 
     from serving.ray.deployment import application, application_args
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
+    folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
     for name in settings.models:
         policy = settings.policies[name]
-        options = deployment_options(policy)
+        options = signals.with_metrics_env(deployment_options(policy), folder)
         logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
                     options["autoscaling_config"])
         archive = settings.archive(name).absolute()  # a rollout's default version, else NAME.mar
@@ -66,6 +67,9 @@ def deploy(settings: RaySettings) -> None:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
+    if signals.start(settings.host, settings.signals_port, list(settings.models), folder):
+        logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
+                    settings.signals_url, settings.signals_url)
 
 
 def verify_archive(archive: Path, device: str = "cpu") -> None:

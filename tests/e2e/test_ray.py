@@ -37,7 +37,7 @@ ONE_REPLICA = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threa
 @pytest.fixture(scope="module")
 def served(resnet18_export, tmp_path_factory):
     settings = RaySettings(resnet18_export["model_store"], (resnet18_export["model_name"],), http_port=free_port(),
-                           run_dir=tmp_path_factory.mktemp("ray"), policy=ONE_REPLICA)
+                           run_dir=tmp_path_factory.mktemp("ray"), policy=ONE_REPLICA, signals_port=free_port())
     engine = RayServe(settings)
     with engine.running(CAT) as process:
         yield settings, process
@@ -133,3 +133,18 @@ def test_a_tampered_archive_is_refused_on_the_running_cluster_and_the_first_keep
     assert post(settings, CAT.read_bytes(), JPEG).status_code == 200
     assert post(settings, CAT.read_bytes(), JPEG, model="tampered").status_code == 404
 
+
+
+def test_signals_ids_metrics_scraped_by_prometheus_and_health(settings, tmp_path):
+    """Our signals on Ray (serving/ray/signals.py): an id returned on answers and error bodies, the replicas'
+    metrics on the server's fixed port, a real Prometheus' p99 agreeing with hey's, readiness true."""
+    from tests.prometheus import agrees_with_hey, prometheus
+    answer = post(settings, CAT.read_bytes(), {"Content-Type": "image/jpeg", "X-Request-ID": "ray-cat-4711"})
+    assert answer.status_code == 200 and answer.headers["X-Request-ID"] == "ray-cat-4711"
+    error = post(settings, b"this is not an image", {"Content-Type": "image/jpeg", "X-Request-ID": "ray-bad-4712"})
+    assert error.status_code == 415 and error.json()["request_id"] == "ray-bad-4712"
+    assert requests.get(f"{settings.signals_url}/health/ready", timeout=30).json() == {"ready": True}
+    with prometheus({"ray": f"{settings.signals_url}/metrics"}, tmp_path / "prometheus") as server:
+        agrees_with_hey(server, settings.predictions_url("resnet18"), CAT, "image/jpeg", "resnet18", concurrency=1)
+    text = requests.get(f"{settings.signals_url}/metrics", timeout=10).text
+    assert 'code="415"' in text and "vision_stage_duration_seconds_bucket" in text

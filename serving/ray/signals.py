@@ -1,0 +1,54 @@
+"""The Ray engine's signals (docs/observability.md): every replica writes its metrics (handlers/metrics.py) to the
+run dir's folder, and the server process serves them on a fixed port with liveness and readiness
+(serving/signals.py's server): ready when every application runs and each of its deployments is healthy with a
+replica up. Replicas on other nodes write to their own node's folder: a cluster is scraped per node.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from handlers.metrics import MULTIPROC_ENV
+from serving.signals import metrics_env, serve_signals
+
+logger = logging.getLogger("serving.ray")
+RUNNING, HEALTHY = "RUNNING", "HEALTHY"
+
+
+def metrics_folder(run_dir) -> Path:
+    """The folder every replica on this machine writes its metrics to (made afresh once per start)."""
+    return Path(metrics_env(run_dir)[MULTIPROC_ENV])
+
+
+def with_metrics_env(options: dict, folder: Path) -> dict:
+    """The deployment's options with its replicas writing their metrics to folder."""
+    options["ray_actor_options"].setdefault("runtime_env", {}).setdefault("env_vars", {})[MULTIPROC_ENV] = str(folder)
+    return options
+
+
+def readiness(models: list[str]):
+    def why_not() -> list[str]:
+        from ray import serve
+        applications = serve.status().applications
+        missing = []
+        for name in models:
+            application = applications.get(name)
+            if application is None or str(getattr(application.status, "value", application.status)) != RUNNING:
+                missing.append(f"{name}: application {getattr(application, 'status', 'absent')}")
+                continue
+            for deployment, status in application.deployments.items():
+                if str(getattr(status.status, "value", status.status)) != HEALTHY:
+                    missing.append(f"{name}: deployment {deployment} {status.status} {status.message or ''}".strip())
+        return missing
+    return why_not
+
+
+def start(host: str, port: int, models: list[str], folder: Path):
+    """The signals server, or None (logged) where its port is taken: the models serve without it."""
+    try:
+        return serve_signals(host, port, readiness(models), folder)
+    except OSError as error:
+        logger.error("no metrics or health address: cannot bind %s:%d (%s); choose another with --signals-port",
+                     host, port, error)
+        return None
