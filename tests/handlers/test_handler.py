@@ -61,7 +61,8 @@ def test_batch_with_one_bad_image_answers_each_request_with_its_status(model_dir
     handler, context = _handler(model_dir, rows, headers={2: {"X-TopK": "2"}})
     responses = handler.handle(rows, context)
     assert len(responses[0]["predictions"]) == 5 and len(responses[2]["predictions"]) == 2
-    assert responses[1] == {"code": 415, "error": responses[1]["error"]} and "JPEG" in responses[1]["error"]
+    assert responses[1] == {"code": 415, "error": responses[1]["error"], "request_id": responses[1]["request_id"]}
+    assert "JPEG" in responses[1]["error"] and responses[1]["request_id"]  # the id its X-Request-ID header carries
     assert [context.get_response_status(i)[0] for i in range(3)] == [200, 415, 200]
     assert_same_answer(responses[0], expected_answer(model_dir, _jpeg()))
     assert_same_answer(responses[2], expected_answer(model_dir, _png(), topk=2))
