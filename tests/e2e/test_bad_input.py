@@ -144,7 +144,8 @@ def assert_outcome(response: requests.Response, expected: tuple[int, str | None]
     if status == 200:
         assert len(body["predictions"]) >= 1 and body["model"] == "resnet18"
     else:
-        assert body == {"code": status, "error": body["error"]} and (words or "") in body["error"]
+        assert body == {"code": status, "error": body["error"], "request_id": body["request_id"]}  # its id too
+        assert (words or "") in body["error"] and body["request_id"]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -116,7 +116,8 @@ def test_bad_input_matrix_as_on_the_torchserve_path(settings, case):
     if status == 200:
         assert answer["predictions"][0]["model"] == "resnet18"
     else:
-        assert answer == {"code": status, "error": answer["error"]} and (words or "") in answer["error"]
+        assert answer == {"code": status, "error": answer["error"], "request_id": answer["request_id"]}
+        assert (words or "") in answer["error"]
 
 
 def test_bad_and_good_requests_interleaved_are_batched_and_the_server_survives(served, expect):

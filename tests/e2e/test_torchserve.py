@@ -178,7 +178,8 @@ def test_one_bad_image_in_a_batch_gets_its_own_error(batching_server, expect):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(lambda b: _post(batching_server, b, {"Content-Type": "image/jpeg"}), bodies))
     assert [r.status_code for r in responses] == [200, 415, 200, 200]
-    assert responses[1].json() == {"code": 415, "error": responses[1].json()["error"]}
+    assert responses[1].json() == {"code": 415, "error": responses[1].json()["error"],
+                                   "request_id": responses[1].json()["request_id"]}
     for body, response in zip(bodies, responses):  # batched, each row still gets its own image's answer
         if response.status_code == 200:
             _assert_answer(response, expect(body))
