@@ -14,7 +14,7 @@
   connections (a shared socket: the first worker that wakes accepts every waiting one; SO_REUSEPORT sockets:
   a hash of each connection), so a client holding a few connections could find them all on one worker while
   the others idled (measured: one of two workers did all the work at concurrency 8, half TorchServe's rate;
-  docs/serving-overhead.md, docs/results/2026-11-26-kserve-balance/). We start KServe's server with one
+  docs/results/2026-11-25-serving-overhead/analysis.md, docs/results/2026-11-26-kserve-balance/). We start KServe's server with one
   process, and each model with the policy's worker processes behind it (serving/kserve/pool.py): its batcher
   hands each batch to a free worker, as TorchServe's frontend does, whatever the connections.
 

@@ -5,7 +5,7 @@ the description route): it reads each request, and its batcher (handlers/batchin
 free worker, the one idle longest first, so requests spread over the workers whatever the client's connection
 count. Before, each KServe worker process listened on its own SO_REUSEPORT socket and kept the keep-alive
 connections the kernel hashed to it: with 8 of hey's connections and 2 workers, all of them landed on one
-worker in one run of six (docs/serving-overhead.md, docs/results/2026-11-26-kserve-balance/).
+worker in one run of six (docs/results/2026-11-25-serving-overhead/analysis.md, docs/results/2026-11-26-kserve-balance/).
 
 A worker gets the batch's rows (image bytes and options, handlers.core.ImageRequest) and answers each row's
 answer dict or its RequestError, as the core in process would. A worker that dies is logged at once and
