@@ -159,6 +159,8 @@ def start_ray(address: str | None) -> None:
     import ray
     from ray.data import DataContext
 
+    import serving.ray  # noqa: F401  (every Ray process of ours in one authentication mode)
+
     env = {name: os.environ[name] for name in PASSED_TO_WORKERS if name in os.environ}
     ray.init(
         address=address or "local",
