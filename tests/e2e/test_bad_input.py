@@ -178,7 +178,7 @@ def test_unknown_model(serving, pids_before):
 def test_wrong_method_without_an_image(serving, pids_before, method):
     # TorchServe hands every method on /predictions to the handler; without a body there is no image
     response = requests.request(method, serving.predictions_url(), timeout=60)
-    assert_outcome(response, (400, "empty image body"))
+    assert_outcome(response, (400, "empty request"))
 
 
 def test_no_content_type(serving, pids_before):
