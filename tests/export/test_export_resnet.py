@@ -1,5 +1,6 @@
 """`python -m export resnet` on resnet18 with random weights: every artifact, checked by loading it."""
 
+import dataclasses
 import hashlib
 import zipfile
 
@@ -119,8 +120,9 @@ def test_archive_holds_handler_runtime_contract_artifact_manifest_labels_and_con
         config = yaml.safe_load(archive.read("model-config.yaml"))
         archived = _archived(archive)
         served = archived.served_record()
-        # decided once at export: the archive serves what the export's manifest says, first of the preference
-        assert archived == manifest and served.kind == manifest.decision().served == "onnx-dynamo"
+        # the export's manifest plus the version the store gave it; its declared choice is the export's
+        assert dataclasses.replace(archived, model_version=None) == manifest and archived.model_version.number == 1
+        assert served.kind == manifest.decision().served == "onnx-dynamo"
         assert {"torchserve_entry.py", MANIFEST_NAME, "index_to_name.json", "model-config.yaml",
                 "handlers/image_classifier.py", "runtime/base.py", "runtime/onnxruntime.py", "contract/errors.py",
                 "contract/records.py", served.path} <= names
