@@ -91,7 +91,7 @@ def test_bad_input_matrix_as_on_the_torchserve_path(settings, case):
 def test_a_form_without_a_file_and_a_get_without_a_body(settings):
     form = requests.post(settings.predictions_url("resnet18"), files={"topk": (None, "3")}, timeout=60)
     assert_outcome(form, (400, "no image in the request"))
-    assert_outcome(requests.get(settings.predictions_url("resnet18"), timeout=60), (400, "empty image body"))
+    assert_outcome(requests.get(settings.predictions_url("resnet18"), timeout=60), (400, "empty request"))
 
 
 def test_the_model_description_says_which_form_serves_here_and_why(settings, resnet18_export):
