@@ -26,7 +26,7 @@ from contract.versions import VERSION_HEADER, split_versioned
 from handlers import metrics
 from handlers.batching import Batcher
 from handlers.logs import SERVED_BY, configure_logging  # SERVED_BY: "NODE_ID REPLICA_ID" here
-from handlers.request import JSON_TYPE, REQUEST_ID_HEADER, ImageRequest, request_id_of
+from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
 from handlers.signals import with_request_id
 from handlers.tasks import open_core
@@ -86,8 +86,9 @@ class RayDeployment:
         return self.respond(answer, rid, timer)
 
     def respond(self, answer, rid: str, timer: metrics.Timer) -> JSONResponse:
-        """The answer with its id (header, and error body), its latency and code recorded (handlers/metrics.py)."""
-        headers = {SERVED_BY: self.served_by, VERSION_HEADER: self.core.version, REQUEST_ID_HEADER: rid}
+        """The answer with its id (error body; Serve's proxy returns the X-Request-ID header itself, the client's or
+        the one it made and handed us, so adding it here would send it twice), its latency and code recorded."""
+        headers = {SERVED_BY: self.served_by, VERSION_HEADER: self.core.version}
         code = answer.code if isinstance(answer, RequestError) else 200
         metrics.observe_request(self.core.served, code, timer.seconds())
         if isinstance(answer, RequestError):
