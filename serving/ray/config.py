@@ -95,6 +95,8 @@ def deployment_options(policy: ServingPolicy) -> dict:
 
 
 def head_cpus(policies: dict[str, ServingPolicy], cores: int) -> int:
-    """The CPUs our own head node offers Ray: the machine's cores, as `ray start` offers by default, or every
-    replica's of a model at its policy's largest when a policy asks for more (--workers, --threads, pins)."""
-    return max(cores, *(policy.workers * policy.threads_per_worker for policy in policies.values()))
+    """The CPUs our own head node offers Ray: the machine's cores, as `ray start` offers by default, or what every
+    model's replicas ask for together when that is more: each model's policy is sized for the whole machine (as
+    TorchServe and KServe start every model's workers), so a store of several models would otherwise leave the
+    last ones' replicas waiting for CPUs Ray will never have, and never ready."""
+    return max(cores, sum(policy.workers * policy.threads_per_worker for policy in policies.values()))
