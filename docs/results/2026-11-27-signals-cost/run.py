@@ -1,11 +1,13 @@
-"""Served rate with metrics and request ids on against off (VISION_SIGNALS=off), one TorchServe run each, the same
-archive and load: `python docs/results/2026-11-27-signals-cost/run.py MODEL_STORE MODEL [SECONDS] [CONCURRENCY]`."""
+"""Served rate with metrics and request ids on against off (VISION_SIGNALS=off), alternating rounds on one TorchServe
+archive and load, each round its own server:
+`python docs/results/2026-11-27-signals-cost/run.py MODEL_STORE MODEL [SECONDS] [CONCURRENCY] [ROUNDS]`."""
 
 from __future__ import annotations
 
 import json
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,10 +42,16 @@ def served_rate(store: Path, model: str, signals: str, seconds: int, concurrency
 def main(argv: list[str]) -> int:
     store, model = Path(argv[0]), argv[1]
     seconds, concurrency = int(argv[2]) if len(argv) > 2 else 30, int(argv[3]) if len(argv) > 3 else 4
-    runs = [served_rate(store, model, signals, seconds, concurrency) for signals in ("on", "off")]
-    on, off = runs[0]["req_per_s"], runs[1]["req_per_s"]
+    rounds = int(argv[4]) if len(argv) > 4 else 1
+    # alternate which goes first, so a drift of the machine over the run falls on both sides alike
+    order = [("on", "off") if r % 2 == 0 else ("off", "on") for r in range(rounds)]
+    runs = [served_rate(store, model, signals, seconds, concurrency) for pair in order for signals in pair]
+    on = statistics.median(r["req_per_s"] for r in runs if r["signals"] == "on")
+    off = statistics.median(r["req_per_s"] for r in runs if r["signals"] == "off")
     print(json.dumps({"cpu": cpu(), "python": platform.python_version(), "model": model, "seconds": seconds,
-                      "concurrency": concurrency, "on_req_per_s": on, "off_req_per_s": off,
+                      "concurrency": concurrency, "rounds": rounds,
+                      "per_round": [{"signals": r["signals"], "req_per_s": r["req_per_s"]} for r in runs],
+                      "on_req_per_s_median": on, "off_req_per_s_median": off,
                       "cost_percent": round(100 * (off - on) / off, 2), "runs": runs}, indent=1))
     return 0
 
