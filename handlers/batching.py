@@ -11,15 +11,21 @@ worker); the worker count for a pool that runs each batch in one of its worker p
 its run_batch blocks until the worker it chose answers). As TorchServe's frontend does, a batch is formed only
 when a lane is free, one batch at a time, so a worker that is free takes the next batch whichever connection
 its requests came on.
+
+Each request's wait, from its arrival here to the start of its batch on a lane (the batch delay, and any wait
+for a free lane), is the queue stage of handlers/metrics.py: one observation per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
+from functools import cached_property
 from typing import Any, Sequence
 
 from contract.policy import ServingPolicy
+from handlers import metrics
 from handlers.core import ImageCore, ImageRequest
 
 
@@ -41,42 +47,55 @@ class Batcher:
 
     async def answered(self, rows: Sequence[ImageRequest]) -> tuple[list, Any]:
         """answer()'s list, and which worker answered (the core's result's `worker`; None without one)."""
+        arrived = time.perf_counter()
         if self.size <= 1:
-            return await self._run(list(rows))
+            return await self._run(list(rows), [arrived])
         if self.loop is not asyncio.get_running_loop():  # a queue and its collectors belong to one event loop
             self.loop = asyncio.get_running_loop()
             self.queue = asyncio.Queue()
             self.forming = asyncio.Lock()
             self.collectors = [asyncio.create_task(self._collect()) for _ in range(self.lanes)]
         answered = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait((list(rows), answered))
+        self.queue.put_nowait((list(rows), answered, arrived))
         return await answered
 
-    async def _run(self, rows: list[ImageRequest]) -> tuple[list, Any]:
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self.executor, self.core.run_batch, rows)
+    async def _run(self, rows: list[ImageRequest], arrivals: list[float]) -> tuple[list, Any]:
+        """The batch on a free lane; each of its requests' wait (from `arrivals`) recorded as the lane starts it."""
+
+        def started() -> Any:
+            begun = time.perf_counter()
+            for arrived in arrivals:
+                metrics.observe_queue(self.served, begun - arrived)
+            return self.core.run_batch(rows)
+
+        result = await asyncio.get_running_loop().run_in_executor(self.executor, started)
         return result.answers, getattr(result, "worker", None)
+
+    @cached_property
+    def served(self) -> metrics.ServedModel:
+        """The labels of the queue's observations: the core's, or a worker pool's description."""
+        return getattr(self.core, "served", None) or metrics.ServedModel.of(self.core.describe())
 
     async def _collect(self) -> None:
         """One lane: the next batch once this lane is free, run, each request given its rows' answers."""
         while True:
             async with self.forming:
                 waiting = await self._next_batch()
-            rows = [row for request_rows, _ in waiting for row in request_rows]
+            rows = [row for request_rows, _, _ in waiting for row in request_rows]
             try:
-                answers, worker = await self._run(rows)
+                answers, worker = await self._run(rows, [arrived for _, _, arrived in waiting])
             except Exception as error:  # the core answers bad rows itself; a worker that died, or our bug
-                for _, answered in waiting:
+                for _, answered, _ in waiting:
                     if not answered.done():
                         answered.set_exception(error)
                 continue
             start = 0
-            for request_rows, answered in waiting:
+            for request_rows, answered, _ in waiting:
                 if not answered.done():  # its client may have gone
-                    answered.set_result((answers[start:start + len(request_rows)], worker))
+                    answered.set_result((answers[start : start + len(request_rows)], worker))
                 start += len(request_rows)
 
-    async def _next_batch(self) -> list[tuple[list, asyncio.Future]]:
+    async def _next_batch(self) -> list[tuple[list, asyncio.Future, float]]:
         """The first waiting request, and whatever else arrives within the delay, up to the batch size."""
         waiting = [await self.queue.get()]
         count = len(waiting[0][0])
