@@ -239,26 +239,34 @@ class ImageCore:
         """Answer each request: one whose image or options cannot be read, or whose image cannot be decoded,
         gets its own RequestError, the others are answered."""
         times = StageTimes()
-        answers: list = [None] * len(rows)
+        answers = self.answer_prepared(self.prepare_requests(rows, times), times)
+        logger.info(times.line(len(rows)))
+        signals.log_batch(self.served, list(zip(rows, answers)), times.ms)
+        return BatchResult(answers, times)
+
+    def prepare_requests(self, rows: Sequence[ImageRequest], times: StageTimes) -> list:
+        """run_batch's first half, which needs no model (a batch run does it in tasks apart from the model's):
+        each request's (input row, options), or its RequestError."""
+        prepared: list = [None] * len(rows)
         requests: list[tuple[int, bytes, Any]] = []
         for index, request in enumerate(rows):
             try:
                 requests.append((index, image_of(request), self.request_options(request)))
             except RequestError as error:
-                answers[index] = error
+                prepared[index] = error
             except Exception as error:  # the request could not be read: our bug, not the client's
-                answers[index] = internal_error("reading", error)
-        ready = []
-        for (index, _, k), row in zip(requests, self.prepare([image for _, image, _ in requests], times)):
-            if isinstance(row, RequestError):
-                answers[index] = row
-            else:
-                ready.append((index, row, k))
+                prepared[index] = internal_error("reading", error)
+        for (index, _, options), row in zip(requests, self.prepare([image for _, image, _ in requests], times)):
+            prepared[index] = row if isinstance(row, RequestError) else (row, options)
+        return prepared
+
+    def answer_prepared(self, prepared: Sequence, times: StageTimes) -> list:
+        """run_batch's second half: prepare_requests' rows predicted as one batch; each error kept with its row."""
+        answers = [item if isinstance(item, RequestError) else None for item in prepared]
+        ready = [(index, *item) for index, item in enumerate(prepared) if not isinstance(item, RequestError)]
         if ready:
             self._predict_into(answers, ready, times)
-        logger.info(times.line(len(rows)))
-        signals.log_batch(self.served, list(zip(rows, answers)), times.ms)
-        return BatchResult(answers, times)
+        return answers
 
     def prepare(self, images: list[bytes], times: StageTimes) -> list:
         """Each image's input row, or its RequestError: the GPU decoder's batch where there is one, else row by row."""

@@ -8,7 +8,8 @@ the endpoint's request core, on Ray Data, one Parquet row per photo (serving/bat
 PATH: an export folder or an archive (.mar); INPUT: a folder, a glob, or a .parquet/.csv table with a column of
 paths or bytes (serving/batch/inputs.py). The model runs in a Ray Data actor pool sized by the serving policy
 (contract/policy.py, the cluster's CPUs and GPUs as the machine; --workers/--threads/--batch-size as for `python -m
-serving`); each actor reads, decodes and answers its photos as one endpoint worker does. A photo the endpoint would
+serving`); on CPUs, stateless Ray Data tasks read, decode and preprocess the photos before it with the core's
+own first half (serving/batch/decoding.py), on a GPU each actor decodes its own. A photo the endpoint would
 refuse gets a row with the endpoint's status and message; --fail-on-error makes the run end non-zero when any did.
 Run again with the same command after a stop or a crash: the parts already written are kept, the rest scored.
 """
@@ -30,9 +31,11 @@ from contract.errors import EXIT_ERROR, VisionExportError
 from contract.policy import Machine, PolicyChoices, ServingPolicy, add_policy_options, resolve_policy
 from contract.records import MANIFEST_NAME, Manifest
 from handlers.core import STAGES
+from serving.batch.decoding import PREPARED_STAGES, decode_batch
 from serving.batch.inputs import SHARD_SIZE, Shard, names_hash, read_inputs, shards
 from serving.batch.output import SCHEMA, RunRecord, fsync_folder, prepare_out, read_rows, write_part
 from serving.batch.progress import Progress
+from serving.batch.scoring import handler_settings
 from serving.settings import archive_pins
 
 PROG = "python -m serving batch"
@@ -97,6 +100,7 @@ class Tally:
     first_rows: int = 0  # photos in that first batch of answers
     workers: int = 1  # the actor pool's size
     stage_ms: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    decoders: set = field(default_factory=set)  # node:pid of each decode task process ("" where actors decode)
 
 
 def score(args: argparse.Namespace) -> int:
@@ -192,7 +196,8 @@ def describe_cluster() -> str:
 
 
 def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_per_call: int):
-    """The pending photos as rows, answered by an actor pool of the policy's workers, each on its threads."""
+    """The pending photos as rows, answered by an actor pool of the policy's workers, each on its threads; on CPUs
+    read, decoded and preprocessed before it by stateless tasks (serving/batch/decoding.py)."""
     import ray.data
 
     from serving.batch.scoring import Scorer
@@ -204,19 +209,41 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_
     ]
     # a block per call: answers stream back (parts written, progress shown) as each call ends
     rows = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // rows_per_call)))
+    on_gpu = policy.device == "gpu"
+    if not on_gpu:  # on a GPU the actor decodes, as the endpoint's worker does (nvJPEG where allowed)
+        rows = rows.map_batches(decode_batch, batch_size=rows_per_call, batch_format="numpy", **decoding(model_path))
     return rows.map_batches(
         Scorer,
         batch_size=rows_per_call,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=policy.workers),
         num_cpus=policy.threads_per_worker,
-        num_gpus=1 if policy.device == "gpu" else 0,
+        num_gpus=1 if on_gpu else 0,
         fn_constructor_kwargs={
             "model_path": str(model_path.absolute()),
             "policy": policy.to_dict(),
-            "device": "cuda" if policy.device == "gpu" else "cpu",
+            "device": "cuda" if on_gpu else "cpu",
         },
     )
+
+
+def decoding(model_path: Path) -> dict:
+    """How the decode tasks run: at most one per CPU of the cluster, reserving none of Ray's CPUs (the policy
+    gives them all to the actors), so they run on whatever CPU time the actors leave: before the actors are up,
+    on the cores of any CPU the policy left over, between inferences. Ray Data's backpressure stops them when
+    decoded photos wait for the actors."""
+    import ray
+    import ray.data
+
+    settings = handler_settings(model_path)
+    return {
+        "compute": ray.data.TaskPoolStrategy(size=max(1, int(ray.cluster_resources().get("CPU", 1)))),
+        "num_cpus": 0,
+        "fn_kwargs": {
+            "manifest_json": read_manifest(model_path).to_json(),
+            "settings_json": json.dumps(settings) if settings is not None else None,
+        },
+    }
 
 
 def stream(out: Path, pending: list[Shard], answered, started: float) -> Tally:
@@ -232,6 +259,7 @@ def stream(out: Path, pending: list[Shard], answered, started: float) -> Tally:
         for row in batch.to_pylist():
             for stage in STAGES:
                 tally.stage_ms[stage] += row[f"{stage}_ms"]
+            tally.decoders.add(row["decoder"])
             rows = waiting.setdefault(row["shard"], [])
             rows.append({name: row[name] for name in columns})
             if len(rows) == sizes[row["shard"]]:
@@ -262,7 +290,9 @@ def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
     steady_s = tally.scoring_s - tally.first_answer_s
     steady = (tally.rows - tally.first_rows) / steady_s if tally.rows > tally.first_rows and steady_s > 0 else rate
     per_photo = {stage: ms / tally.rows for stage, ms in tally.stage_ms.items()} if tally.rows else {}
-    in_core = sum(tally.stage_ms.values()) / 1000 / (tally.scoring_s * tally.workers) if tally.scoring_s else 0.0
+    spread = decoding_spread(tally)
+    in_actors = sum(ms for s, ms in tally.stage_ms.items() if s not in PREPARED_STAGES or not spread["tasks"])
+    in_core = in_actors / 1000 / (tally.scoring_s * tally.workers) if tally.scoring_s else 0.0
     lines = [
         f"done: {record.photos} photos, {record.photos - failed} answered, {failed} error rows, in {args.out}",
         f"this run: {tally.rows} photos in {tally.scoring_s:.1f} s, {rate:.1f} photos/s; {steady:.1f} photos/s "
@@ -272,9 +302,16 @@ def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
     ]
     if per_photo:
         lines.append(
-            "per photo in the actors: "
+            "per photo: "
             + ", ".join(f"{s} {ms:.1f} ms" for s, ms in per_photo.items())
-            + f"; the {tally.workers} actor(s) spent {100 * in_core:.0f} % of the run's time in the core"
+            + f"; the {tally.workers} actor(s) spent {100 * in_core:.0f} % of the run's time in the core's "
+            + ("second half (inference, encode)" if spread["tasks"] else "stages")
+        )
+        lines.append(
+            f"decoding: {spread['tasks']} task process(es) on {spread['nodes']} node(s), {spread['cpus']:.2f} CPU(s) "
+            f"busy on average, {spread['photos_per_cpu_s']:.1f} photos/s per busy CPU"
+            if spread["tasks"]
+            else "decoding: in the actors, as the endpoint's workers decode"
         )
     if failed:
         lines.append(f"error rows: status != 200, e.g. {first_error(table)}")
@@ -293,11 +330,25 @@ def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
                 "workers": tally.workers,
                 "share_of_actor_time_in_core": round(in_core, 3),
                 "stage_ms_per_photo": {s: round(ms, 2) for s, ms in per_photo.items()},
+                "decoding": spread,
             }
         ),
         flush=True,
     )
     return EXIT_ERROR if failed and args.fail_on_error else 0
+
+
+def decoding_spread(tally: Tally) -> dict:
+    """How decoding was spread: its task processes and nodes, the CPUs it kept busy on average over the scoring
+    time, and its rate per busy CPU (decode and preprocess, as the tasks timed them)."""
+    processes = {name for name in tally.decoders if name}
+    busy_s = sum(tally.stage_ms[stage] for stage in PREPARED_STAGES) / 1000
+    return {
+        "tasks": len(processes),
+        "nodes": len({name.split(":")[0] for name in processes}),
+        "cpus": round(busy_s / tally.scoring_s, 3) if processes and tally.scoring_s else 0.0,
+        "photos_per_cpu_s": round(tally.rows / busy_s, 2) if processes and busy_s else 0.0,
+    }
 
 
 def first_error(table) -> str:

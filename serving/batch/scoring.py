@@ -3,6 +3,10 @@ engine does: the sha256 check, the form chosen for this machine, the serving pol
 photos into output rows: the endpoint's JSON answer, or the endpoint's error for that photo (a file that cannot be
 read, a body the decoder refuses), row by row, never an exception for one bad photo.
 
+On CPUs its photos come decoded and preprocessed by the run's decode tasks (serving/batch/decoding.py): the actor
+runs the core's second half (answer_prepared) on ready tensors. On a GPU it reads and decodes its photos itself, as
+the endpoint's worker does (nvJPEG on the device where the export allows it), with the core's whole run_batch.
+
 Ray Data runs one Scorer per actor of its pool (serving/batch/run.py); it is a plain class, usable in-process.
 """
 
@@ -10,22 +14,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import tempfile
 import zipfile
 from pathlib import Path
 
 from contract.policy import ServingPolicy
 from contract.records import Manifest
-from handlers.core import STAGES
+from handlers.core import STAGES, StageTimes
 from handlers.request_body import ImageRequest
 from handlers.request_error import RequestError
 from handlers.tasks import open_core
+from serving.batch.decoding import PREPARED_STAGES, read_body, unpacked
 from serving.settings import archive_config
 
-MAX_FILE_BYTES = 64 * 2**20  # no photo is larger; a bigger file is refused before it is read into memory
 ARCHIVE_SUFFIX = ".mar"
-READ_STATUS = {FileNotFoundError: 404, PermissionError: 403}  # a file that cannot be read; other OS errors: 400
 
 
 def model_folder(path: Path, scratch: Path) -> Path:
@@ -58,20 +60,38 @@ class Scorer:
 
     def __call__(self, batch: dict) -> dict:
         inputs, shard_keys = list(batch["input"]), list(batch["shard"])
-        answers, stage_ms = self.answers(list(batch["path"]), list(batch["data"]))
+        if "prepared" in batch:
+            answers, stage_ms = self.answer_prepared(batch)
+        else:
+            answers, stage_ms = self.answers(list(batch["path"]), list(batch["data"]))
         rows = [self.row(name, answer) for name, answer in zip(inputs, answers)]
         columns = {key: [row[key] for row in rows] for key in rows[0]} if rows else {}
         return {
             **columns,
             "shard": shard_keys,
-            **{f"{stage}_ms": [stage_ms[stage] / max(1, len(rows))] * len(rows) for stage in STAGES},
+            "decoder": list(batch["decoder"]) if "decoder" in batch else [""] * len(rows),
+            **{f"{stage}_ms": stage_ms[stage] for stage in STAGES},
         }
 
+    def answer_prepared(self, batch: dict) -> tuple[list, dict]:
+        """The decode tasks' rows answered, on chunks of the policy's batch size; each stage's ms per row."""
+        prepared = [unpacked(data) for data in batch["prepared"]]
+        answers: list = []
+        times = StageTimes()
+        size = max(1, self.policy.batch_size)
+        for start in range(0, len(prepared), size):
+            answers += self.core.answer_prepared(prepared[start : start + size], times)
+        per_row = {stage: [times.ms[stage] / max(1, len(prepared))] * len(prepared) for stage in STAGES}
+        for stage in PREPARED_STAGES:  # timed by the decode tasks
+            per_row[stage] = [float(ms) for ms in batch[f"{stage}_ms"]]
+        return answers, per_row
+
     def answers(self, paths: list, datas: list) -> tuple[list, dict]:
-        """Each photo's answer or RequestError, the core run on chunks of the policy's batch size; the stages' ms."""
+        """Each photo read, decoded and answered here, the core run on chunks of the policy's batch size; each
+        stage's ms per row."""
         bodies = [read_body(str(path), data) for path, data in zip(paths, datas)]
         answers: list = list(bodies)
-        stage_ms = dict.fromkeys(STAGES, 0.0)
+        times = StageTimes()
         readable = [index for index, body in enumerate(bodies) if isinstance(body, bytes)]
         size = max(1, self.policy.batch_size)
         for start in range(0, len(readable), size):
@@ -80,8 +100,8 @@ class Scorer:
             for index, answer in zip(chunk, result.answers):
                 answers[index] = answer
             for stage in STAGES:
-                stage_ms[stage] += result.times.ms[stage]
-        return answers, stage_ms
+                times.ms[stage] += result.times.ms[stage]
+        return answers, {stage: [times.ms[stage] / max(1, len(bodies))] * len(bodies) for stage in STAGES}
 
     def row(self, name: str, answer) -> dict:
         record = self.core.record
@@ -106,24 +126,6 @@ class Scorer:
             "score": score,
             "version": model_version(self.manifest, record.sha256, answer),
         }
-
-
-def read_body(path: str, data) -> bytes | RequestError:
-    """The photo's bytes (from the table, or its file), or the RequestError of a file that cannot be read."""
-    if not path:
-        return bytes(data) if data is not None else b""
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
-            return RequestError(
-                413,
-                f"file too large: {size:,} bytes, more than {MAX_FILE_BYTES:,}; no photo is "
-                "that large: downscale it or leave it out",
-            )
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as error:
-        return RequestError(READ_STATUS.get(type(error), 400), f"cannot read {path}: {error.strerror or error}")
 
 
 def model_version(manifest: Manifest, served_sha256: str, answer: dict | None) -> str:

@@ -10,8 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from handlers.request_error import RequestError
+from serving.batch.decoding import MAX_FILE_BYTES, decode_batch, read_body
 from serving.batch.output import SCHEMA, BatchOutputError, RunRecord, part_path, prepare_out, read_rows, write_part
-from serving.batch.scoring import MAX_FILE_BYTES, Scorer, first_label, read_body
+from serving.batch.scoring import Scorer, first_label
+from serving.settings import archive_config
 from tests.conftest import CAT
 from tests.e2e.test_bad_input import CASES
 
@@ -75,7 +77,9 @@ def test_first_label_of_each_task():
     assert first_label({"classes": [{"label": "sky", "share": 0.4}]}) == ("sky", 0.4)
 
 
-def test_bad_photos_are_rows_with_the_endpoints_status_and_message(resnet18_export, tmp_path):
+def test_bad_photos_are_rows_with_the_endpoints_status_and_message_decoded_apart_or_in_the_actor(
+    resnet18_export, tmp_path
+):
     names = ("truncated JPEG", "random bytes", "decompression bomb", "1x1 image", "empty body")
     files = []
     for index, name in enumerate(names):
@@ -92,7 +96,12 @@ def test_bad_photos_are_rows_with_the_endpoints_status_and_message(resnet18_expo
     scorer = Scorer(str(resnet18_export["archive"]), policy)
     paths = [str(CAT), *map(str, files), str(tmp_path / "missing.jpg")]
     batch = {"input": paths, "shard": ["k"] * len(paths), "path": paths, "data": [b""] * len(paths)}
-    rows = scorer(batch)
+    in_actor = scorer(batch)
+    settings = json.dumps(archive_config(resnet18_export["archive"]).get("handler"))
+    rows = scorer(decode_batch(batch, scorer.manifest.to_json(), settings))
+    columns = ("input", "status", "error", "answer", "label", "score", "model", "version", "artifact")
+    assert {c: rows[c] for c in columns} == {c: in_actor[c] for c in columns}  # the same rows either way
+    assert all(ms > 0 for ms in rows["decode_ms"][:1]) and all(rows["decoder"])
     assert rows["status"][0] == 200 and rows["label"][0] == json.loads(rows["answer"][0])["predictions"][0]["label"]
     for index, name in enumerate(names, start=1):
         status, words = CASES[name][2]
