@@ -154,20 +154,21 @@ class ImageCore:
     def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
                     threads: int | None = None, machine: MachineProfile | None = None,
                     policy: ServingPolicy | None = None, measure: bool = False,
-                    kind: str | None = None) -> "ImageCore":
+                    kind: str | None = None, form: str | None = None) -> "ImageCore":
         """Serve the form this machine chooses among the export's gated candidates (runtime.form_choice.choose;
-        `machine`: a simulated profile, for tests), or the artifact `kind` when a caller names one (a benchmark's
-        row), after checking its sha256. `settings` is model-config.yaml's handler section; `policy` the serving
-        policy the engine resolved (its threads run the model); without one, in_process_policy (the archive's
-        threads pin, else `threads`, else this machine's). `measure` (what the engines ask): among the candidates
-        this machine meets, the first of the declared order within a margin of the fastest, measured under the
-        policy; without it, the first candidate this machine meets."""
+        `machine`: a simulated profile, for tests), after checking its sha256. `settings` is model-config.yaml's
+        handler section; `policy` the serving policy the engine resolved (its threads run the model); without
+        one, in_process_policy (the archive's threads pin, else `threads`, else this machine's). `measure` (what
+        the engines ask): among the candidates this machine meets, the first of the declared order within a
+        margin of the fastest, measured under the policy; without it, the first candidate this machine meets.
+        `form`: that gated form, refused unless this machine may serve it (a test re-running the form a server
+        named in its answer); `kind`: any artifact the manifest records, gated or not (a benchmark's row)."""
         folder = Path(folder)
         manifest = Manifest.read(folder)
         machine = machine or this_machine_profile(str(device))
         policy = policy or in_process_policy(settings, threads)
         choice = None if kind else choose(folder, manifest, machine, policy.threads_per_worker, policy.batch_size,
-                                          str(device), REBUILD, measure)
+                                          str(device), REBUILD, measure, form)
         record = manifest.artifacts[kind or choice.kind]
         verify_artifact(folder, record, REBUILD)
         cls.check_task(manifest)  # another task's archive, or one without an image contract, is refused here

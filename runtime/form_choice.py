@@ -9,7 +9,9 @@ with what it needs to run and to be fast). Here the machine chooses among them:
                    VISION_EXPORT_FORM_CHOICE=declared.
   choose           what the core opens at load (handlers/core.py from_folder, so every engine): among the
                    candidates this machine meets, each measured briefly under the serving policy's own setting (its
-                   threads, its batch size), the first in the declared order within MARGIN of the fastest.
+                   threads, its batch size), the first in the declared order within MARGIN of the fastest; or the
+                   one a caller names (`form`: a test re-running the form a server named), refused unless this
+                   machine may serve it.
 
 What is fastest depends on the model as well as the machine (on an AMX Xeon OpenVINO's bf16 is twice its int8 for
 ResNet-50 while int8 leads for EfficientNet-Lite0's depthwise convolutions: docs/hardware-choice.md), so no order
@@ -93,6 +95,20 @@ class MeasuredChoice(Choice):
         return {**super().as_dict(), "measured_images_per_s": dict(self.measured), "how": self.how}
 
 
+@dataclass(frozen=True)
+class NamedChoice(Choice):
+    """A form its caller named, among those this machine may serve (`allowed`)."""
+
+    allowed: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        return (f"serving {self.kind} on {self.machine.describe()}: named by the caller, one of the forms this "
+                f"machine may serve ({', '.join(self.allowed)})")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "how": "named by the caller", "allowed": list(self.allowed)}
+
+
 def candidate_unmet(candidate: dict[str, Any], machine: MachineProfile) -> str | None:
     """Why `machine` may not serve a candidate ({"kind", "runs_on", "fast_on"}, as the manifest records it)."""
     why = Needs.from_dict(candidate.get("runs_on")).unmet(machine)
@@ -137,9 +153,12 @@ def may_serve_here(manifest: Manifest, machine: MachineProfile) -> list[str]:
 
 
 def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: int, batch: int, device: str,
-           rebuild: str, measure: bool = True) -> Choice:
-    """The form this machine serves: measured among the candidates it meets (`measure`, what the engines ask), else
-    the first it meets; an export without gated candidates serves its decided kind."""
+           rebuild: str, measure: bool = True, form: str | None = None) -> Choice:
+    """The form this machine serves: `form` when a caller names one this machine may serve (nothing is measured),
+    else measured among the candidates it meets (`measure`, what the engines ask), else the first it meets; an
+    export without gated candidates serves its decided kind."""
+    if form is not None:
+        return named_choice(manifest, machine, form)
     decision = manifest.decision()
     if not decision.gated:
         return Choice(decision.served_kind(), machine, {})
@@ -153,6 +172,17 @@ def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: i
         raise FormChoiceError(f"the serving decision names {choice.kind!r}, which the manifest does not record; "
                               "rebuild the archive with `python -m export`")
     return choice
+
+
+def named_choice(manifest: Manifest, machine: MachineProfile, form: str) -> NamedChoice:
+    """The form a caller names, when it is one of the gated candidates this machine meets (may_serve_here): the
+    same check a measured choice passes, so a name cannot open a form the export's gates kept out."""
+    allowed = may_serve_here(manifest, machine)
+    if form not in allowed:
+        raise FormChoiceError(f"{form!r} is not among the forms this archive may serve on {machine.describe()} "
+                              f"({', '.join(allowed) or 'none'}): name one of those, or leave the choice to the "
+                              "machine")
+    return NamedChoice(form, machine, {}, tuple(allowed))
 
 
 def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, threads: int, batch: int,

@@ -28,9 +28,8 @@ CAT = ROOT / "examples" / "cat.jpg"
 # 65 s of wall for two export modules side by side (2-core AVX2 EPYC, docs/design.md#tests). A value already set
 # is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# Servers the tests start serve the export's declared first candidate, so that their answers can be held to the same
-# artifact run in-process (tests/answers.py); tests/runtime/test_form_choice.py measures the choice itself.
-os.environ.setdefault("VISION_EXPORT_FORM_CHOICE", "declared")
+# The servers the tests start choose their form as a user's do, measured at load (runtime/form_choice.py, kept for
+# later starts); each answer names its form and is held to that form run in-process (tests/answers.py).
 sys.path.insert(0, str(ROOT))
 # Session fixtures whose users run on one worker: each of these is made by that worker alone.
 SHARED_BY_GROUP = ("lite0_int8_export", "aoti_export", "controlflow_export", "resnet18_server",

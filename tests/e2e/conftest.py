@@ -9,5 +9,6 @@ from tests.answers import cached_answers
 
 @pytest.fixture(scope="module")
 def expect(resnet18_export):
-    """image bytes (, topk) -> the answer resnet18.mar's artifact gives in-process, computed once per image."""
+    """image bytes (, topk) -> the answer resnet18.mar gives in-process by the form a served answer names, computed
+    once per image and form."""
     return cached_answers(resnet18_export["archive"])

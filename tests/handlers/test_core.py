@@ -117,6 +117,20 @@ def test_the_manifests_decision_is_what_is_served(editable, core):
     assert_same_answer({**answer, "artifact": core.record.kind}, core.answer(CAT.read_bytes()))
 
 
+def test_a_named_form_serves_only_when_the_export_gated_it_for_this_machine(unpacked, core):
+    """`form=` re-runs the form a server named in its answer (tests/answers.py): a gated candidate opens, with the
+    caller named as the reason; a form the gates kept out (servable but after the list's end, or diverging) is
+    refused with the forms that may serve."""
+    gated = [candidate["kind"] for candidate in Manifest.read(unpacked).decision().gated]
+    named = ImageCore.from_folder(unpacked, threads=torch.get_num_threads(), form=gated[0])
+    assert named.record.kind == gated[0] and "named by the caller" in named.describe()["why"]
+    assert_same_answer(named.answer(CAT.read_bytes()), core.answer(CAT.read_bytes()), atol=0)
+    for kept_out in ("scripted", "traced"):
+        with pytest.raises(ContractError, match=f"'{kept_out}' is not among the forms this archive may serve on "
+                                                f".* \\(.*{gated[0]}"):
+            ImageCore.from_folder(unpacked, threads=torch.get_num_threads(), form=kept_out)
+
+
 def test_a_runtime_failure_answers_500_with_the_reason_for_each_row_of_the_batch(editable, caplog):
     # the traced ONNX takes 224x224 only; a contract cropping 200x200 makes ONNX Runtime refuse the batch
     def traced_with_a_200_crop(m):
