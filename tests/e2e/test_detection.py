@@ -1,7 +1,7 @@
 """Detectors and segmenters end to end: `python -m export detection|segmentation` (torchvision's models, seeded
 random weights that still give boxes), every form that can be made and the others refused with the exporter's own
 reason, parity as sets of boxes, then both archives served by one real TorchServe, by KServe's ModelServer
-(v1 and v2) and by Ray Serve: each answer equals the served form's answer in this process (handlers.tasks.open_core), on the
+(v1 and v2) and by Ray Serve: each answer equals, in this process, the answer of the form it names (tests/answers.py), on the
 example photo and on a 12 MP phone JPEG turned sideways by its EXIF tag."""
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from PIL import Image
 from contract.policy import PolicyChoices, ServingPolicy
 from contract.records import DETECTION, SEGMENTATION, Manifest
 from handlers.policy import machine_policy, this_machine_resources
-from handlers.tasks import open_core
 from measure.request_path import stages
 from measure.served import ceiling, configurations
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
 from serving.settings import free_port
 from serving.torchserve import server
+from tests.answers import ServedForms
 from tests.conftest import ROOT, made_once, run_export
 
 pytestmark = pytest.mark.slow
@@ -67,9 +67,9 @@ def unpacked(exports, arch: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def in_process(exports) -> dict:
-    """The served form of each archive in this process: what every endpoint must answer."""
-    return {arch: open_core(unpacked(exports, arch), threads=1) for arch in (DETECTOR, SEGMENTER, FACES)}
+def in_process(exports) -> ServedForms:
+    """Each archive's forms in this process: what every endpoint must answer, by the form its answer names."""
+    return ServedForms({arch: unpacked(exports, arch) for arch in (DETECTOR, SEGMENTER, FACES)})
 
 
 def test_the_detector_gets_every_form_that_can_be_made_and_the_others_with_the_exporters_reason(exports):
@@ -136,7 +136,7 @@ def test_torchserve_answers_what_the_served_form_answers_in_process(torchserve, 
     for body in (CAT.read_bytes(), phone_photo):
         served = requests.post(url, data=body, headers={"Content-Type": "image/jpeg"}, timeout=300)
         assert served.status_code == 200, served.text
-        assert served.json() == json.loads(json.dumps(in_process[arch].answer(body)))
+        assert served.json() == json.loads(json.dumps(in_process.answer(arch, served.json(), body)))
     options = requests.post(url, data=CAT.read_bytes(), timeout=300,
                             headers={"Content-Type": "image/jpeg", "X-Max-Detections": "0"})
     assert (options.status_code, arch) in ((400, DETECTOR), (200, SEGMENTER))
@@ -152,7 +152,7 @@ def test_the_trained_face_detector_is_served_scripted_and_finds_the_astronauts_f
     served = requests.post(f"{torchserve.inference_url}/predictions/{FACES}", data=buffer.getvalue(),
                            headers={"Content-Type": "image/png"}, timeout=300)
     assert served.status_code == 200, served.text
-    assert served.json() == json.loads(json.dumps(in_process[FACES].answer(buffer.getvalue())))
+    assert served.json() == json.loads(json.dumps(in_process.answer(FACES, served.json(), buffer.getvalue())))
     (face,) = served.json()["detections"]  # facenet-pytorch finds one face, at about [181, 62, 268, 172]
     assert face["label"] == "face" and face["score"] > 0.99
     assert all(abs(got - want) < 2 for got, want in zip(face["box"], (181.1, 62.2, 267.7, 172.1)))
@@ -171,8 +171,9 @@ def test_kserve_v1_and_v2_answer_what_the_served_form_answers(kserve, in_process
     instance = {"image": {"b64": base64.b64encode(image).decode()}, "max_detections": 5}
     v1 = requests.post(kserve.predict_url(DETECTOR), json={"instances": [instance]}, timeout=300)
     assert v1.status_code == 200, v1.text
-    expected = json.loads(json.dumps(in_process[DETECTOR].answer(image, max_detections=5)))
-    assert v1.json()["predictions"] == [expected]
+    (served,) = v1.json()["predictions"]
+    expected = json.loads(json.dumps(in_process.answer(DETECTOR, served, image, max_detections=5)))
+    assert served == expected
     body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(image).decode()]}],
             "parameters": {"max_detections": 5}}
     v2 = requests.post(f"http://127.0.0.1:{kserve.http_port}/v2/models/{DETECTOR}/infer", json=body, timeout=300)
@@ -203,7 +204,7 @@ def test_ray_answers_what_the_served_form_answers_in_process(ray_served, in_proc
         served = requests.post(ray_served.predictions_url(arch), data=body, headers={"Content-Type": "image/jpeg"},
                                timeout=300)
         assert served.status_code == 200, served.text
-        assert served.json() == json.loads(json.dumps(in_process[arch].answer(body)))
+        assert served.json() == json.loads(json.dumps(in_process.answer(arch, served.json(), body)))
 
 
 def test_each_served_form_of_a_detector_gets_its_request_path_measured_beside_the_model_alone(exports, tmp_path):

@@ -19,12 +19,12 @@ import torch
 
 from contract.policy import PolicyChoices, ServingPolicy
 from contract.records import DETECTION, SEGMENTATION, Manifest
-from handlers.tasks import open_core
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
 from serving.settings import free_port
 from serving.torchserve import server
 from tests import own_models
+from tests.answers import ServedForms
 from tests.conftest import ROOT, made_once, run_export
 
 pytestmark = pytest.mark.slow
@@ -69,14 +69,14 @@ def exports(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def in_process(exports) -> dict:
-    cores = {}
+def in_process(exports) -> ServedForms:
+    """Each archive, unpacked, in this process: an answer is held to the form it names (tests/answers.py)."""
+    folders = {}
     for name in (DETECTOR, SEGMENTER, MASKS):
-        folder = exports["base"] / "unpacked" / name
+        folders[name] = exports["base"] / "unpacked" / name
         with zipfile.ZipFile(exports["store"] / f"{name}.mar") as archive:
-            archive.extractall(folder)
-        cores[name] = open_core(folder, threads=1)
-    return cores
+            archive.extractall(folders[name])
+    return ServedForms(folders)
 
 
 def test_the_exports_record_the_users_classes_and_the_models_own_resize(exports):
@@ -156,7 +156,7 @@ def test_every_engine_answers_with_the_users_classes_what_the_served_form_answer
             answer = _kserve_v1(settings, name)
         else:
             answer = _posted(settings.predictions_url(name))
-        assert answer == json.loads(json.dumps(in_process[name].answer(CAT.read_bytes())))
+        assert answer == json.loads(json.dumps(in_process.answer(name, answer, CAT.read_bytes())))
         _answers_named_by_the_user(name, answer)
 
 

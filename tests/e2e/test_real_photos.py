@@ -1,7 +1,7 @@
 """A trained ImageNet model end to end: `python -m export efficientnet --precision fp32,int8` on the packaged
 EfficientNet-Lite0 weights. Real photographs get their class in the top 5 from every artifact (eager, traced,
-scripted, legacy ONNX, int8) and from the served endpoint, whose answer equals the archive's artifact run
-in-process; int8 passes the accuracy gate and is what is served."""
+scripted, legacy ONNX, int8) and from the served endpoint, whose answer equals the form it names run in-process
+(the one measured fastest at load among the gated); int8 passes the accuracy gate and is declared first."""
 
 from __future__ import annotations
 
@@ -67,4 +67,4 @@ def test_the_endpoint_answers_each_photo_with_its_class_as_the_artifact_does(lit
             body = response.json()
             assert_same_answer(body, expected_answer(lite0_export["archive"], image))
             top5 = [p["label"] for p in body["predictions"]]
-            assert body["artifact"] == "onnx-int8" and expected & set(top5), f"{photo}: {body}"
+            assert expected & set(top5), f"{photo}: {body}"

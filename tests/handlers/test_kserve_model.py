@@ -136,7 +136,7 @@ def test_a_pool_of_two_workers_answers_as_the_core_each_batch_to_the_one_free_lo
         workers = [pool.run_batch(v1_rows(CAT)).worker for _ in range(4)]
         assert workers[0] == workers[2] != workers[1] == workers[3] and answered.worker in workers
         described = pool.describe()
-        assert described["artifact"] == expected_answer(resnet18_unpacked, CAT)["artifact"]
+        assert described["artifact"] == answered.answers[0]["artifact"]  # the form that answered is the one described
         assert [(w["worker"], w["rows"]) for w in described["workers"]] in ([(1, 4), (2, 2)], [(1, 2), (2, 4)])
         pids = [w["pid"] for w in described["workers"]]
     finally:
