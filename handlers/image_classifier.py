@@ -2,9 +2,9 @@
 
 What is TorchServe's lives here: the model folder and GPU from system_properties, model-config.yaml's
 `handler:` section, the serving policy `python -m serving` wrote in TorchServe's run config (handlers/policy.py),
-the request rows and their headers, per-row status codes and X-Request-ID headers. Metrics and request lines
+the request rows and their headers, per-row status codes and request id headers. Metrics and request lines
 are every engine's (handlers/metrics.py, handlers/signals.py): TorchServe's frontend hides when a request
-arrived, so here a request's latency starts when its batch reaches the worker.
+arrived, so here a request's latency starts when its batch reaches the worker, and its queue stage is not known.
 Everything else (which artifact, its sha256, preprocessing, the request's life) is the core's.
 """
 
@@ -30,6 +30,9 @@ from runtime import IntegrityError
 logger = logging.getLogger(__name__)
 
 DESCRIBE_HEADER = "describe"  # set by TorchServe's management API on GET /models/NAME?customized=true
+# TorchServe's frontend sets X-Request-ID on every answer to the id it made for the request, over any header the
+# handler set (NettyUtils.sendHttpResponse): the id of our error body and log line travels in a header of ours.
+ID_HEADER = "X-Vision-Request-ID"
 
 
 def select_device(system_properties: dict, cuda_available: Callable[[], bool] | None = None) -> torch.device:
@@ -83,7 +86,7 @@ class TorchServeHandler:
     @staticmethod
     def _respond(context, index: int, answer, rid: str) -> dict:
         if context is not None and rid:
-            context.set_response_header(index, signals.REQUEST_ID_HEADER, rid)
+            context.set_response_header(index, ID_HEADER, rid)
         if not isinstance(answer, RequestError):
             return answer
         if context is not None:

@@ -8,6 +8,7 @@ import base64
 import concurrent.futures
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ from PIL import Image
 
 from contract.records import Manifest
 from export.package.archive import build_archive
+from handlers.image_classifier import ID_HEADER
 from handlers.policy import policies_in
+from measure.reliability.workers import ready_pids, wait_all_ready
 from serving.torchserve import server
 from serving.torchserve.config import RUN_CONFIG
 from serving.torchserve.server import free_port
@@ -126,9 +129,12 @@ def test_signals_ids_metrics_scraped_by_prometheus_and_health(serving, tmp_path)
     times, a real Prometheus' p99 agreeing with hey's, the dashboard's queries answered, readiness true."""
     from tests.prometheus import agrees_with_hey, check_dashboard, prometheus
     answer = _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg", "X-Request-ID": "ts-cat-4711"})
-    assert answer.status_code == 200 and answer.headers["X-Request-ID"]  # TorchServe's own id: it replaces ours
+    assert answer.status_code == 200 and answer.headers[ID_HEADER] == "ts-cat-4711"
+    assert answer.headers["X-Request-ID"] != "ts-cat-4711"  # TorchServe's frontend sets its own over ours
     error = _post(serving, b"this is not an image", {"Content-Type": "image/jpeg", "X-Request-ID": "ts-bad-4712"})
-    assert error.status_code == 415 and error.json()["request_id"] == "ts-bad-4712"
+    assert error.status_code == 415 and error.json()["request_id"] == error.headers[ID_HEADER] == "ts-bad-4712"
+    unnamed = _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"})  # without an id, TorchServe's serves
+    assert unnamed.headers[ID_HEADER] == unnamed.headers["X-Request-ID"]
     assert requests.get(f"{serving.signals_url}/health/ready", timeout=30).json() == {"ready": True}
     with prometheus({"torchserve": f"{serving.signals_url}/metrics"}, tmp_path / "prometheus") as server:
         agrees_with_hey(server, serving.predictions_url(), CAT, "image/jpeg", serving.model_name,
@@ -137,6 +143,48 @@ def test_signals_ids_metrics_scraped_by_prometheus_and_health(serving, tmp_path)
     log = (serving.log_dir / "model_log.log").read_text(errors="replace")
     line = next(line for line in log.splitlines() if "request ts-cat-4711 " in line)
     assert "model=resnet18" in line and "form=" in line and "version=" in line and "inference_ms=" in line
+    assert f"request {unnamed.headers[ID_HEADER]} " in log
+    theirs = requests.get(f"{serving.metrics_url}/metrics", timeout=10).text  # the queue's mean (no stage of ours)
+    assert "ts_queue_latency_microseconds{" in theirs and "ts_inference_requests_total{" in theirs
+
+
+READY_LOST_S = 5  # how soon readiness says no once every worker of the model died (it asks their pids each time)
+RESTARTED_S = 180  # TorchServe restarts a dead worker after a back-off of seconds; loading it takes more when busy
+
+
+def test_not_ready_when_every_worker_is_killed_ready_again_when_restarted_no_wrong_answer(serving, expect):
+    """Every worker of the shared server killed: readiness says no within READY_LOST_S and yes once TorchServe has
+    restarted one; the requests sent meanwhile wait for a worker or get a 5xx, never a wrong answer. The test ends
+    once every worker is READY again, as the shared server's other tests expect."""
+    ready = f"{serving.signals_url}/health/ready"
+    assert requests.get(ready, timeout=10).status_code == 200
+    pids = ready_pids(serving)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed, not_ready_at, sent = time.monotonic(), None, []
+        while True:
+            if len(sent) < 8:
+                sent.append(pool.submit(_post, serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"},
+                                        timeout=RESTARTED_S))
+            readiness = requests.get(ready, timeout=10)
+            if readiness.status_code == 503 and not_ready_at is None:
+                not_ready_at = time.monotonic()
+                assert not_ready_at - killed <= READY_LOST_S, readiness.json()
+            if readiness.status_code == 200 and not_ready_at is not None:
+                break
+            assert time.monotonic() - killed < RESTARTED_S, f"not ready again in {RESTARTED_S} s: {readiness.json()}"
+            time.sleep(0.5)
+        print(f"\nnot ready {not_ready_at - killed:.1f} s after the kill, ready again after "
+              f"{time.monotonic() - killed:.1f} s")
+        for future in sent:
+            response = future.result()
+            if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
+                _assert_answer(response, expect(CAT.read_bytes()))
+            else:
+                assert response.status_code >= 500, response.text
+    assert not set(wait_all_ready(serving)) & set(pids)
+    _assert_answer(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}), expect(CAT.read_bytes()))
 
 
 def test_the_model_description_says_which_form_serves_here_and_why(serving, resnet18_export):
