@@ -40,6 +40,7 @@ from serving.settings import archive_pins
 
 PROG = "python -m serving batch"
 ROWS_PER_CALL = 16  # photos Ray Data hands an actor per call (at most a part's): amortises its per-call cost
+RAY_START_TRIES = 3  # a loaded machine can miss Ray's own start-up deadline (its raylet's 30 s)
 PASSED_TO_WORKERS = ("VISION_EXPORT_FORM_CHOICE", "OMP_WAIT_POLICY")  # the driver's settings the actors follow
 logger = logging.getLogger("serving.batch")
 
@@ -166,12 +167,22 @@ def start_ray(address: str | None) -> None:
     import serving.ray  # noqa: F401  (every Ray process of ours in one authentication mode)
 
     env = {name: os.environ[name] for name in PASSED_TO_WORKERS if name in os.environ}
-    ray.init(
-        address=address or "local",
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        runtime_env={"env_vars": env} if env else None,
-    )
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            ray.init(
+                address=address or "local",
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                runtime_env={"env_vars": env} if env else None,
+            )
+            break
+        except Exception as error:  # Ray raises a bare Exception when its node does not start in time
+            ray.shutdown()
+            if attempt == RAY_START_TRIES:
+                raise BatchError(
+                    f"Ray did not start ({error}); nothing was scored this time: run the same command again"
+                ) from None
+            logger.warning("Ray did not start (%s); starting it again", error)
     context = DataContext.get_current()
     context.enable_progress_bars = False  # ours (serving/batch/progress.py) counts photos, not blocks
     context.print_on_execution_start = False

@@ -1,7 +1,8 @@
 """The same photos through a running endpoint, CONCURRENCY requests in flight: photos per second, and every answer
-a 200 (`python -m serving --detach` started it; run.sh).
+a 200 (`python -m serving --detach` started it; run.sh). LIMIT: only the first LIMIT photos (finding the best
+concurrency).
 
-    python docs/results/2026-11-27-batch/endpoint.py URL PHOTOS_DIR CONCURRENCY
+    python docs/results/2026-11-27-batch/endpoint.py URL PHOTOS_DIR CONCURRENCY [LIMIT]
 """
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import requests
 
 url, folder, concurrency = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-photos = sorted(folder.iterdir())
+photos = sorted(folder.iterdir())[: int(sys.argv[4]) if len(sys.argv) > 4 else None]
 session = requests.Session()
 session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=concurrency))
 

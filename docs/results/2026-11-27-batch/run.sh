@@ -1,33 +1,59 @@
 #!/usr/bin/env bash
-# The batch command beside the in-process ceiling of the same stages, the endpoint, and a two-node Ray cluster.
-# Run from the repository root: bash docs/results/2026-11-27-batch/run.sh [WORK] [PHOTOS]
+# The batch command beside its decoding alone, the in-process ceiling of the same stages and the endpoint at its best
+# concurrency, on N photo-sized JPEGs, on this one machine; report.py prints them side by side at the end.
+# Run from the repository root:
+#   bash docs/results/2026-11-27-batch/run.sh [WORK] [N] [MIX]
+# WORK (default /tmp/batch-bench) holds the export, the photos, the outputs and WORK/results (raw output);
+# N (default 10000) photos; MIX the sizes' weights in turn (default vga:1,2mp:1,6mp:1,12mp:1, up to 12 MP).
 set -euo pipefail
 WORK=${1:-/tmp/batch-bench}
-COUNT=${2:-400}
+COUNT=${2:-10000}
+MIX=${3:-vga:1,2mp:1,6mp:1,12mp:1}
 HERE=docs/results/2026-11-27-batch
 PY=.venv/bin/python
-mkdir -p "$WORK"
+RESULTS=$WORK/results
+P=28917  # the endpoint's ports: P to P+5
+mkdir -p "$RESULTS"
+step() { echo "== $(date -u +%H:%M:%S) $*; $(uptime | sed 's/.*load/load/')" | tee -a "$RESULTS/steps.txt"; }
 
-# resnet18 (random weights: speed only), its served form onnx-traced, and its archive
-$PY -m export resnet --arch resnet18 --weights random --out "$WORK/artifacts" --model-store "$WORK/store" \
-    --formats onnx-traced
-# COUNT photo-sized JPEGs, VGA / 2 MP / 6 MP / 12 MP in turn, and one body per size for measure pipeline
-PYTHONPATH=. $PY $HERE/photos.py "$WORK" "$COUNT"
+step "export (resnet18, random weights: speed only; served form onnx-traced)"
+if [ ! -f "$WORK/artifacts/manifest.json" ]; then
+    $PY -m export resnet --arch resnet18 --weights random --out "$WORK/artifacts" --model-store "$WORK/store" \
+        --formats onnx-traced > "$RESULTS/export.txt" 2>&1
+fi
+step "$COUNT photos, mix $MIX"
+PYTHONPATH=. $PY $HERE/photos.py "$WORK" "$COUNT" "$MIX" | tee "$RESULTS/photos.txt"
 
-# 1. the batch command on this machine (a Ray of its own)
-$PY -m serving batch "$WORK/artifacts" "$WORK/photos" --out "$WORK/out-local" 2>&1 | tee $HERE/batch-local.txt
-# 2. the in-process ceiling of the same stages, one body per size
+step "1. python -m serving batch (this machine, a Ray of its own)"
+rm -rf "$WORK/out"
+$PY -m serving batch "$WORK/artifacts" "$WORK/photos" --out "$WORK/out" > "$RESULTS/batch.txt" 2> "$RESULTS/batch.log"
+cat "$RESULTS/batch.txt"
+
+step "2. its decoding alone (the same Ray Data tasks, no model)"
+PYTHONPATH=. $PY $HERE/decode_only.py "$WORK/artifacts" "$WORK/photos" > "$RESULTS/decode.json" \
+    2> "$RESULTS/decode.log"
+cat "$RESULTS/decode.json"
+
+step "3. the in-process ceiling: python -m measure pipeline, one body per size"
 $PY -m measure pipeline --export-dir "$WORK/artifacts" --images "$WORK/bodies" --decode manifest --seconds 3 \
-    --out "$WORK/pipeline" 2>&1 | tee $HERE/pipeline.txt
-# 3. the endpoint (TorchServe, this machine's serving policy) at concurrency 4 and 8
-P=28917
+    --out "$WORK/pipeline" > "$RESULTS/pipeline.txt" 2>&1
+cat "$WORK/pipeline/pipeline.md"
+
+step "4. the endpoint (TorchServe, this machine's serving policy): best concurrency on 400 photos, then all"
 $PY -m serving --detach --model-store "$WORK/store" --models resnet18 --run-dir "$WORK/ts" --inference-port $P \
     --management-port $((P+1)) --metrics-port $((P+2)) --signals-port $((P+3)) --grpc-inference-port $((P+4)) \
-    --grpc-management-port $((P+5)) --page-port 0
-for c in 4 8; do
-    $PY $HERE/endpoint.py http://127.0.0.1:$P/predictions/resnet18 "$WORK/photos" $c | tee -a $HERE/endpoint.txt
+    --grpc-management-port $((P+5)) --page-port 0 > "$RESULTS/endpoint-start.txt" 2>&1 \
+    || { cat "$RESULTS/endpoint-start.txt"; exit 1; }
+trap '$PY -m serving stop --run-dir "$WORK/ts" > /dev/null 2>&1 || true' EXIT
+URL=http://127.0.0.1:$P/predictions/resnet18
+: > "$RESULTS/endpoint-probe.jsonl"
+for c in 2 4 8; do
+    $PY $HERE/endpoint.py $URL "$WORK/photos" $c 400 | tee -a "$RESULTS/endpoint-probe.jsonl"
 done
-$PY -m serving stop --run-dir "$WORK/ts"
-# 4. the batch command on the two-node cluster of measure/distributed/ (both nodes on this machine)
-PYTHONPATH=. $PY $HERE/two_node.py "$WORK/artifacts" "$WORK/photos" "$WORK/out-two-node" "$WORK/nodes" 2>&1 \
-    | tee $HERE/batch-two-node.txt
+BEST=$($PY -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(max(r, key=lambda x: x["photos_per_s"])["concurrency"])' "$RESULTS/endpoint-probe.jsonl")
+$PY $HERE/endpoint.py $URL "$WORK/photos" "$BEST" | tee "$RESULTS/endpoint.json"
+$PY -m serving stop --run-dir "$WORK/ts" > /dev/null 2>&1
+trap - EXIT
+
+step "done"
+PYTHONPATH=. $PY $HERE/report.py "$WORK" | tee "$RESULTS/report.txt"
