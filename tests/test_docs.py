@@ -31,6 +31,16 @@ HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 COMMAND = re.compile(r"python3? -m (export|serving|measure)\b([^`#|;&()\n]*(?:\\\n[^`#|;&()\n]*)*)")
 MAKE = re.compile(r"\bmake ([a-z][\w-]*)")
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_-]*(\.[a-z]+)?$|[<>{}*\[\]$]")
+# Statuses a result folder disproves: (what no page may say any more, the folder that shows otherwise). A page that
+# restates a status instead of linking the result goes stale when the result lands.
+DISPROVED = (
+    (re.compile(r"no GPU (?:path )?has (?:yet )?(?:been )?(?:run|executed)|no GPU in this session|"
+                r"no session (?:so far )?has (?:had|been lent) (?:a GPU|one)|"
+                r"(?:never|not yet|not) (?:been )?(?:run|ran|executed|measured) on a GPU", re.IGNORECASE),
+     "docs/results/2026-11-26-gpu-check-h200"),
+    (re.compile(r"(?:image|Docker) (?:was|has) never (?:been )?built|never built (?:the|an?) (?:Docker )?image",
+                re.IGNORECASE), "docs/results/2026-11-26-docker-build-and-run"),
+)
 
 
 def documents() -> list[Path]:
@@ -250,6 +260,13 @@ def test_every_result_folder_is_in_the_index():
     index = INDEX.read_text()
     folders = sorted(folder.name for folder in RESULTS.iterdir() if folder.is_dir())
     assert [name for name in folders if f"results/{name}/" not in index] == []
+
+
+def test_no_page_says_what_a_result_disproves():
+    said = {relative(path): " ".join(without_code(path.read_text()).split()) for path in [ROOT / "README.md", *pages()]}
+    stale = [f"{name}: {found.group(0)!r}, but {evidence} shows otherwise" for name, text in said.items()
+             for pattern, evidence in DISPROVED if (ROOT / evidence).is_dir() for found in pattern.finditer(text)]
+    assert stale == []
 
 
 def test_pages_are_short_enough_to_read():
