@@ -77,6 +77,9 @@ AUTOSCALING_PACE = {"upscale_delay_s": 10.0, "downscale_delay_s": 60.0, "look_ba
 # How often a replica reports its load: Ray 2.60 deprecates the config's metrics_interval_s for this variable of
 # the replica's environment (default 10 s).
 REPLICA_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}
+# How often Serve asks each replica whether it is alive: a replica whose process died is seen (its deployment
+# UNHEALTHY, our readiness 503, a replacement started) at the next check; Ray's default is 10 s.
+HEALTH_CHECK_PERIOD_S = 2.0
 
 
 def deployment_options(policy: ServingPolicy) -> dict:
@@ -89,6 +92,7 @@ def deployment_options(policy: ServingPolicy) -> dict:
     if policy.device == "gpu":
         actor["num_gpus"] = 1
     return {"ray_actor_options": actor, "max_ongoing_requests": 2 * policy.batch_size,
+            "health_check_period_s": HEALTH_CHECK_PERIOD_S,
             "autoscaling_config": {"min_replicas": 1, "initial_replicas": policy.workers,
                                    "max_replicas": policy.workers, "target_ongoing_requests": policy.batch_size,
                                    **AUTOSCALING_PACE}}

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
+import time
 import zipfile
 
 import pytest
@@ -16,7 +19,7 @@ import requests
 
 from contract.records import Manifest
 from handlers.policy import ServingPolicy
-from serving.ray.cluster import session_members
+from serving.ray.cluster import process_name, session_members
 from serving.settings import ServingError, free_port
 from tests.answers import assert_same_answer
 from tests.conftest import ROOT
@@ -149,3 +152,50 @@ def test_signals_ids_metrics_scraped_by_prometheus_and_health(settings, tmp_path
                         proxy_outside=True)  # Serve's proxy is Ray's: our histogram starts in the replica
     text = requests.get(f"{settings.signals_url}/metrics", timeout=10).text
     assert 'code="415"' in text and "vision_stage_duration_seconds_bucket" in text
+    assert 'stage="queue"' in text  # each request's wait for its batch, recorded by the replica's batcher
+
+
+READY_LOST_S = 10  # Serve asks each replica every HEALTH_CHECK_PERIOD_S whether it lives; our readiness asks Serve
+REPLACED_S = 180  # a new replica: a process, the archive unpacked, its artifact opened, on a busy machine
+
+
+def replica_pids(process) -> list[int]:
+    """The model's replica processes in the Ray session the server process started (Ray titles them by class)."""
+    return [pid for pid in session_members(process.pid) if "ServeReplica:resnet18" in process_name(pid)]
+
+
+def test_not_ready_when_the_replica_dies_ready_again_when_replaced_no_wrong_answer(served, expect):
+    """The model's one replica killed: readiness says no within READY_LOST_S, yes once Serve has replaced it; the
+    requests sent meanwhile are answered by the new replica or get a 5xx, never a wrong answer. Last in the
+    module: the replica it leaves is another."""
+    settings, process = served
+    ready = f"{settings.signals_url}/health/ready"
+    assert requests.get(ready, timeout=30).status_code == 200
+    (replica,) = replica_pids(process)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        os.kill(replica, signal.SIGKILL)
+        killed, not_ready_at, sent = time.monotonic(), None, []
+        while True:
+            if len(sent) < 8:
+                sent.append(pool.submit(requests.post, settings.predictions_url("resnet18"), data=CAT.read_bytes(),
+                                        headers=JPEG, timeout=REPLACED_S))
+            readiness = requests.get(ready, timeout=30)
+            if readiness.status_code == 503 and not_ready_at is None:
+                not_ready_at = time.monotonic()
+                assert not_ready_at - killed <= READY_LOST_S, readiness.json()
+            if readiness.status_code == 200 and not_ready_at is not None:
+                break
+            assert time.monotonic() - killed < REPLACED_S, f"not ready again in {REPLACED_S} s: {readiness.json()}"
+            time.sleep(0.5)
+        print(f"\nnot ready {not_ready_at - killed:.1f} s after the kill, ready again after "
+              f"{time.monotonic() - killed:.1f} s")
+        for future in sent:
+            response = future.result()
+            if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
+                assert_same_answer(response.json(), expect(CAT.read_bytes()))
+            else:
+                assert response.status_code >= 500, response.text
+    assert replica not in replica_pids(process)
+    response = post(settings, CAT.read_bytes(), JPEG)
+    assert response.status_code == 200, response.text
+    assert_same_answer(response.json(), expect(CAT.read_bytes()))
