@@ -250,6 +250,7 @@ def decoding(model_path: Path) -> dict:
     return {
         "compute": ray.data.TaskPoolStrategy(size=max(1, int(ray.cluster_resources().get("CPU", 1)))),
         "num_cpus": 0,
+        "scheduling_strategy": "SPREAD",  # over every node: a task reserving no CPU would stay on the driver's
         "fn_kwargs": {
             "manifest_json": read_manifest(model_path).to_json(),
             "settings_json": json.dumps(settings) if settings is not None else None,

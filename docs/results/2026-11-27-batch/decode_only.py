@@ -1,9 +1,10 @@
 """The batch run's decoding alone: the same photos through the same Ray Data decode tasks as `python -m serving
 batch` (serving/batch/decoding.py, spread as serving/batch/run.py spreads them: at most one task per CPU), with no
 model after them. Prints one JSON line: photos, seconds, photos/s, task processes, the decode and preprocess ms per
-photo as the tasks timed them.
+photo as the tasks timed them. LIMIT: the first LIMIT photos only (photos.py writes the sizes in turn, so any
+first hundreds hold the same mix).
 
-    python docs/results/2026-11-27-batch/decode_only.py EXPORT PHOTOS_DIR
+    python docs/results/2026-11-27-batch/decode_only.py EXPORT PHOTOS_DIR [LIMIT]
 """
 
 import json
@@ -17,7 +18,7 @@ from serving.batch.decoding import decode_batch
 from serving.batch.inputs import read_inputs
 from serving.batch.run import ROWS_PER_CALL, decoding, start_ray
 
-export, photos = Path(sys.argv[1]), read_inputs(sys.argv[2])
+export, photos = Path(sys.argv[1]), read_inputs(sys.argv[2])[: int(sys.argv[3]) if len(sys.argv) > 3 else None]
 started = time.monotonic()
 start_ray(None)
 try:
