@@ -19,6 +19,11 @@ read -r -a EXPORT_OPTIONS <<< "${EXPORT_ARGS:-}"
 MODEL_STORE="$(absolute "${MODEL_STORE:-model-store}")"
 ARTIFACTS="$(absolute "${ARTIFACTS:-artifacts/$MODEL}")"
 TS_CONFIG="$(absolute "${TS_CONFIG:-$ROOT/serving/torchserve/config.properties}")"
+# The run dir `python -m serving rollout|rollback|versions` finds the server by: its pid file, run config (addresses,
+# store, token switch), key file, logs, and the version a rollout left default (a restart serves it). `.serving` is
+# --run-dir's default, so `docker exec CONTAINER python -m serving rollout ...` in the image's working folder
+# (/home/app) needs no --run-dir. Two entrypoints on one machine need one each.
+RUN_DIR="$(absolute "${RUN_DIR:-.serving}")"
 ENGINE="${ENGINE:-torchserve}"
 case "$ENGINE" in
   torchserve | kserve) ;;
@@ -35,6 +40,7 @@ KEYS_DIR="$(absolute "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}")"
 FALLBACK_STORE="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vision-export/model-store"
 
 child=""          # process group of the running export or TorchServe (its leader's pid)
+pid_file=""       # where run() records that group for `python -m serving rollout` (TorchServe's run only)
 serving=false
 page=""           # the try-it page beside TorchServe (its pid)
 
@@ -59,6 +65,23 @@ start_signals() {
   (cd "$ROOT" && exec "$PYTHON" -m serving.signals --host 0.0.0.0 --port "$SIGNALS_PORT" \
     --management "http://127.0.0.1:$(management_port)" --models $models "${keys[@]}") &
   signals=$!
+}
+# What `python -m serving rollout` needs in the run dir to reach this TorchServe and read why a version would not
+# load: the addresses it binds in fact (TS_*_ADDRESS override the config file; the last value of a key wins), the
+# token switch, the key file and the logs (linked where they are elsewhere).
+record_environment() {
+  {
+    printf '\n# Where this TorchServe listens (the environment overrides the lines above): read by `serving rollout`.\n'
+    if [[ -n "${TS_INFERENCE_ADDRESS:-}" ]]; then printf 'inference_address=%s\n' "$TS_INFERENCE_ADDRESS"; fi
+    if [[ -n "${TS_MANAGEMENT_ADDRESS:-}" ]]; then printf 'management_address=%s\n' "$TS_MANAGEMENT_ADDRESS"; fi
+    if $tokens; then printf 'disable_token_authorization=false\n'; fi
+  } >> "$served_config"
+  rm -f "$RUN_DIR/key_file.json"
+  if $tokens; then ln -s "$KEYS_DIR/key_file.json" "$RUN_DIR/key_file.json"; fi
+  export LOG_LOCATION="${LOG_LOCATION:-$RUN_DIR/logs}" METRICS_LOCATION="${METRICS_LOCATION:-$RUN_DIR/logs}"
+  if [[ "$(absolute "$LOG_LOCATION")" != "$RUN_DIR/logs" ]] && [[ -L "$RUN_DIR/logs" || ! -e "$RUN_DIR/logs" ]]; then
+    ln -sfn "$(absolute "$LOG_LOCATION")" "$RUN_DIR/logs"
+  fi
 }
 management_port() { local address="${TS_MANAGEMENT_ADDRESS:-http://127.0.0.1:8081}"; echo "${address##*:}"; }
 stop_signals() {
@@ -119,13 +142,29 @@ run() {
   "$@" &
   child=$!
   set +m
+  if [[ -n "$pid_file" ]]; then printf '%s\n' "$child" > "$pid_file"; fi
   local status=0
   wait "$child" || status=$?
   # Anything the command left behind in its group (e.g. workers after a frontend crash) goes too.
   kill -0 -- "-$child" 2>/dev/null && stop_group "$child"
+  if [[ -n "$pid_file" ]]; then rm -f "$pid_file"; fi
   child=""
   return "$status"
 }
+
+# A pid file of the run dir whose group still runs a server: another entrypoint or `python -m serving` serves from
+# it (natively; a container starts with none running). Its command line is checked, not only its pid: after a
+# container restart the run dir keeps the old pid file, and the number may belong to another process by now.
+for engine_pid in "$RUN_DIR"/torchserve.pgid "$RUN_DIR"/kserve.pgid "$RUN_DIR"/ray.pgid; do
+  [[ -f "$engine_pid" ]] || continue
+  if pgrep -g "$(cat "$engine_pid")" -f 'ts[.]model_server|-m serving' >/dev/null 2>&1; then
+    log "a server started from $RUN_DIR still runs (process group $(cat "$engine_pid")): stop it, or set RUN_DIR" \
+        "to another folder"
+    exit 2
+  fi
+  rm -f "$engine_pid"
+done
+mkdir -p "$RUN_DIR"
 
 if [[ ! -f "$MODEL_STORE/$MODEL.mar" ]]; then
   mkdir -p "$MODEL_STORE" 2>/dev/null || true
@@ -145,8 +184,6 @@ if [[ ! -f "$MODEL_STORE/$MODEL.mar" ]]; then
 fi
 
 if [[ "$ENGINE" == kserve ]]; then
-  runtime_dir="$(mktemp -d "${TMPDIR:-/tmp}/kserve.XXXXXX")"
-  trap 'rm -rf "$runtime_dir"' EXIT
   log "serving every archive of $MODEL_STORE with KServe's ModelServer on $KSERVE_HOST:$KSERVE_HTTP_PORT" \
       "(no token authorisation: the mesh or ingress guards it, docs/scaling.md)"
   serving=true
@@ -154,7 +191,7 @@ if [[ "$ENGINE" == kserve ]]; then
   run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" "$PYTHON" -m serving --engine kserve \
     --model-store "$MODEL_STORE" --host "$KSERVE_HOST" --inference-port "$KSERVE_HTTP_PORT" \
     --page-host 0.0.0.0 --page-port "$PAGE_PORT" \
-    --run-dir "$runtime_dir" --follow-logs || status=$?  # the server's log lines on stdout: docker logs
+    --run-dir "$RUN_DIR" --follow-logs || status=$?  # the server's log lines on stdout: docker logs
   log "the KServe server exited with status $status"
   exit "$status"
 fi
@@ -166,8 +203,16 @@ trap 'rm -rf "$runtime_dir"' EXIT
 
 # Every archive of the store is registered (load_models in the written config), each with the serving policy
 # of this machine (GPU or CPU), not of the one that exported it.
-served_config="$runtime_dir/config.properties"
-(cd "$ROOT" && "$PYTHON" -m serving config --config "$TS_CONFIG" --model-store "$MODEL_STORE" --out "$served_config") >&2
+# In the run dir: `rollout` reads it; with --run-dir, the version a rollout left default is the one served.
+served_config="$RUN_DIR/config.properties"
+(cd "$ROOT" && "$PYTHON" -m serving config --config "$TS_CONFIG" --model-store "$MODEL_STORE" --run-dir "$RUN_DIR" \
+  --out "$served_config") >&2
+tokens=false
+if [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]] \
+   || grep -qx 'disable_token_authorization=false' "$served_config"; then
+  tokens=true
+fi
+record_environment
 
 log "serving $(sed -n 's/^load_models=//p' "$served_config") from $MODEL_STORE with $served_config (from $TS_CONFIG)"
 serving=true
@@ -179,8 +224,7 @@ mkdir -p "$KEYS_DIR"
 metrics_dir="$runtime_dir/metrics"  # each worker's metric files (handlers/metrics.py), read by the signals server
 mkdir -p "$metrics_dir"
 export PROMETHEUS_MULTIPROC_DIR="$metrics_dir"
-if [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]] \
-   || grep -qx 'disable_token_authorization=false' "$served_config"; then
+if $tokens; then
   log "token authorisation on: keys (inference, management) in $KEYS_DIR/key_file.json; anonymous requests are refused"
   start_page token
   start_signals token
@@ -188,6 +232,7 @@ else
   start_page
   start_signals
 fi
+pid_file="$RUN_DIR/torchserve.pgid"
 run bash -c 'cd "$1" && shift && exec "$@"' _ "$KEYS_DIR" env TMPDIR="$runtime_dir" TEMP="$runtime_dir" \
   VISION_EXPORT_RUN_CONFIG="$served_config" PROMETHEUS_MULTIPROC_DIR="$metrics_dir" \
   "$PYTHON" -m ts.model_server --foreground --ncs --ts-config "$served_config" \

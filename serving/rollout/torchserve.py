@@ -32,6 +32,12 @@ def our_label(ts_version: str) -> str:
     return f"v{ts_version}" if ts_version.isdigit() else UNVERSIONED
 
 
+def on_loopback(address: str) -> str:
+    """The URL this machine calls for an address TorchServe binds: one bound to every interface (0.0.0.0, as in the
+    container, whose management port is published on the host's loopback only) is called on loopback."""
+    return address.rstrip("/").replace("://0.0.0.0:", "://127.0.0.1:")
+
+
 class TorchServeSwitchboard(Switchboard):
     engine = "torchserve"
     no_canary = "TorchServe sends every request of a name to its default version: it cannot send a share to another"
@@ -44,8 +50,8 @@ class TorchServeSwitchboard(Switchboard):
             raise ServingError(f"no TorchServe run config in {self.run_dir} ({RUN_CONFIG}): start the server with "
                                "`python -m serving --detach` from the same --run-dir")
         self.properties = read_properties(config)
-        self.inference_url = self.properties["inference_address"].rstrip("/")
-        self.management_url = self.properties["management_address"].rstrip("/")
+        self.inference_url = on_loopback(self.properties["inference_address"])
+        self.management_url = on_loopback(self.properties["management_address"])
         self.tokens = self.properties.get(TOKEN_SWITCH, "true").lower() == "false"
 
     @property

@@ -19,6 +19,7 @@ import requests
 from handlers.policy import machine_policy, this_machine_resources
 from serving.kserve import server as kserve
 from serving.kserve.config import KServeSettings
+from serving.rollout.candidate import checked_manifest
 from serving.settings import ServingError, free_port
 from serving.torchserve import server as torchserve
 from serving.torchserve.config import ServerSettings
@@ -88,6 +89,7 @@ class Entrypoint:
             "METRICS_LOCATION": str(self.log_dir),
             "TMPDIR": str(self.tmpdir),
             "TS_KEYS_DIR": str(tmp_path / "keys"),  # where TorchServe writes key_file.json (token auth)
+            "RUN_DIR": str(self.tmpdir / "run"),  # what `python -m serving rollout` finds the server by
             **env,
         }
         self.console = tmp_path / "console.log"
@@ -253,6 +255,15 @@ def test_with_token_authorisation_the_entrypoint_serves_and_the_health_check_pas
     assert plain.status_code == 400 and "Token Authorization failed" in plain.text
     health = server.healthcheck()
     assert health.returncode == 0, health.stdout + health.stderr
+    # `python -m serving versions` finds this TorchServe by the entrypoint's run dir, and its management API
+    # answers it with the management key from there; an anonymous management request is refused.
+    versions = subprocess.run([sys.executable, "-m", "serving", "versions", MODEL, "--run-dir", server.env["RUN_DIR"]],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    label = checked_manifest(server.archive).model_version.label
+    assert versions.returncode == 0, versions.stdout + versions.stderr
+    assert f"{MODEL} on torchserve: default {label}; loaded {label}" in versions.stdout, versions.stdout
+    anonymous = requests.get(f"{server.env['TS_MANAGEMENT_ADDRESS']}/models/{MODEL}", timeout=30)
+    assert anonymous.status_code == 400 and "Token Authorization failed" in anonymous.text, anonymous.text
     assert server.stop() == 0, server.output()
     server.assert_nothing_left()
 

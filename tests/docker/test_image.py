@@ -3,9 +3,10 @@
 
 One image build is shared by the module (the layer cache makes it seconds once built), and each engine runs in one
 container start or two: TorchServe exports resnet18 (random weights) into an empty store owned by APP_UID, answers
-the example photo and a 12 MP phone JPEG exactly as the same archive does in this process (tests/answers.py), stops
-under a small load within the grace period (requests in flight that got no answer are counted), and serves again
-after a restart without exporting; KServe's engine (ENGINE=kserve) then starts on a store owned by root, exports into
+the example photo and a 12 MP phone JPEG exactly as the same archive does in this process (tests/answers.py), takes
+a second version (`docker exec ... python -m serving rollout`) and gives it back (`rollback`) under a small load
+without a failed request, stops under a small load within the grace period (requests in flight that got no answer
+are counted), and serves again after a restart without exporting; KServe's engine (ENGINE=kserve) then starts on a store owned by root, exports into
 the documented fallback and answers the same way. The CA bundle the build was given is searched for in every layer.
 
 Needs a Docker engine: without one (no dockerd, no privileges to start one) every test here skips and says why.
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from measure.reliability.rollout import VersionedLoad, failures
 from serving.settings import free_port
 from tests.answers import assert_same_answer, expected_answer
 
@@ -295,6 +297,53 @@ def test_answers_as_the_archive_in_process(project, torchserve, phone_jpeg, phot
     assert_same_answer(project.predict(body), expected_answer(torchserve["archive"], body))
 
 
+# ---------------------------------------------------------------------------------------------- rollout
+
+ARTIFACTS = "/home/app/artifacts"  # the image's ARTIFACTS: the export the first start made
+ROLLOUT_CLIENTS = 3
+
+
+def serving_in(project: Compose, container: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m serving ARGS` in the running container as docs/rollout.md shows it: docker exec in the image's
+    working folder, whose .serving is the entrypoint's run dir (no --run-dir)."""
+    return run([project.docker, "exec", "--env", "PYTHONPATH=/app", container, "python", "-m", "serving", *args],
+               600, check=False)
+
+
+def test_a_rollout_into_the_running_container_under_load(project, torchserve):
+    """A second version (the container's own export, archived into the store volume as v2) rolled out while
+    clients post the photo, then rolled back: no request fails, answers come from v2 once the rollout returned
+    and from v1 once the rollback did, each the in-process answer of its own archive on the host."""
+    container = torchserve["container"]
+    load = VersionedLoad(project.url(), CAT.read_bytes(), concurrency=ROLLOUT_CLIENTS).start()
+    try:
+        rolled = serving_in(project, container, "rollout", MODEL, ARTIFACTS)
+        rolled_at = time.monotonic()
+        time.sleep(2)
+        back_from = time.monotonic()
+        back = serving_in(project, container, "rollback", MODEL)
+        back_at = time.monotonic()
+        time.sleep(2)
+    finally:
+        samples = load.stop()
+    assert rolled.returncode == 0 and "passed" in rolled.stdout and "v2 is the default" in rolled.stdout, \
+        rolled.stdout + rolled.stderr
+    assert back.returncode == 0 and "v1 is the default" in back.stdout, back.stdout + back.stderr
+    versions = serving_in(project, container, "versions", MODEL)
+    assert f"{MODEL} on torchserve: default v1; loaded v1; kept in /home/app/model-store: v1, v2" in versions.stdout, \
+        versions.stdout + versions.stderr
+    loaded = [line for line in rolled.stdout.splitlines() if "loaded beside" in line]
+    print(f"rollout into the container: {loaded}; {len(samples)} requests from {ROLLOUT_CLIENTS} clients")
+
+    assert samples and not failures(samples), [(s.status, s.error) for s in failures(samples)][:5]
+    assert {s.version for s in samples if rolled_at <= s.start and s.end <= back_from} == {"v2"}
+    assert {s.version for s in samples if s.start >= back_at} == {"v1"}
+    expected = {version: expected_answer(project.store / f"{MODEL}.{version}.mar", CAT.read_bytes())
+                for version in ("v1", "v2")}
+    for sample in {json.dumps([s.version, s.answer], sort_keys=True): s for s in samples}.values():
+        assert_same_answer(sample.answer, expected[sample.version])
+
+
 @dataclass
 class Request:
     start: float  # time.time()
@@ -436,6 +485,13 @@ def test_kserve_logs_are_the_containers_logs(project, kserve):
     logs = project.logs(kserve["container"])
     assert "handlers.core INFO serving " in logs, logs[-3000:]  # the served form and why
     assert "handlers.core INFO batch of 1: decode=" in logs and f'"POST /v1/models/{MODEL}%3Apredict' in logs
+
+
+def test_kserve_versions_from_inside_the_container(project, kserve):
+    # The KServe server is found by the same run dir, and answers its version routes on the container's loopback.
+    versions = serving_in(project, kserve["container"], "versions", MODEL)
+    assert versions.returncode == 0 and f"{MODEL} on kserve: default v1; loaded v1" in versions.stdout, \
+        versions.stdout + versions.stderr
 
 
 def test_kserve_down_under_load_stops_within_the_grace_period(project, kserve):
