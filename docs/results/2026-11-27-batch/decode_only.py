@@ -1,6 +1,7 @@
 """The batch run's decoding alone: the same photos through the same Ray Data decode tasks as `python -m serving
 batch` (serving/batch/decoding.py, spread as serving/batch/run.py spreads them: at most one task per CPU), with no
-model after them. Prints one JSON line: photos, seconds, photos/s, task processes, the decode and preprocess ms per
+model after them. Prints one JSON line: photos, seconds, photos/s (and after the first decoded photos, once the task
+processes are up), task processes, the decode and preprocess ms per
 photo as the tasks timed them. LIMIT: the first LIMIT photos only (photos.py writes the sizes in turn, so any
 first hundreds hold the same mix).
 
@@ -29,11 +30,14 @@ try:
     scoring = time.monotonic()
     count, decoders, stage_ms = 0, set(), {"decode": 0.0, "preprocess": 0.0}
     for batch in decoded.drop_columns(["prepared"]).iter_batches(batch_size=None, batch_format="pyarrow"):
+        if not count:  # the task processes started (Python, torch): the rate after it is decoding's own
+            first_at, first_rows = time.monotonic(), batch.num_rows
         count += batch.num_rows
         decoders.update(batch.column("decoder").to_pylist())
         for stage in stage_ms:
             stage_ms[stage] += sum(batch.column(f"{stage}_ms").to_pylist())
-    seconds = time.monotonic() - scoring
+    ended = time.monotonic()
+    seconds = ended - scoring
 finally:
     ray.shutdown()
 print(
@@ -43,6 +47,9 @@ print(
             "ray_start_s": round(scoring - started, 2),
             "seconds": round(seconds, 2),
             "photos_per_s": round(count / seconds, 2),
+            "photos_per_s_after_first": round((count - first_rows) / (ended - first_at), 2)
+            if count > first_rows
+            else None,
             "task_processes": len(decoders),
             "ray_cpus": cpus,
             "stage_ms_per_photo": {stage: round(ms / max(1, count), 2) for stage, ms in stage_ms.items()},

@@ -40,7 +40,8 @@ lines = [
     + ", ".join(f"{p['concurrency']}: {p['photos_per_s']:.2f}" for p in probes)
     + f" on the first {probes[0]['photos']}); {endpoint['ok']}/{endpoint['photos']} answered 200; "
     f"batch / endpoint {rate / endpoint['photos_per_s']:.2f}",
-    f"decoding: alone {decode['photos_per_s']:.2f} photos/s in {decode['task_processes']} task process(es) on "
+    f"decoding: alone {decode['photos_per_s']:.2f} photos/s ({decode['photos_per_s_after_first']} once its "
+    f"processes were up) in {decode['task_processes']} task process(es) on "
     f"{decode['ray_cpus']} CPU(s) ({decode['stage_ms_per_photo']}); in the batch run "
     f"{batch['decoding']['tasks']} task process(es), {batch['decoding']['cpus']:.2f} CPU(s) busy on average",
 ]
