@@ -7,6 +7,7 @@ the routes change what is served, as TorchServe's management API does.
   GET    /rollout/NAME              {"default": "v1", "loaded": ["v1", "v2"]}
   POST   /rollout/NAME/vN           load NAME.vN.mar beside (answers once its workers run)
   PUT    /rollout/NAME/vN/default   NAME's requests go to vN from now on
+  PUT    /rollout/NAME/vN/canary?percent=P   P % of NAME's requests go to vN (0 ends it); GET NAME reports it
   DELETE /rollout/NAME/vN           unload vN (not the default) once it drained
 """
 
@@ -16,13 +17,16 @@ import asyncio
 import functools
 import ipaddress
 import logging
+import random
 from collections import Counter
+from dataclasses import dataclass
 
 from fastapi import HTTPException, Request
 
 from contract.errors import VisionExportError
 from contract.versions import archive_name, parse_label
 from handlers.kserve_model import KServeModel
+from handlers.request_error import RequestError
 
 logger = logging.getLogger("serving.kserve")
 
@@ -31,12 +35,39 @@ DRAIN_TIMEOUT_S = 120  # the old version's requests in hand are answered within 
 _state: Versions | None = None
 
 
+@dataclass
+class Canary:
+    """A version loaded beside the default that answers a share of the name's requests; what it answered is
+    counted (a bad request is the client's, not counted as the canary's failure)."""
+
+    label: str
+    model: KServeModel
+    percent: float
+    served: int = 0
+    failed: int = 0
+
+    def report(self) -> dict:
+        return {"label": self.label, "percent": self.percent, "served": self.served, "failed": self.failed}
+
+    async def answer(self, *args, **kwargs):
+        try:
+            answer = await self.model.predict(*args, **kwargs)
+        except RequestError:
+            raise
+        except Exception:
+            self.failed += 1
+            raise
+        self.served += 1
+        return answer
+
+
 class Versions:
     def __init__(self, settings, make_model):
         self.settings = settings
         self.make_model = make_model  # (archive, unpacked folder, model's name) -> the model, loaded
         self.loaded: dict[str, dict[str, KServeModel]] = {}
         self.in_flight: Counter = Counter()
+        self.canaries: dict[str, Canary] = {}  # name -> the version that takes a share of its requests
 
     def adopt(self, model: KServeModel) -> None:
         """A model the server started with: its version known, its requests counted."""
@@ -48,6 +79,9 @@ class Versions:
 
         @functools.wraps(predict)
         async def counting(*args, **kwargs):
+            canary = self.canaries.get(model.name)
+            if canary is not None and canary.model is not model and random.random() * 100 < canary.percent:
+                return await canary.answer(*args, **kwargs)
             self.in_flight[id(model)] += 1
             try:
                 return await predict(*args, **kwargs)
@@ -82,7 +116,24 @@ class Versions:
         if model is None:
             raise HTTPException(404, f"{name} {label} is not loaded")
         registry.update(model, name)
+        self.canaries.pop(name, None)
         logger.info("%s: %s is the default", name, label)
+
+    def canary(self, registry, name: str, label: str, percent: float) -> dict:
+        """percent % of name's requests to that version from now on (0: none); the canary's report."""
+        model = self.loaded.get(name, {}).get(label)
+        if model is None:
+            raise HTTPException(404, f"{name} {label} is not loaded")
+        if label == self.default(registry, name):
+            raise HTTPException(409, f"{label} is {name}'s default already")
+        if not 0 <= percent < 100:
+            raise HTTPException(422, f"percent={percent}: a canary takes more than 0 and less than 100 %")
+        if percent == 0:
+            ended = self.canaries.pop(name, None)
+            return ended.report() if ended else {}
+        self.canaries[name] = Canary(label, model, percent)
+        logger.info("%s: %s takes %s %% of its requests", name, label, percent)
+        return self.canaries[name].report()
 
     async def unload(self, registry, name: str, label: str) -> None:
         if label == self.default(registry, name):
@@ -90,6 +141,8 @@ class Versions:
         model = self.loaded.get(name, {}).pop(label, None)
         if model is None:
             raise HTTPException(404, f"{name} {label} is not loaded")
+        if name in self.canaries and self.canaries[name].model is model:
+            del self.canaries[name]  # its share goes back to the default before it drains
         registry.models.pop(f"{name}.{label}", None)
         deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
         while self.in_flight[id(model)] and asyncio.get_running_loop().time() < deadline:
@@ -119,7 +172,9 @@ def add_routes(app, dataplane) -> None:
 
     async def describe(name: str, request: Request) -> dict:
         versions = state(request)
-        return {"default": versions.default(registry, name), "loaded": sorted(versions.loaded.get(name, {}))}
+        canary = versions.canaries.get(name)
+        return {"default": versions.default(registry, name), "loaded": sorted(versions.loaded.get(name, {})),
+                "canary": canary.report() if canary else None}
 
     async def load(name: str, label: str, request: Request) -> dict:
         await state(request).load(registry, name, label)
@@ -129,6 +184,9 @@ def add_routes(app, dataplane) -> None:
         state(request).set_default(registry, name, label)
         return {"default": label}
 
+    async def canary(name: str, label: str, percent: float, request: Request) -> dict:
+        return state(request).canary(registry, name, label, percent)
+
     async def unload(name: str, label: str, request: Request) -> dict:
         await state(request).unload(registry, name, label)
         return {"unloaded": label}
@@ -136,4 +194,5 @@ def add_routes(app, dataplane) -> None:
     app.add_api_route(ROUTE, describe, methods=["GET"])
     app.add_api_route(ROUTE + "/{label}", load, methods=["POST"])
     app.add_api_route(ROUTE + "/{label}/default", set_default, methods=["PUT"])
+    app.add_api_route(ROUTE + "/{label}/canary", canary, methods=["PUT"])
     app.add_api_route(ROUTE + "/{label}", unload, methods=["DELETE"])

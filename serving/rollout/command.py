@@ -21,6 +21,7 @@ from serving.rollout.switchboard import Switchboard
 from serving.settings import DEFAULT_RUN_DIR, ServingError
 
 PROG = "python -m serving"
+CANARY_S = 30.0  # the canary's share of live requests before it is checked again
 COMMANDS = ("rollout", "rollback", "versions")
 
 
@@ -34,7 +35,10 @@ def parser_for(command: str) -> argparse.ArgumentParser:
                             help="switch even when the versions disagree beyond the thresholds (the table still shows it)")
         parser.add_argument("--photos", type=int, default=PHOTO_COUNT, help="held-out photos each version answers")
         parser.add_argument("--canary", type=float, default=None, metavar="P",
-                            help="first a share P of the requests to the new version (only where the engine can)")
+                            help="first P %% of the requests to the new version, checked again, then all (only where "
+                                 "the engine can: KServe)")
+        parser.add_argument("--canary-seconds", type=float, default=CANARY_S, metavar="S",
+                            help=f"how long the canary takes its share before the check (default {CANARY_S:.0f})")
         parser.add_argument("--shadow", type=int, default=None, metavar="N",
                             help="N live requests mirrored to the new version (only where the engine can)")
     if command == "rollback":
@@ -94,13 +98,40 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
                              f"{live} serves on, {candidate.label} unloaded (--force switches anyway)")
     if not gate.passed:
         say(f"--force: switching although {candidate.label} disagrees with {live}")
+    if args.canary is not None:
+        canary(board, args, candidate, lambda: run_gate(task, live, candidate.label,
+                                                        lambda image: board.ask(name, live, image, headers),
+                                                        lambda image: board.ask(name, candidate.label, image, headers),
+                                                        photos))
     switch(board, name, live, candidate)
     return 0
+
+
+def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_again) -> None:
+    """A share of the live requests to the candidate for a while; then checked again: none of the requests it
+    answered may have failed, and the gate (asked once the share ended, so that each version answers its own)
+    must pass again. Otherwise the candidate unloads, and the live version serves on."""
+    name, live = args.name, board.live(args.name)
+    board.canary(name, candidate.label, args.canary)
+    say(f"canary: {args.canary:g} % of {name}'s requests to {candidate.label} for {args.canary_seconds:g} s")
+    time.sleep(args.canary_seconds)
+    report = board.canary(name, candidate.label, 0)
+    gate = gate_again()
+    say(gate.table())
+    served, failed = report.get("served", 0), report.get("failed", 0)
+    if failed or not (gate.passed or args.force):
+        board.unload(name, candidate.label)
+        why = f"{failed} of the {served} requests it answered failed" if failed else gate.disagreements()
+        raise RolloutRefused(f"the canary {candidate.label} failed its check ({why}); {live} serves on, "
+                             f"{candidate.label} unloaded")
+    say(f"canary: {candidate.label} answered {served} of {name}'s requests, none failed; the gate passed again")
 
 
 def refuse_what_cannot_be_honest(board: Switchboard, args: argparse.Namespace) -> None:
     if args.canary is not None and board.no_canary:
         raise ServingError(f"--canary: {board.no_canary}; roll out without it (the agreement gate runs either way)")
+    if args.canary is not None and not 0 < args.canary < 100:
+        raise ServingError(f"--canary {args.canary:g}: give a percentage above 0 and below 100 (e.g. --canary 10)")
     if args.shadow is not None and board.no_shadow:
         raise ServingError(f"--shadow: {board.no_shadow}; roll out without it (the agreement gate runs either way)")
 

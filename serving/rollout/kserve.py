@@ -2,8 +2,9 @@
 only): the candidate loaded from the store beside the live version with the same policy, asked directly at
 /v1/models/NAME.vN:predict, NAME switched to it, the old one unloaded once the requests it holds are answered.
 
-The server routes a name to one model: no share of traffic, no mirror. --canary and --shadow are refused here;
-in a cluster, `python -m serving deploy kserve --canary-percent P` writes KServe's own canaryTrafficPercent."""
+--canary P: the server's default version hands P % of its requests to the candidate (its answers counted) until the
+switch. No mirror: --shadow is refused here. In a cluster, `python -m serving deploy kserve --canary-percent P`
+writes KServe's own canaryTrafficPercent."""
 
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from serving.settings import REQUEST_TIMEOUT_S, ServingError
 
 class KServeSwitchboard(Switchboard):
     engine = "kserve"
-    no_canary = ("our local KServe server routes a name to one model: it cannot send a share to another (in a "
-                 "cluster, `deploy kserve --canary-percent P` writes KServe's canaryTrafficPercent)")
     no_shadow = "our local KServe server has no way to copy a live request to a second model"
 
     def __init__(self, run_dir: Path):
@@ -66,6 +65,9 @@ class KServeSwitchboard(Switchboard):
 
     def set_default(self, name: str, label: str) -> None:
         answer_of(self.versions("PUT", f"{name}/{label}/default"), f"switching {name} to {label}")
+
+    def canary(self, name: str, label: str, percent: float) -> dict:
+        return answer_of(self.versions("PUT", f"{name}/{label}/canary?percent={percent}"), f"a canary of {name} {label}")
 
     def drain_and_unload(self, name: str, label: str) -> None:
         self.unload(name, label)  # the server waits until the requests the old version holds are answered

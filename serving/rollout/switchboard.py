@@ -59,6 +59,11 @@ class Switchboard(ABC):
     def unload(self, name: str, label: str) -> None:
         """That version out of the server (it stays in the store)."""
 
+    def canary(self, name: str, label: str, percent: float) -> dict:
+        """percent % of name's requests to that loaded version from now on, 0 ending it (engines whose no_canary is
+        None); what the canary answered so far: {"label", "percent", "served", "failed"}."""
+        raise ServingError(f"--canary: {self.no_canary}")
+
     def drain_and_unload(self, name: str, label: str) -> None:
         time.sleep(DRAIN_GRACE_S)
         self.unload(name, label)

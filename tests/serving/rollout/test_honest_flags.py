@@ -1,5 +1,5 @@
-"""--canary and --shadow are refused, with the engine's reason, where the engine cannot split or mirror traffic;
-and a rollout without a running server says how to start one."""
+"""--canary and --shadow are refused, with the engine's reason, where the engine cannot split or mirror traffic (a
+canary's share outside 0 to 100 % everywhere); and a rollout without a running server says how to start one."""
 
 from __future__ import annotations
 
@@ -28,12 +28,19 @@ def kserve_board(run_dir) -> KServeSwitchboard:
     return KServeSwitchboard(run_dir)
 
 
-@pytest.mark.parametrize("board", [torchserve_board, kserve_board])
-@pytest.mark.parametrize("flag,value", [("canary", 10.0), ("shadow", 5)])
+@pytest.mark.parametrize("board,flag,value", [(torchserve_board, "canary", 10.0), (torchserve_board, "shadow", 5),
+                                              (kserve_board, "shadow", 5)])
 def test_a_flag_the_engine_cannot_honour_is_refused_with_its_reason(board, flag, value, tmp_path):
     args = argparse.Namespace(**{"canary": None, "shadow": None, flag: value})
     with pytest.raises(ServingError, match=f"--{flag}: .*(cannot|no way).*roll out without it"):
         refuse_what_cannot_be_honest(board(tmp_path), args)
+
+
+@pytest.mark.parametrize("percent", [0.0, 100.0, -5.0])
+def test_a_canary_share_outside_0_to_100_percent_is_refused(percent, tmp_path):
+    args = argparse.Namespace(canary=percent, shadow=None)
+    with pytest.raises(ServingError, match="--canary .*above 0 and below 100"):
+        refuse_what_cannot_be_honest(kserve_board(tmp_path), args)
 
 
 def test_without_a_running_server_the_rollout_says_how_to_start_one(tmp_path):
