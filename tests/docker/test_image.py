@@ -317,13 +317,14 @@ def test_a_rollout_into_the_running_container_under_load(project, torchserve):
     container = torchserve["container"]
     load = VersionedLoad(project.url(), CAT.read_bytes(), concurrency=ROLLOUT_CLIENTS).start()
     try:
-        rolled = serving_in(project, container, "rollout", MODEL, ARTIFACTS)
+        # Few gate photos: the gate itself is proven in tests/e2e/test_rollout.py; here, the way into the container.
+        rolled = serving_in(project, container, "rollout", MODEL, ARTIFACTS, "--photos", "3")
         rolled_at = time.monotonic()
-        time.sleep(2)
+        time.sleep(1)
         back_from = time.monotonic()
         back = serving_in(project, container, "rollback", MODEL)
         back_at = time.monotonic()
-        time.sleep(2)
+        time.sleep(1)
     finally:
         samples = load.stop()
     assert rolled.returncode == 0 and "passed" in rolled.stdout and "v2 is the default" in rolled.stdout, \
@@ -338,10 +339,11 @@ def test_a_rollout_into_the_running_container_under_load(project, torchserve):
     assert samples and not failures(samples), [(s.status, s.error) for s in failures(samples)][:5]
     assert {s.version for s in samples if rolled_at <= s.start and s.end <= back_from} == {"v2"}
     assert {s.version for s in samples if s.start >= back_at} == {"v1"}
-    expected = {version: expected_answer(project.store / f"{MODEL}.{version}.mar", CAT.read_bytes())
-                for version in ("v1", "v2")}
-    for sample in {json.dumps([s.version, s.answer], sort_keys=True): s for s in samples}.values():
-        assert_same_answer(sample.answer, expected[sample.version])
+    # v2 is v1's export archived again: one in-process answer is both versions' (failures() checked that each
+    # answer's JSON names the version its header does).
+    expected = expected_answer(project.store / f"{MODEL}.v1.mar", CAT.read_bytes())
+    for sample in {json.dumps(s.answer, sort_keys=True): s for s in samples}.values():
+        assert_same_answer(sample.answer, expected)
 
 
 @dataclass
