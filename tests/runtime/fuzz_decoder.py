@@ -167,9 +167,10 @@ def run_atheris(out: Path, seed: int, seconds: int) -> None:
 
 # libFuzzer's default 2 GB RSS limit is below what the decoder may legitimately use: the largest image accepted
 # (MAX_PIXELS) costs several bytes a pixel on the request path (measured: docs/results/2026-11-25-request-path-memory/), on top
-# of this process's torch and PIL, and the allocator keeps freed pages (CI went past the default on a mutated
-# header within the limits). 4 GB still catches a decoder that grows without bound.
-RSS_LIMIT_MB = 4096
+# of this process's torch and PIL, and the allocator keeps freed pages: libFuzzer counts the whole process's peak,
+# which grows over a run of mutated headers within the limits (CI went past 2 GB, later past 4 GB, on inputs that
+# alone peak under 1 GB). 8 GB still catches a decoder that grows without bound.
+RSS_LIMIT_MB = 8192
 
 
 # ---------------------------------------------------------------- the parent: both engines, one report
