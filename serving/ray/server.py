@@ -55,6 +55,11 @@ def deploy(settings: RaySettings) -> None:
     from serving.ray.deployment import application, application_args
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
+    # up before the models: live at once, ready once every application runs (a client that saw the first answer
+    # must find the health address there already)
+    if signals.start(settings.host, settings.signals_port, list(settings.models), folder):
+        logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
+                    settings.signals_url, settings.signals_url)
     for name in settings.models:
         policy = settings.policies[name]
         options = signals.with_metrics_env(deployment_options(policy), folder)
@@ -67,9 +72,6 @@ def deploy(settings: RaySettings) -> None:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
-    if signals.start(settings.host, settings.signals_port, list(settings.models), folder):
-        logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
-                    settings.signals_url, settings.signals_url)
 
 
 def verify_archive(archive: Path, device: str = "cpu") -> None:
