@@ -35,6 +35,7 @@ from serving.torchserve.config import on_free_ports
 from serving.torchserve.engine import TorchServe
 from tests.answers import assert_same_answer
 from tests.conftest import ROOT
+from tests.e2e.readiness import watch_readiness
 from tests.e2e.test_bad_input import CASES, JPEG, OK
 
 pytestmark = pytest.mark.slow
@@ -374,30 +375,19 @@ def test_prometheus_p99_agrees_with_heys_and_the_dashboard_queries_answer(settin
 def test_not_ready_when_the_models_last_worker_dies_ready_again_when_replaced_no_wrong_answer(settings, expect):
     """Both workers killed: readiness says no within READY_LOST_S and yes once the pool replaced them; the requests
     sent meanwhile wait for a worker or get a 5xx naming the dead one, never a wrong answer."""
-    live, ready = f"{settings.url}/health/live", f"{settings.url}/health/ready"
-    assert requests.get(ready, timeout=10).status_code == 200
     workers = workers_of(settings)
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+
+    def kill_every_worker() -> None:
         for worker in workers:
             os.kill(worker["pid"], signal.SIGKILL)
-        killed, not_ready_at, sent = time.monotonic(), None, []
-        while True:
-            if len(sent) < 8:
-                sent.append(pool.submit(requests.post, settings.predict_url("resnet18"), json=cat_body(),
-                                        timeout=REPLACED_S))
-            readiness = requests.get(ready, timeout=10)
-            assert requests.get(live, timeout=10).status_code == 200
-            if readiness.status_code == 503 and not_ready_at is None:
-                not_ready_at = time.monotonic()
-                assert not_ready_at - killed <= READY_LOST_S, readiness.json()
-            if readiness.status_code == 200 and not_ready_at is not None:
-                break
-            assert time.monotonic() - killed < REPLACED_S, f"not ready again in {REPLACED_S} s: {readiness.json()}"
-            time.sleep(0.5)
-        for future in sent:
-            response = future.result()
-            if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
-                assert_same_answer(response.json()["predictions"][0], expect(CAT.read_bytes()))
-            else:
-                assert response.status_code >= 500 and response.json()["request_id"], response.text
+
+    outage = watch_readiness(
+        kill_every_worker,
+        lambda: requests.post(settings.predict_url("resnet18"), json=cat_body(), timeout=REPLACED_S),
+        f"{settings.url}/health/ready", READY_LOST_S, REPLACED_S, live_url=f"{settings.url}/health/live")
+    for response in outage.responses:
+        if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
+            assert_same_answer(response.json()["predictions"][0], expect(CAT.read_bytes()))
+        else:
+            assert response.status_code >= 500 and response.json()["request_id"], response.text
     assert predict(settings, cat_body()).status_code == 200

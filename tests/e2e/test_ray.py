@@ -11,7 +11,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import time
 import zipfile
 
 import pytest
@@ -23,6 +22,7 @@ from serving.ray.cluster import process_name, session_members
 from serving.settings import ServingError, free_port
 from tests.answers import assert_same_answer
 from tests.conftest import ROOT
+from tests.e2e.readiness import watch_readiness
 from tests.e2e.test_bad_input import CASES, JPEG, OK, assert_outcome, b64, interleaved_jobs
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
@@ -169,32 +169,17 @@ def test_not_ready_when_the_replica_dies_ready_again_when_replaced_no_wrong_answ
     requests sent meanwhile are answered by the new replica or get a 5xx, never a wrong answer. Last in the
     module: the replica it leaves is another."""
     settings, process = served
-    ready = f"{settings.signals_url}/health/ready"
-    assert requests.get(ready, timeout=30).status_code == 200
     (replica,) = replica_pids(process)
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        os.kill(replica, signal.SIGKILL)
-        killed, not_ready_at, sent = time.monotonic(), None, []
-        while True:
-            if len(sent) < 8:
-                sent.append(pool.submit(requests.post, settings.predictions_url("resnet18"), data=CAT.read_bytes(),
-                                        headers=JPEG, timeout=REPLACED_S))
-            readiness = requests.get(ready, timeout=30)
-            if readiness.status_code == 503 and not_ready_at is None:
-                not_ready_at = time.monotonic()
-                assert not_ready_at - killed <= READY_LOST_S, readiness.json()
-            if readiness.status_code == 200 and not_ready_at is not None:
-                break
-            assert time.monotonic() - killed < REPLACED_S, f"not ready again in {REPLACED_S} s: {readiness.json()}"
-            time.sleep(0.5)
-        print(f"\nnot ready {not_ready_at - killed:.1f} s after the kill, ready again after "
-              f"{time.monotonic() - killed:.1f} s")
-        for future in sent:
-            response = future.result()
-            if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
-                assert_same_answer(response.json(), expect(CAT.read_bytes()))
-            else:
-                assert response.status_code >= 500, response.text
+    outage = watch_readiness(
+        lambda: os.kill(replica, signal.SIGKILL),
+        lambda: requests.post(settings.predictions_url("resnet18"), data=CAT.read_bytes(), headers=JPEG,
+                              timeout=REPLACED_S),
+        f"{settings.signals_url}/health/ready", READY_LOST_S, REPLACED_S)
+    for response in outage.responses:
+        if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
+            assert_same_answer(response.json(), expect(CAT.read_bytes()))
+        else:
+            assert response.status_code >= 500, response.text
     assert replica not in replica_pids(process)
     response = post(settings, CAT.read_bytes(), JPEG)
     assert response.status_code == 200, response.text

@@ -29,6 +29,7 @@ from serving.torchserve.config import RUN_CONFIG
 from serving.torchserve.server import free_port
 from tests.answers import assert_same_answer
 from tests.conftest import ROOT
+from tests.e2e.readiness import watch_readiness
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
@@ -156,33 +157,21 @@ def test_not_ready_when_every_worker_is_killed_ready_again_when_restarted_no_wro
     """Every worker of the shared server killed: readiness says no within READY_LOST_S and yes once TorchServe has
     restarted one; the requests sent meanwhile wait for a worker or get a 5xx, never a wrong answer. The test ends
     once every worker is READY again, as the shared server's other tests expect."""
-    ready = f"{serving.signals_url}/health/ready"
-    assert requests.get(ready, timeout=10).status_code == 200
     pids = ready_pids(serving)
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+
+    def kill_every_worker() -> None:
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        killed, not_ready_at, sent = time.monotonic(), None, []
-        while True:
-            if len(sent) < 8:
-                sent.append(pool.submit(_post, serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"},
-                                        timeout=RESTARTED_S))
-            readiness = requests.get(ready, timeout=10)
-            if readiness.status_code == 503 and not_ready_at is None:
-                not_ready_at = time.monotonic()
-                assert not_ready_at - killed <= READY_LOST_S, readiness.json()
-            if readiness.status_code == 200 and not_ready_at is not None:
-                break
-            assert time.monotonic() - killed < RESTARTED_S, f"not ready again in {RESTARTED_S} s: {readiness.json()}"
-            time.sleep(0.5)
-        print(f"\nnot ready {not_ready_at - killed:.1f} s after the kill, ready again after "
-              f"{time.monotonic() - killed:.1f} s")
-        for future in sent:
-            response = future.result()
-            if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
-                _assert_answer(response, expect(CAT.read_bytes()))
-            else:
-                assert response.status_code >= 500, response.text
+
+    outage = watch_readiness(
+        kill_every_worker,
+        lambda: _post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}, timeout=RESTARTED_S),
+        f"{serving.signals_url}/health/ready", READY_LOST_S, RESTARTED_S)
+    for response in outage.responses:
+        if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's
+            _assert_answer(response, expect(CAT.read_bytes()))
+        else:
+            assert response.status_code >= 500, response.text
     assert not set(wait_all_ready(serving)) & set(pids)
     _assert_answer(_post(serving, CAT.read_bytes(), {"Content-Type": "image/jpeg"}), expect(CAT.read_bytes()))
 
