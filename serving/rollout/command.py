@@ -22,6 +22,8 @@ from serving.settings import DEFAULT_RUN_DIR, ServingError
 
 PROG = "python -m serving"
 CANARY_S = 30.0  # the canary's share of live requests before it is checked again
+SHADOW_S = 120.0  # the live requests --shadow mirrors arrive within this, or the rollout is refused
+SHADOW_POLL_S = 0.5
 COMMANDS = ("rollout", "rollback", "versions")
 
 
@@ -35,12 +37,14 @@ def parser_for(command: str) -> argparse.ArgumentParser:
                             help="switch even when the versions disagree beyond the thresholds (the table still shows it)")
         parser.add_argument("--photos", type=int, default=PHOTO_COUNT, help="held-out photos each version answers")
         parser.add_argument("--canary", type=float, default=None, metavar="P",
-                            help="first P %% of the requests to the new version, checked again, then all (only where "
-                                 "the engine can: KServe)")
+                            help="first P %% of the live requests to the new version, checked again, then all")
         parser.add_argument("--canary-seconds", type=float, default=CANARY_S, metavar="S",
                             help=f"how long the canary takes its share before the check (default {CANARY_S:.0f})")
         parser.add_argument("--shadow", type=int, default=None, metavar="N",
-                            help="N live requests mirrored to the new version (only where the engine can)")
+                            help="the next N live requests' photos mirrored to both versions (their answers "
+                                 "untouched) and held to the same agreement as the held-out photos")
+        parser.add_argument("--shadow-seconds", type=float, default=SHADOW_S, metavar="S",
+                            help=f"how long to wait for the N live requests (default {SHADOW_S:.0f})")
     if command == "rollback":
         parser.add_argument("--to", default=None, metavar="vN", help="the version to return to (default: the "
                                                                       "newest kept version older than the live one)")
@@ -87,10 +91,14 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
     started = time.monotonic()
     board.load_beside(name, candidate)
     say(f"{candidate.label} loaded beside {live} and answering ({time.monotonic() - started:.1f} s)")
-    photos = held_out_photos(args.photos)
     headers = REQUEST_HEADERS[task]
-    gate = run_gate(task, live, candidate.label, lambda image: board.ask(name, live, image, headers),
-                    lambda image: board.ask(name, candidate.label, image, headers), photos)
+
+    def gate_on(photos: list[tuple[str, bytes]]):
+        return run_gate(task, live, candidate.label, lambda image: board.ask(name, live, image, headers),
+                        lambda image: board.ask(name, candidate.label, image, headers), photos)
+
+    photos = held_out_photos(args.photos)
+    gate = gate_on(photos)
     say(gate.table())
     if not gate.passed and not args.force:
         board.unload(name, candidate.label)
@@ -98,13 +106,41 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
                              f"{live} serves on, {candidate.label} unloaded (--force switches anyway)")
     if not gate.passed:
         say(f"--force: switching although {candidate.label} disagrees with {live}")
+    if args.shadow is not None:
+        shadow(board, args, candidate, gate_on)
     if args.canary is not None:
-        canary(board, args, candidate, lambda: run_gate(task, live, candidate.label,
-                                                        lambda image: board.ask(name, live, image, headers),
-                                                        lambda image: board.ask(name, candidate.label, image, headers),
-                                                        photos))
+        canary(board, args, candidate, lambda: gate_on(photos))
     switch(board, name, live, candidate)
     return 0
+
+
+def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_on) -> None:
+    """The photos of the next N live requests, kept as they arrive (their answers untouched), then sent to both
+    versions and held to the gate's agreement. Too few requests within --shadow-seconds, or a disagreement, and the
+    candidate unloads while the live version serves on."""
+    name, live, count = args.name, board.live(args.name), args.shadow
+    board.capture(name, count)
+    say(f"shadow: the next {count} requests to {name} mirrored to {candidate.label} (waiting up to "
+        f"{args.shadow_seconds:g} s)")
+    deadline = time.monotonic() + args.shadow_seconds
+    try:
+        while len(kept := board.captured(name)) < count and time.monotonic() < deadline:
+            time.sleep(SHADOW_POLL_S)
+    finally:
+        board.capture(name, 0)
+    if len(kept) < count:
+        board.unload(name, candidate.label)
+        raise RolloutRefused(f"only {len(kept)} of the {count} live requests --shadow waits for reached {name} within "
+                             f"{args.shadow_seconds:g} s; {live} serves on, {candidate.label} unloaded (lower --shadow "
+                             "or raise --shadow-seconds)")
+    gate = gate_on([(f"request {request_id}", photo) for request_id, photo in kept[:count]])
+    say(gate.table())
+    if not gate.passed and not args.force:
+        board.unload(name, candidate.label)
+        raise RolloutRefused(f"{candidate.label} disagrees with {live} on live requests ({gate.disagreements()}); "
+                             f"{live} serves on, {candidate.label} unloaded (--force switches anyway)")
+    if not gate.passed:
+        say(f"--force: going on although {candidate.label} disagrees with {live} on live requests")
 
 
 def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_again) -> None:
@@ -134,6 +170,8 @@ def refuse_what_cannot_be_honest(board: Switchboard, args: argparse.Namespace) -
         raise ServingError(f"--canary {args.canary:g}: give a percentage above 0 and below 100 (e.g. --canary 10)")
     if args.shadow is not None and board.no_shadow:
         raise ServingError(f"--shadow: {board.no_shadow}; roll out without it (the agreement gate runs either way)")
+    if args.shadow is not None and args.shadow < 1:
+        raise ServingError(f"--shadow {args.shadow}: give the number of live requests to mirror (e.g. --shadow 20)")
 
 
 def switch(board: Switchboard, name: str, old: str, new: Candidate) -> None:

@@ -64,6 +64,16 @@ class Switchboard(ABC):
         None); what the canary answered so far: {"label", "percent", "served", "failed"}."""
         raise ServingError(f"--canary: {self.no_canary}")
 
+    def capture(self, name: str, count: int) -> None:
+        """From now on the photos of name's next count live requests are kept as they arrive, their answers
+        untouched; 0 stops and forgets what was kept (engines whose no_shadow is None)."""
+        raise ServingError(f"--shadow: {self.no_shadow}")
+
+    def captured(self, name: str) -> list[tuple[str, bytes]]:
+        """(the request's id, its photo's bytes) of each live request kept since the capture began, in arrival
+        order."""
+        raise ServingError(f"--shadow: {self.no_shadow}")
+
     def drain_and_unload(self, name: str, label: str) -> None:
         time.sleep(DRAIN_GRACE_S)
         self.unload(name, label)

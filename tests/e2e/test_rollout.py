@@ -1,4 +1,4 @@
-"""A rollout (through a canary on KServe), a refused rollout and a rollback on a real running server of each engine
+"""A rollout (5 live requests mirrored, then a canary), a refused rollout and a rollback on a real running server of each engine
 (TorchServe, KServe, Ray Serve), under load from 8 real HTTP clients:
 no request fails, every answer names exactly one version (header and JSON alike) and equals that version's
 archive run in-process on the same photo, and a refusal leaves the live version serving."""
@@ -49,8 +49,8 @@ def tampered_copy(archive: Path, folder: Path) -> Path:
     return target
 
 
-# Where our own code routes a name's requests (KServe's server): the rollout goes through a canary first.
-CANARY = {"kserve": ("--canary", "50", "--canary-seconds", "5")}
+# The rollout mirrors live requests to the candidate, then gives it half of them for a while, before the switch.
+MIRROR_AND_CANARY = ("--shadow", "5", "--canary", "50", "--canary-seconds", "5")
 
 # One worker of one thread: the candidate loads beside it on the machine's other core.
 ONE_WORKER = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
@@ -69,7 +69,7 @@ def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_pa
         load = VersionedLoad(url, CAT.read_bytes(), kserve_v1=engine == "kserve").start()
         try:
             rolled = serving_command("rollout", NAME, str(versioned_store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
-                                     *CANARY.get(engine, ()))
+                                     *MIRROR_AND_CANARY)
             refused_at = time.monotonic()
             refused = serving_command("rollout", NAME, str(tampered_copy(versioned_store / f"{NAME}.v2.mar", tmp_path)),
                                       "--run-dir", str(run_dir))
@@ -80,9 +80,10 @@ def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_pa
             samples = load.stop()
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
     assert "passed" in rolled.stdout and "v2 is the default" in rolled.stdout, rolled.stdout
-    if engine in CANARY:  # the canary answered a share of the live requests, none failed, before the switch
-        served = re.search(r"canary: v2 answered (\d+) of resnet18's requests, none failed", rolled.stdout)
-        assert served and int(served[1]) > 0, rolled.stdout
+    mirrored = re.findall(r"^request \S+ +yes ", rolled.stdout, re.MULTILINE)  # the shadow's table: live requests
+    assert len(mirrored) == 5, rolled.stdout
+    served = re.search(r"canary: v2 answered (\d+) of resnet18's requests, none failed", rolled.stdout)
+    assert served and int(served[1]) > 0, rolled.stdout  # a share of the live requests, before the switch
     assert refused.returncode != 0 and "modified after export" in refused.stderr, refused.stdout + refused.stderr
     assert back.returncode == 0, back.stdout + back.stderr
     assert read_defaults(run_dir) == {NAME: "v1"}  # a restart serves v1 again
