@@ -122,7 +122,7 @@ class KServeModel(Model):
 
     async def predict(self, payload, headers: dict | None = None, response_headers: dict | None = None):
         v2 = isinstance(payload, InferRequest)
-        rows = v2_rows(payload, self.core.TASK, headers) if v2 else v1_rows(payload, headers)
+        rows = rows_of(payload, self.core.TASK, headers)
         answers, worker = await self.batcher.answered(rows)
         if worker is None:
             self.rows_here += len(rows)
@@ -132,6 +132,11 @@ class KServeModel(Model):
         if v2:
             return v2_response(payload, self.name, answered(answers), self.core.TASK)
         return {"predictions": answered(answers)}
+
+
+def rows_of(payload, task: str, headers: dict | None = None) -> list[ImageRequest]:
+    """One ImageRequest per image of a v1 or v2 request."""
+    return v2_rows(payload, task, headers) if isinstance(payload, InferRequest) else v1_rows(payload, headers)
 
 
 # ---------------------------------------------------------------- v1

@@ -8,12 +8,15 @@ the routes change what is served, as TorchServe's management API does.
   POST   /rollout/NAME/vN           load NAME.vN.mar beside (answers once its workers run)
   PUT    /rollout/NAME/vN/default   NAME's requests go to vN from now on
   PUT    /rollout/NAME/vN/canary?percent=P   P % of NAME's requests go to vN (0 ends it); GET NAME reports it
+  PUT    /rollout/NAME/capture?count=N       keep the photos of NAME's next N requests (0 stops and forgets them)
+  GET    /rollout/NAME/captured              {"captured": [{"id": request id, "b64": photo}, ...]}
   DELETE /rollout/NAME/vN           unload vN (not the default) once it drained
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import ipaddress
 import logging
@@ -25,7 +28,8 @@ from fastapi import HTTPException, Request
 
 from contract.errors import VisionExportError
 from contract.versions import archive_name, parse_label
-from handlers.kserve_model import KServeModel
+from handlers.kserve_model import KServeModel, rows_of
+from handlers.request_body import image_of
 from handlers.request_error import RequestError
 
 logger = logging.getLogger("serving.kserve")
@@ -61,6 +65,24 @@ class Canary:
         return answer
 
 
+@dataclass
+class Capture:
+    """The photos of a name's next `count` requests, kept as they arrive (what --shadow mirrors to a candidate)."""
+
+    count: int
+    kept: list[tuple[str, bytes]]
+
+    def keep(self, model: KServeModel, payload, headers) -> None:
+        """The request's photos, parsed apart from its answer: one the request core would refuse is not kept."""
+        try:
+            rows = rows_of(payload, model.core.TASK, headers)
+            photos = [(row.request_id + (f"#{index}" if len(rows) > 1 else ""), image_of(row))
+                      for index, row in enumerate(rows)]
+        except RequestError:
+            return
+        self.kept.extend(photos[: self.count - len(self.kept)])
+
+
 class Versions:
     def __init__(self, settings, make_model):
         self.settings = settings
@@ -68,6 +90,7 @@ class Versions:
         self.loaded: dict[str, dict[str, KServeModel]] = {}
         self.in_flight: Counter = Counter()
         self.canaries: dict[str, Canary] = {}  # name -> the version that takes a share of its requests
+        self.captures: dict[str, Capture] = {}  # name -> the photos of its next requests, kept
 
     def adopt(self, model: KServeModel) -> None:
         """A model the server started with: its version known, its requests counted."""
@@ -79,6 +102,9 @@ class Versions:
 
         @functools.wraps(predict)
         async def counting(*args, **kwargs):
+            capture = self.captures.get(model.name)
+            if capture is not None and len(capture.kept) < capture.count and args:
+                capture.keep(model, args[0], args[1] if len(args) > 1 else kwargs.get("headers"))
             canary = self.canaries.get(model.name)
             if canary is not None and canary.model is not model and random.random() * 100 < canary.percent:
                 return await canary.answer(*args, **kwargs)
@@ -117,6 +143,7 @@ class Versions:
             raise HTTPException(404, f"{name} {label} is not loaded")
         registry.update(model, name)
         self.canaries.pop(name, None)
+        self.captures.pop(name, None)
         logger.info("%s: %s is the default", name, label)
 
     def canary(self, registry, name: str, label: str, percent: float) -> dict:
@@ -134,6 +161,21 @@ class Versions:
         self.canaries[name] = Canary(label, model, percent)
         logger.info("%s: %s takes %s %% of its requests", name, label, percent)
         return self.canaries[name].report()
+
+    def capture(self, name: str, count: int) -> None:
+        if name not in self.loaded:
+            raise HTTPException(404, f"no model {name}")
+        if count < 0:
+            raise HTTPException(422, f"count={count}: the number of requests to keep, 0 to stop")
+        if count == 0:
+            self.captures.pop(name, None)
+        else:
+            self.captures[name] = Capture(count, [])
+
+    def captured(self, name: str) -> list[dict]:
+        capture = self.captures.get(name)
+        kept = capture.kept if capture else []
+        return [{"id": request_id, "b64": base64.b64encode(photo).decode()} for request_id, photo in kept]
 
     async def unload(self, registry, name: str, label: str) -> None:
         if label == self.default(registry, name):
@@ -191,7 +233,16 @@ def add_routes(app, dataplane) -> None:
         await state(request).unload(registry, name, label)
         return {"unloaded": label}
 
+    async def capture(name: str, count: int, request: Request) -> dict:
+        state(request).capture(name, count)
+        return {"capturing": count}
+
+    async def captured(name: str, request: Request) -> dict:
+        return {"captured": state(request).captured(name)}
+
     app.add_api_route(ROUTE, describe, methods=["GET"])
+    app.add_api_route(ROUTE + "/capture", capture, methods=["PUT"])  # before /{label}: "capture" is no label
+    app.add_api_route(ROUTE + "/captured", captured, methods=["GET"])
     app.add_api_route(ROUTE + "/{label}", load, methods=["POST"])
     app.add_api_route(ROUTE + "/{label}/default", set_default, methods=["PUT"])
     app.add_api_route(ROUTE + "/{label}/canary", canary, methods=["PUT"])

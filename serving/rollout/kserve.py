@@ -3,7 +3,7 @@ only): the candidate loaded from the store beside the live version with the same
 /v1/models/NAME.vN:predict, NAME switched to it, the old one unloaded once the requests it holds are answered.
 
 --canary P: the server's default version hands P % of its requests to the candidate (its answers counted) until the
-switch. No mirror: --shadow is refused here. In a cluster, `python -m serving deploy kserve --canary-percent P`
+switch. --shadow N: the server keeps the photos of NAME's next N requests as they arrive. In a cluster, `python -m serving deploy kserve --canary-percent P`
 writes KServe's own canaryTrafficPercent."""
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from serving.settings import REQUEST_TIMEOUT_S, ServingError
 
 class KServeSwitchboard(Switchboard):
     engine = "kserve"
-    no_shadow = "our local KServe server has no way to copy a live request to a second model"
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
@@ -68,6 +67,13 @@ class KServeSwitchboard(Switchboard):
 
     def canary(self, name: str, label: str, percent: float) -> dict:
         return answer_of(self.versions("PUT", f"{name}/{label}/canary?percent={percent}"), f"a canary of {name} {label}")
+
+    def capture(self, name: str, count: int) -> None:
+        answer_of(self.versions("PUT", f"{name}/capture?count={count}"), f"keeping {name}'s requests")
+
+    def captured(self, name: str) -> list[tuple[str, bytes]]:
+        kept = answer_of(self.versions("GET", f"{name}/captured"), f"{name}'s kept requests")["captured"]
+        return [(photo["id"], base64.b64decode(photo["b64"])) for photo in kept]
 
     def drain_and_unload(self, name: str, label: str) -> None:
         self.unload(name, label)  # the server waits until the requests the old version holds are answered

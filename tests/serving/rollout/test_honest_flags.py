@@ -28,8 +28,7 @@ def kserve_board(run_dir) -> KServeSwitchboard:
     return KServeSwitchboard(run_dir)
 
 
-@pytest.mark.parametrize("board,flag,value", [(torchserve_board, "canary", 10.0), (torchserve_board, "shadow", 5),
-                                              (kserve_board, "shadow", 5)])
+@pytest.mark.parametrize("board,flag,value", [(torchserve_board, "canary", 10.0), (torchserve_board, "shadow", 5)])
 def test_a_flag_the_engine_cannot_honour_is_refused_with_its_reason(board, flag, value, tmp_path):
     args = argparse.Namespace(**{"canary": None, "shadow": None, flag: value})
     with pytest.raises(ServingError, match=f"--{flag}: .*(cannot|no way).*roll out without it"):
