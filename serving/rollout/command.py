@@ -98,14 +98,7 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
                         lambda image: board.ask(name, candidate.label, image, headers), photos)
 
     photos = held_out_photos(args.photos)
-    gate = gate_on(photos)
-    say(gate.table())
-    if not gate.passed and not args.force:
-        board.unload(name, candidate.label)
-        raise RolloutRefused(f"{candidate.label} disagrees with {live} beyond the thresholds ({gate.disagreements()}); "
-                             f"{live} serves on, {candidate.label} unloaded (--force switches anyway)")
-    if not gate.passed:
-        say(f"--force: switching although {candidate.label} disagrees with {live}")
+    judge(board, args, candidate, live, gate_on(photos), "beyond the thresholds")
     if args.shadow is not None:
         shadow(board, args, candidate, gate_on)
     if args.canary is not None:
@@ -134,13 +127,19 @@ def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
                              f"{args.shadow_seconds:g} s; {live} serves on, {candidate.label} unloaded (lower --shadow "
                              "or raise --shadow-seconds)")
     gate = gate_on([(f"request {request_id}", photo) for request_id, photo in kept[:count]])
+    judge(board, args, candidate, live, gate, "on live requests beyond the thresholds")
+
+
+def judge(board: Switchboard, args: argparse.Namespace, candidate: Candidate, live: str, gate, on: str) -> None:
+    """The gate's table; a failed gate unloads the candidate, the live version serving on, unless --force."""
     say(gate.table())
-    if not gate.passed and not args.force:
-        board.unload(name, candidate.label)
-        raise RolloutRefused(f"{candidate.label} disagrees with {live} on live requests ({gate.disagreements()}); "
-                             f"{live} serves on, {candidate.label} unloaded (--force switches anyway)")
-    if not gate.passed:
-        say(f"--force: going on although {candidate.label} disagrees with {live} on live requests")
+    if gate.passed:
+        return
+    if not args.force:
+        board.unload(args.name, candidate.label)
+        raise RolloutRefused(f"{candidate.label} disagrees with {live} {on} ({gate.disagreements()}); {live} serves "
+                             f"on, {candidate.label} unloaded (--force switches anyway)")
+    say(f"--force: going on although {candidate.label} disagrees with {live} {on}")
 
 
 def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_again) -> None:
