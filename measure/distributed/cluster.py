@@ -88,6 +88,29 @@ def end_nodes(nodes: Nodes) -> None:
 
 
 @contextlib.contextmanager
+def two_nodes_up(folder: Path, attempts: int = 6, wait_s: float = 10.0):
+    """Both nodes started and the second joined (a driver connected to see it, then gone), for a command run onto
+    nodes.address; both ended on the way out. A loaded machine starts the head slowly: its first drivers are
+    retried."""
+    import ray
+    nodes = start_nodes(folder)
+    try:
+        for attempt in range(attempts):
+            try:
+                ray.init(address=nodes.address, logging_level="WARNING", log_to_driver=False, _node_ip_address=HOST)
+                break
+            except ConnectionError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(wait_s)
+        wait_for_second_node(nodes)
+        ray.shutdown()
+        yield nodes
+    finally:
+        end_nodes(nodes)
+
+
+@contextlib.contextmanager
 def two_node_serving(model_store: Path, model: str, folder: Path, image: Path, even_routing: bool = False):
     """(nodes, engine settings) of the ray engine serving model on both nodes; every process ended on the way out."""
     import ray

@@ -8,36 +8,22 @@ same command is run again; either way OUT must end with exactly one row per phot
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import ray
-
-from measure.distributed.cluster import end_nodes, start_nodes, wait_for_second_node
+from measure.distributed.cluster import two_nodes_up
 from serving.batch.output import read_rows
 from serving.ray import cluster
-from serving.settings import HOST
 
 KILL_AFTER_PARTS = 1
 PART_SIZE = 16
 GIVE_UP_S = 900
 
 export, photos, out, work = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
-os.environ["RAY_AUTH_MODE"] = "disabled"  # as two_node.py: the nodes' tokens are not read by drivers beside them
-nodes = start_nodes(work)
 happened: dict = {}
-try:
-    for _attempt in range(6):  # a loaded machine starts the head slowly: wait until it takes a driver
-        try:
-            ray.init(address=nodes.address, logging_level="WARNING", log_to_driver=False, _node_ip_address=HOST)
-            break
-        except ConnectionError:
-            time.sleep(10)
-    wait_for_second_node(nodes)
-    ray.shutdown()
+with two_nodes_up(work) as nodes:
     command = [
         sys.executable,
         "-m",
@@ -67,8 +53,6 @@ try:
         again = subprocess.run(command, capture_output=True, text=True, timeout=GIVE_UP_S)
         happened["second_run_exit"] = again.returncode
         happened["second_run_tail"] = again.stdout.strip().splitlines()[-3:]
-finally:
-    end_nodes(nodes)
 names = read_rows(out).column("input").to_pylist()
 expected = sorted(str(path) for path in Path(photos).rglob("*") if path.is_file())
 happened["rows"], happened["photos"] = len(names), len(expected)
