@@ -6,7 +6,9 @@ the endpoint's request core, on Ray Data, one Parquet row per photo (serving/bat
   python -m serving batch artifacts/resnet50 photos.parquet --column path --id-column photo_id --out scores/
 
 PATH: an export folder or an archive (.mar); INPUT: a folder, a glob, or a .parquet/.csv table with a column of
-paths or bytes (serving/batch/inputs.py). The model runs in a Ray Data actor pool sized by the serving policy
+paths or bytes (serving/batch/inputs.py). On this machine alone (no --address, CPUs) the serving policy's workers
+run as a process pool, each reading, decoding and answering its photos as the endpoint's workers do
+(serving/batch/local.py). With --address the model runs in a Ray Data actor pool sized by the serving policy
 (contract/policy.py, the cluster's CPUs and GPUs as the machine; --workers/--threads/--batch-size as for `python -m
 serving`); on CPUs, stateless Ray Data tasks read, decode and preprocess the photos before it with the core's
 own first half (serving/batch/decoding.py), on a GPU each actor decodes its own. A photo the endpoint would
@@ -23,6 +25,8 @@ import os
 import sys
 import time
 import zipfile
+from collections.abc import Iterable
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,8 +66,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--address",
-        help="a Ray cluster to run on (HEAD:PORT, or auto); default: a Ray of this "
-        "machine's own, started and stopped by the run",
+        help="a Ray cluster to run on with Ray Data (HEAD:PORT, auto, or local: a Ray of this machine's own); "
+        "default: this machine's CPUs without Ray (a GPU machine: a Ray of its own)",
     )
     parser.add_argument(
         "--fail-on-error",
@@ -95,9 +99,9 @@ class Tally:
 
     rows: int = 0
     failed: int = 0
-    start_s: float = 0.0  # Ray started and the policy resolved, before the first photo
+    start_s: float = 0.0  # Ray started (where it runs) and the policy resolved, before the first photo
     scoring_s: float = 0.0  # from the dataset's start to its last part written: the rate's time
-    first_answer_s: float = 0.0  # from the dataset's start to the first answers (the actors loading the model)
+    first_answer_s: float = 0.0  # from the scoring's start to the first answers (the workers loading the model)
     first_rows: int = 0  # photos in that first batch of answers
     workers: int = 1  # the actor pool's size
     stage_ms: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
@@ -125,7 +129,7 @@ def score(args: argparse.Namespace) -> int:
         sum(len(s.photos) for s in pending),
         args.out,
     )
-    tally = run_on_ray(args, pending) if pending else Tally()
+    tally = (run_on_ray(args, pending) if args.address else run_here(args, pending)) if pending else Tally()
     return summary(args, record, tally)
 
 
@@ -142,6 +146,30 @@ def read_manifest(path: Path) -> Manifest:
         ) from None
 
 
+def run_here(args: argparse.Namespace, pending: list[Shard]) -> Tally:
+    """This machine alone: its CPUs' policy as a process pool (serving/batch/local.py); a GPU's through a Ray of
+    its own, which gives each actor its device."""
+    from handlers.policy import this_machine_resources
+    from serving.batch.local import answered_locally
+
+    started = time.monotonic()
+    policy = resolve_policy(this_machine_resources(), pins_of(args.path), PolicyChoices.from_flags(args))
+    if policy.device == "gpu":
+        return run_on_ray(args, pending)
+    logger.info("serving policy on this machine, without Ray: %s", policy.reason)
+    scoring = time.monotonic()
+    try:
+        rows = answered_locally(args.path, pending, policy, min(ROWS_PER_CALL, args.part_size))
+        tally = stream(args.out, pending, rows, scoring)
+    except BrokenProcessPool:
+        raise BatchError(
+            "a worker process died (out of memory, or killed); the parts written are kept: run the same command "
+            "again to score the rest"
+        ) from None
+    tally.start_s, tally.scoring_s, tally.workers = scoring - started, time.monotonic() - scoring, policy.workers
+    return tally
+
+
 def run_on_ray(args: argparse.Namespace, pending: list[Shard]) -> Tally:
     import ray
 
@@ -151,9 +179,9 @@ def run_on_ray(args: argparse.Namespace, pending: list[Shard]) -> Tally:
         policy = cluster_policy(args)
         logger.info("serving policy on the cluster's %s: %s", describe_cluster(), policy.reason)
         scoring = time.monotonic()
-        tally = stream(
-            args.out, pending, dataset(args.path, pending, policy, min(ROWS_PER_CALL, args.part_size)), scoring
-        )
+        answered = dataset(args.path, pending, policy, min(ROWS_PER_CALL, args.part_size))
+        rows = (batch.to_pylist() for batch in answered.iter_batches(batch_size=None, batch_format="pyarrow"))
+        tally = stream(args.out, pending, rows, scoring)
         tally.start_s, tally.scoring_s, tally.workers = scoring - started, time.monotonic() - scoring, policy.workers
         return tally
     finally:
@@ -194,8 +222,12 @@ def cluster_policy(args: argparse.Namespace) -> ServingPolicy:
 
     resources = ray.cluster_resources()
     machine = Machine(int(resources.get("GPU", 0)), int(resources.get("CPU", 1)))
-    pins = archive_pins(args.path) if args.path.is_file() else PolicyChoices()
-    return resolve_policy(machine, pins, PolicyChoices.from_flags(args))
+    return resolve_policy(machine, pins_of(args.path), PolicyChoices.from_flags(args))
+
+
+def pins_of(path: Path) -> PolicyChoices:
+    """What the archive pins in its model-config.yaml (an export folder pins nothing)."""
+    return archive_pins(path) if path.is_file() else PolicyChoices()
 
 
 def describe_cluster() -> str:
@@ -258,17 +290,18 @@ def decoding(model_path: Path) -> dict:
     }
 
 
-def stream(out: Path, pending: list[Shard], answered, started: float) -> Tally:
-    """The answered rows, gathered per shard; each shard written as its part once all its rows are in."""
+def stream(out: Path, pending: list[Shard], answered: Iterable[list[dict]], started: float) -> Tally:
+    """The answered rows, a call's at a time, gathered per shard; each shard written as its part once all its rows
+    are in."""
     sizes = {shard.key: len(shard.photos) for shard in pending}
     waiting: dict[str, list[dict]] = {}
     tally = Tally()
     progress = Progress(sum(sizes.values()))
     columns = SCHEMA.names
-    for batch in answered.iter_batches(batch_size=None, batch_format="pyarrow"):
+    for batch in answered:
         if not tally.first_rows:
-            tally.first_answer_s, tally.first_rows = time.monotonic() - started, batch.num_rows
-        for row in batch.to_pylist():
+            tally.first_answer_s, tally.first_rows = time.monotonic() - started, len(batch)
+        for row in batch:
             for stage in STAGES:
                 tally.stage_ms[stage] += row[f"{stage}_ms"]
             tally.decoders.add(row["decoder"])
@@ -308,7 +341,7 @@ def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
     lines = [
         f"done: {record.photos} photos, {record.photos - failed} answered, {failed} error rows, in {args.out}",
         f"this run: {tally.rows} photos in {tally.scoring_s:.1f} s, {rate:.1f} photos/s; {steady:.1f} photos/s "
-        f"after the first answers ({tally.first_answer_s:.1f} s: the actors loading the model); Ray's start "
+        f"after the first answers ({tally.first_answer_s:.1f} s: the workers loading the model); the start "
         f"before it: {tally.start_s:.1f} s"
         + (" (the rest were written by an earlier run)" if tally.rows < record.photos else ""),
     ]
@@ -316,14 +349,14 @@ def summary(args: argparse.Namespace, record: RunRecord, tally: Tally) -> int:
         lines.append(
             "per photo: "
             + ", ".join(f"{s} {ms:.1f} ms" for s, ms in per_photo.items())
-            + f"; the {tally.workers} actor(s) spent {100 * in_core:.0f} % of the run's time in the core's "
+            + f"; the {tally.workers} worker(s) spent {100 * in_core:.0f} % of the run's time in the core's "
             + ("second half (inference, encode)" if spread["tasks"] else "stages")
         )
         lines.append(
             f"decoding: {spread['tasks']} task process(es) on {spread['nodes']} node(s), {spread['cpus']:.2f} CPU(s) "
             f"busy on average, {spread['photos_per_cpu_s']:.1f} photos/s per busy CPU"
             if spread["tasks"]
-            else "decoding: in the actors, as the endpoint's workers decode"
+            else "decoding: in the model's workers, as the endpoint's workers decode"
         )
     if failed:
         lines.append(f"error rows: status != 200, e.g. {first_error(table)}")

@@ -1,7 +1,8 @@
 """`python -m serving batch` end to end, as a scheduled job runs it: real photographs and bad files in a folder,
-scored by resnet18.mar on a local Ray (Ray Data), the driver killed with SIGKILL once a part is written, then the
-same command again. The output holds exactly one row per photo; the parts written before the kill are kept as they
-were; every row equals the answer (or the error) the shared TorchServe gives for the same bytes."""
+scored by resnet18.mar through Ray Data on a Ray of its own (`--address local`, the cluster's path), the driver
+killed with SIGKILL once a part is written, then resumed by the run on this machine alone (no `--address`: a process
+pool, no Ray). The output holds exactly one row per photo; the parts written before the kill are kept as they were;
+every row, from either path, equals the answer (or the error) the shared TorchServe gives for the same bytes."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def scored(resnet18_export, tmp_path_factory):
     for path, body in bodies.items():
         path.write_bytes(body)
     command = batch_command(resnet18_export["archive"], folder, out)
-    before_kill = killed_once_a_part_is_written(command, out)
+    before_kill = killed_once_a_part_is_written(command + ["--address", "local"], out)
     resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     return {
@@ -98,6 +99,7 @@ def test_killed_and_resumed_ends_with_exactly_one_row_per_photo(scored):
     assert sorted(row["input"] for row in rows) == sorted(str(path) for path in scored["bodies"])
     total = len(scored["bodies"])
     assert scored["summary"]["photos"] == total and 0 < scored["summary"]["scored_now"] < total, scored["summary"]
+    assert scored["summary"]["decoding"]["tasks"] == 0, scored["summary"]  # resumed without Ray: no decode tasks
     for name, (inode, mtime) in scored["before_kill"].items():  # what was written before the kill is kept as it was
         path = scored["out"] / name
         assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, mtime), name

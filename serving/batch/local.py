@@ -1,0 +1,76 @@
+"""A batch run on this machine alone (no --address): the serving policy's workers as processes of a standard
+process pool, each a Scorer (serving/batch/scoring.py) that reads, decodes and answers its photos with the request
+core's whole run_batch, as the endpoint's workers do; the driver gathers the rows into parts (run.py: stream).
+
+No Ray here: on one machine its driver, raylet, object store and decode tasks cost CPU the model's workers would
+use, and the endpoint's workers show that decoding in the model's worker keeps every core busy. `--address`
+runs on a Ray cluster with Ray Data (run.py: dataset); a GPU machine does too (`--address local` without a
+cluster), where Ray gives each actor its own GPU.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
+from pathlib import Path
+
+from contract.policy import ServingPolicy
+from serving.batch.inputs import Shard
+
+IN_FLIGHT_PER_WORKER = 2  # calls queued per worker: the next is ready when one ends, memory stays bounded
+_scorer = None  # the pool process's own Scorer, opened once by its initializer
+
+
+def open_scorer(model_path: str, policy: dict) -> None:
+    global _scorer
+    from serving.batch.scoring import Scorer
+
+    _scorer = Scorer(model_path, policy)
+
+
+def score_rows(batch: dict) -> dict:
+    assert _scorer is not None, "the pool's initializer opens the Scorer"
+    return _scorer(batch)
+
+
+def calls(pending: list[Shard], rows_per_call: int) -> Iterator[dict]:
+    """The pending photos in INPUT's order, rows_per_call at a time, as the Scorer takes them."""
+    items = [(shard.key, photo) for shard in pending for photo in shard.photos]
+    for start in range(0, len(items), rows_per_call):
+        chunk = items[start : start + rows_per_call]
+        yield {
+            "input": [photo.input for _, photo in chunk],
+            "shard": [key for key, _ in chunk],
+            "path": [photo.path or "" for _, photo in chunk],
+            "data": [photo.data or b"" for _, photo in chunk],
+        }
+
+
+def answered_locally(
+    model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_per_call: int
+) -> Iterator[list[dict]]:
+    """Each call's output rows as it ends (any order: run.py gathers them by shard), from a pool of the policy's
+    workers (spawned: no copy of the driver's threads). A worker that ends a call takes the next at once."""
+    pool = ProcessPoolExecutor(
+        max_workers=policy.workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=open_scorer,
+        initargs=(str(model_path.absolute()), policy.to_dict()),
+    )
+    waiting: set[Future] = set()
+    try:
+        for batch in calls(pending, rows_per_call):
+            waiting.add(pool.submit(score_rows, batch))
+            if len(waiting) >= IN_FLIGHT_PER_WORKER * policy.workers:
+                ended, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+                yield from (as_rows(call.result()) for call in ended)
+        for call in as_completed(waiting):
+            yield as_rows(call.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def as_rows(columns: dict) -> list[dict]:
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())]
