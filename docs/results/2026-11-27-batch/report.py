@@ -32,7 +32,7 @@ steady = batch["photos_per_s_after_first_answers"]
 lines = [
     f"photos: {batch['photos']} ({', '.join(f'{k} {v:.0%}' for k, v in mix.items())}), "
     f"model {pipeline['context']['model']} ({pipeline['context']['artifact']}), {workers} worker(s)",
-    f"batch:    {rate:.2f} photos/s over the run ({batch['scoring_s']:.0f} s after Ray's start of "
+    f"batch:    {rate:.2f} photos/s over the run ({batch['scoring_s']:.0f} s after a start of "
     f"{batch['start_s']:.0f} s), {steady:.2f} after the first answers; {batch['failed']} error rows",
     f"ceiling:  {ceiling:.2f} photos/s (measure pipeline: {workers} x one worker's rate, {ms_per_photo:.0f} ms "
     f"per photo of the mix); batch / ceiling {rate / ceiling:.2f} ({steady / ceiling:.2f} after the first answers)",
@@ -45,4 +45,12 @@ lines = [
     f"{decode['ray_cpus']} CPU(s) ({decode['stage_ms_per_photo']}); in the batch run "
     f"{batch['decoding']['tasks']} task process(es), {batch['decoding']['cpus']:.2f} CPU(s) busy on average",
 ]
+if (results / "batch-ray.txt").is_file():  # run.sh with BATCH_ALSO_RAY=1
+    ray = last_json(results / "batch-ray.txt")
+    lines.insert(
+        2,
+        f"batch through Ray Data (--address local): {ray['photos_per_s']:.2f} photos/s over the run, "
+        f"{ray['photos_per_s_after_first_answers']:.2f} after the first answers; / ceiling "
+        f"{ray['photos_per_s'] / ceiling:.2f}",
+    )
 print("\n".join(lines))

@@ -3,6 +3,7 @@
 # concurrency, on N photo-sized JPEGs, on this one machine; report.py prints them side by side at the end.
 # Run from the repository root:
 #   bash docs/results/2026-11-27-batch/run.sh [WORK] [N] [MIX]
+# BATCH_ALSO_RAY=1 adds the same batch through Ray Data (--address local) after the default run (about 6 min more).
 # WORK (default /tmp/batch-bench) holds the export, the photos, the outputs and WORK/results (raw output);
 # N (default 10000) photos; MIX the sizes' weights in turn (default vga:2,2mp:2,6mp:2,12mp:1: up to 12 MP, one photo
 # in 7 at 12 MP, so that N=10000 ends within 20 minutes on 2 cores). About 0.9 MB of disk per photo.
@@ -28,10 +29,17 @@ fi
 step "$COUNT photos, mix $MIX"
 PYTHONPATH=. $PY $HERE/photos.py "$WORK" "$COUNT" "$MIX" | tee "$RESULTS/photos.txt"
 
-step "1. python -m serving batch (this machine, a Ray of its own)"
+step "1. python -m serving batch (this machine alone: the policy's workers as a process pool, no Ray)"
 rm -rf "$WORK/out"
 $PY -m serving batch "$WORK/artifacts" "$WORK/photos" --out "$WORK/out" > "$RESULTS/batch.txt" 2> "$RESULTS/batch.log"
 cat "$RESULTS/batch.txt"
+if [ -n "${BATCH_ALSO_RAY:-}" ]; then  # the cluster's path on a Ray of this machine's own, for comparison
+    step "1b. python -m serving batch --address local (Ray Data)"
+    rm -rf "$WORK/out-ray"
+    $PY -m serving batch "$WORK/artifacts" "$WORK/photos" --out "$WORK/out-ray" --address local \
+        > "$RESULTS/batch-ray.txt" 2> "$RESULTS/batch-ray.log"
+    cat "$RESULTS/batch-ray.txt"
+fi
 
 step "2. its decoding alone (the same Ray Data tasks, no model), the first $DECODE_LIMIT photos"
 PYTHONPATH=. $PY $HERE/decode_only.py "$WORK/artifacts" "$WORK/photos" $DECODE_LIMIT > "$RESULTS/decode.json" \
