@@ -24,6 +24,7 @@ from handlers.core import ImageCore
 from handlers.policy import worker_policy
 from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
+from handlers.routes import WorkerRoutes
 from handlers.tasks import open_core
 from runtime import IntegrityError
 
@@ -46,6 +47,7 @@ def select_device(system_properties: dict, cuda_available: Callable[[], bool] | 
 class TorchServeHandler:
     def __init__(self):
         self.core: ImageCore | None = None
+        self.routes: WorkerRoutes | None = None  # a rollout's canary and capture (handlers/routes.py)
         self.initialized = False
 
     def initialize(self, context) -> None:
@@ -57,6 +59,7 @@ class TorchServeHandler:
         except VisionExportError as error:
             logger.error("cannot serve this archive: %s", error)
             raise
+        self.routes = WorkerRoutes.of_worker(context.model_name, self.core.version)
         self.initialized = True
 
     @staticmethod
@@ -74,14 +77,26 @@ class TorchServeHandler:
 
         timer = metrics.Timer()
         requests = [torchserve_request(context, index, row) for index, row in enumerate(data)]
+        forwards = self.routes.route(requests) if self.routes else {}  # a canary's share, while a rollout asks
+        answers = self._answer_here(sorted(set(range(len(requests))) - forwards.keys()), requests, timer)
+        by_canary = self.routes.collect(forwards) if self.routes and forwards else {}
+        answers.update(self._answer_here(sorted(forwards.keys() - by_canary.keys()), requests, timer))  # no row lost
+        answers.update({index: forwarded.answer for index, forwarded in by_canary.items()})
+        versions = [by_canary[index].version if index in by_canary else self.core.version
+                    for index in range(len(requests))]
+        _version_headers(context, versions)
+        return [self._respond(context, index, answers[index], requests[index].request_id)
+                for index in range(len(requests))]
+
+    def _answer_here(self, rows: list[int], requests: list[ImageRequest], timer: metrics.Timer) -> dict:
+        """Those rows answered by this worker's version, by row."""
+        if not rows:
+            return {}
         with metrics.in_flight(self.core.served.model):
-            result = self.core.run_batch(requests)
-        responses = [self._respond(context, index, answer, requests[index].request_id)
-                     for index, answer in enumerate(result.answers)]
+            result = self.core.run_batch([requests[index] for index in rows])
         for answer in result.answers:
             metrics.observe_request(self.core.served, getattr(answer, "code", 200), timer.seconds())
-        _version_headers(context, len(responses), self.core.version)
-        return responses
+        return dict(zip(rows, result.answers))
 
     @staticmethod
     def _respond(context, index: int, answer, rid: str) -> dict:
@@ -94,10 +109,11 @@ class TorchServeHandler:
         return signals.with_request_id(answer.as_response(), rid)
 
 
-def _version_headers(context, rows: int, version: str) -> None:
-    """Every row's answer, an error too, names the version that computed it (beside the JSON's "version")."""
+def _version_headers(context, versions: list[str]) -> None:
+    """Every row's answer, an error too, names the version that computed it (beside the JSON's "version"): this
+    worker's, or the canary's that answered the row."""
     if context is not None:
-        for index in range(rows):
+        for index, version in enumerate(versions):
             context.set_response_header(index, VERSION_HEADER, version)
 
 

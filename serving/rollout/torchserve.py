@@ -3,17 +3,23 @@ authorisation is on): register the candidate beside the live version with the li
 batching, ask /predictions/NAME/VERSION, set-default, unregister. TorchServe's version of an archive is our
 version number (export/package/archive.py), so "v3" is TorchServe's "3".
 
-TorchServe routes each request to one version, the default, with no share or mirror: --canary and --shadow
-are refused here rather than imitated."""
+TorchServe routes each request to one version, the default, with no share or mirror: our handler does both in the
+default version's workers, as the control file RUN_DIR/routes/NAME.json written here asks (handlers/routes.py).
+--canary: each of those workers forwards P % of its requests to the candidate's /predictions/NAME/VERSION on
+loopback (with the inference key when tokens are on) and answers with the candidate's answer and version, or, when
+the forward fails, counts it and answers itself; --shadow: they keep the photos of the next N requests as files.
+The switch and every unload clear both."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 import requests
 
 from contract.versions import UNVERSIONED
+from handlers.routes import ROUTES_FOLDER, Canary, ModelRoutes
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import DRAIN_GRACE_S, LOAD_TIMEOUT_S, Switchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
@@ -40,8 +46,8 @@ def on_loopback(address: str) -> str:
 
 class TorchServeSwitchboard(Switchboard):
     engine = "torchserve"
-    no_canary = "TorchServe sends every request of a name to its default version: it cannot send a share to another"
-    no_shadow = "TorchServe has no way to copy a live request to a second version"
+    no_canary = None  # our handler forwards the share (handlers/routes.py)
+    no_shadow = None  # our handler keeps the photos
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
@@ -126,8 +132,37 @@ class TorchServeSwitchboard(Switchboard):
         return answer_of(response, f"{name} {label}")
 
     def set_default(self, name: str, label: str) -> None:
+        self.routes(name).clear()  # no canary nor capture outlives the switch
         answer_of(self.management("PUT", f"/models/{name}/{ts_version(label)}/set-default"),
                   f"set-default of {name} {label}")
+
+    def routes(self, name: str) -> ModelRoutes:
+        return ModelRoutes(self.run_dir.absolute() / ROUTES_FOLDER, name)
+
+    def canary(self, name: str, label: str, percent: float) -> dict:
+        routes = self.routes(name)
+        if not percent:
+            ended = routes.read()
+            counts = routes.end_canary()
+            return {"label": label, "percent": ended.canary.percent if ended and ended.canary else 0.0,
+                    "served": counts["served"], "failed": counts["failed"]}
+        routes.start_canary(self.live(name), self.canary_route(name, label, percent))
+        return {"label": label, "percent": percent, "served": 0, "failed": 0}
+
+    def canary_route(self, name: str, label: str, percent: float) -> Canary:
+        """Where the live workers send the share: the candidate's own route on loopback, with the inference key when
+        tokens are on (the control file is this user's only)."""
+        url = f"{self.inference_url}/predictions/{name}/{ts_version(label)}"
+        return Canary(uuid.uuid4().hex, label, url, self.headers("inference"), percent)
+
+    def capture(self, name: str, count: int) -> None:
+        if count:
+            self.routes(name).start_capture(self.live(name), count)
+        else:
+            self.routes(name).stop_capture()
+
+    def captured(self, name: str) -> list[tuple[str, bytes]]:
+        return self.routes(name).captured()
 
     def drain_and_unload(self, name: str, label: str) -> None:
         """Unregistered once its queue is empty and the requests its workers hold had time to finish: TorchServe
@@ -146,6 +181,7 @@ class TorchServeSwitchboard(Switchboard):
         return int(described[0].get("jobQueueStatus", {}).get("pendingRequests", 0)) if described else 0
 
     def unload(self, name: str, label: str) -> None:
+        self.routes(name).clear()
         answer_of(self.management("DELETE", f"/models/{name}/{ts_version(label)}"), f"unregistering {name} {label}")
 
     def forget(self, name: str, label: str) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from handlers.metrics import MULTIPROC_ENV
 from handlers.policy import RUN_CONFIG_ENV
+from handlers.routes import forget_all
 from serving.engine import Engine, await_prediction, register
 from serving.processes import read_pgid, stop_group
 from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, PROJECT_ROOT, STOP_TIMEOUT_S, ServingError, policies_text
@@ -86,6 +87,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
             raise ServingError("`python -m serving config` needs --out PATH for the config.properties it writes")
         from contract.files import atomic_write_text
         atomic_write_text(args.out, ts.run_config_text(self.settings))
+        forget_all(self.settings.run_dir.absolute())  # the server about to start routes nothing a last run asked
         print(f"{args.out}: {', '.join(self.settings.served_models())}; {self.policies_said()}")
         return 0
 
@@ -96,6 +98,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         settings.token_auth = token_auth_switched_on(settings, os.environ)
         for old in [*settings.log_dir.glob("*.log"), settings.key_file]:
             old.unlink(missing_ok=True)  # a previous run's key file would not open this run's server
+        forget_all(settings.run_dir.absolute())  # a canary or capture of a rollout the last run left
         config = write_run_config(settings)
         server = self.popen(torchserve_command(settings, config), settings.log_dir / "console.log",
                             server_env(settings, config))
