@@ -19,6 +19,7 @@ SETTINGS_FILE = "ray-settings.json"
 LOG_FILE = "ray-serve.log"
 ADDRESS_FILE = "ray-address"  # our own head node's GCS address: what a further node's `ray start --address` takes
 REFUSAL = "REFUSING TO SERVE:"  # the line the server process logs with the reason a model cannot be served
+NAMESPACE = "serve"  # Serve's own namespace: `serve status` and the Serve API of a cluster find our applications
 TEMP_DIR = "ray"  # Ray's session folder (its own logs, sockets), in the run dir
 # Ray puts its Unix sockets under the temp dir (…/session_<date>_<pid>/sockets/plasma_store) and a socket path
 # may not exceed 107 bytes: a longer run dir gets a short folder under /tmp, linked from the run dir.

@@ -5,6 +5,9 @@ header), the same JSON answer, the same 4xx {"code", "error"} for a bad request.
 batch as the model's policy says (handlers/batching.py). Each answer names the Ray node and replica that served it in
 its SERVED_BY header, so a client sees where its request ran.
 
+During a rollout the live application's replicas hand a share of their requests to the candidate (--canary) or
+keep the photos of the next few (--shadow), as serving/ray/routing.py says.
+
 Every node reads the archive from the model store's path: on one machine the store itself, across machines a
 shared folder or the image that carries it (docs/scaling.md).
 """
@@ -30,6 +33,7 @@ from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
 from handlers.signals import with_request_id
 from handlers.tasks import open_core
+from serving.ray.routing import LiveRouting
 from serving.settings import archive_config
 
 logger = logging.getLogger("serving.ray")
@@ -72,28 +76,49 @@ class RayDeployment:
         self.batcher = Batcher(self.core, policy)
         context = serve.get_replica_context()
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
+        self.routing = None  # the live application's replicas follow a rollout's canary and capture; NAME.vN's not
+        if context.app_name == context.deployment:  # NAME's application, not the gate's NAME.vN
+            self.routing = LiveRouting(context.app_name, context.replica_id.unique_id)
+            self.routing.start()  # Serve runs the constructor on the replica's event loop
 
     async def __call__(self, request: Request) -> JSONResponse:
         if request.method == "GET" and request.url.path.rstrip("/").endswith(DESCRIPTION_PATH):
             return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
         timer, rid = metrics.Timer(), request_id_of(request.headers)
-        with metrics.in_flight(self.core.served.model):
-            try:
-                rows = [await image_request(request, rid)]
-            except RequestError as error:
-                return self.respond(error, rid, timer)
-            (answer,) = await self.batcher.answer(rows)
-        return self.respond(answer, rid, timer)
+        try:
+            image = await image_request(request, rid)
+        except RequestError as error:
+            return as_response(self.outcome(error, rid, timer))
+        canary = self.routing.canary_handle() if self.routing else None
+        if canary is not None and (forwarded := await self.routing.forward(canary, image)) is not None:
+            return as_response(forwarded)  # the candidate's answer, naming its version
+        outcome = await self.answer(image, timer)
+        if self.routing and outcome[1] == 200:
+            self.routing.capture(image)
+        return as_response(outcome)
 
-    def respond(self, answer, rid: str, timer: metrics.Timer) -> JSONResponse:
+    async def answer(self, image: ImageRequest, timer: metrics.Timer | None = None) -> tuple[dict, int, dict]:
+        """This version's answer to one request: (payload, status code, headers). The HTTP route's and a canary's
+        (a live replica's handle calls it with the request it received)."""
+        timer = timer or metrics.Timer()
+        with metrics.in_flight(self.core.served.model):
+            (answer,) = await self.batcher.answer([image])
+        return self.outcome(answer, image.request_id, timer)
+
+    def outcome(self, answer, rid: str, timer: metrics.Timer) -> tuple[dict, int, dict]:
         """The answer with its id (error body; Serve's proxy returns the X-Request-ID header itself, the client's or
         the one it made and handed us, so adding it here would send it twice), its latency and code recorded."""
         headers = {SERVED_BY: self.served_by, VERSION_HEADER: self.core.version}
         code = answer.code if isinstance(answer, RequestError) else 200
         metrics.observe_request(self.core.served, code, timer.seconds())
         if isinstance(answer, RequestError):
-            return JSONResponse(with_request_id(answer.as_response(), rid), status_code=code, headers=headers)
-        return JSONResponse(answer, headers=headers)
+            return with_request_id(answer.as_response(), rid), code, headers
+        return answer, code, headers
+
+
+def as_response(outcome: tuple[dict, int, dict]) -> JSONResponse:
+    payload, code, headers = outcome
+    return JSONResponse(payload, status_code=code, headers=headers)
 
 
 async def image_request(request: Request, rid: str = "") -> ImageRequest:

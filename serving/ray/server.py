@@ -22,12 +22,11 @@ from contract.errors import INTERRUPTIONS, VisionExportError
 from handlers.policy import this_machine_resources
 from serving.processes import sigterm_interrupts
 from serving.ray import cluster, signals
-from serving.ray.config import REFUSAL, RaySettings, deployment_options, head_cpus
+from serving.ray.config import NAMESPACE, REFUSAL, RaySettings, deployment_options, head_cpus
 from serving.settings import ServingError, free_port
 
 logger = logging.getLogger("serving.ray")
 
-NAMESPACE = "serve"  # Serve's own namespace: `serve status` and the Serve API of a cluster find our applications
 # One proxy, on the head node: nodes on one machine would contend for the same port, and a cluster's
 # users reach the head (or a load balancer in front of the nodes' proxies, docs/scaling.md).
 PROXY_LOCATION = "HeadOnly"

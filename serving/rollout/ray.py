@@ -3,17 +3,20 @@ own (one replica, at /rollout/NAME/vN, for the gate only), and the switch is Ray
 the live application to the candidate's archive: Serve replaces its replicas a few at a time, each old one
 finishing the requests it holds before it stops, while the others answer. Then the gate's application goes.
 
-Serve routes each application's requests to its own replicas only: it has no share of traffic to another
-application nor a mirror, so --canary and --shadow are refused here rather than imitated."""
+--canary P and --shadow N: the live replicas, on whatever node, follow a small named actor of Serve's namespace
+(serving/ray/routing.py) that this switchboard sets: each hands P % of its requests to the candidate's application
+through a Serve handle (counted; one that fails is answered by the live version), or sends the photos of the next
+N requests it answers to the actor. The switch and the unload end both for the name."""
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import requests
 
-from serving.ray.config import ADDRESS_FILE, SETTINGS_FILE, RaySettings, deployment_options
+from serving.ray.config import ADDRESS_FILE, NAMESPACE, SETTINGS_FILE, RaySettings, deployment_options
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import Switchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
@@ -23,8 +26,8 @@ GATE_PREFIX = "/rollout"  # the candidate's route while the gate runs: /rollout/
 
 class RaySwitchboard(Switchboard):
     engine = "ray"
-    no_canary = "Ray Serve routes an application's requests to its own replicas: it cannot send a share to another"
-    no_shadow = "Ray Serve has no way to copy a live request to a second application"
+    no_canary = None
+    no_shadow = None
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
@@ -34,6 +37,7 @@ class RaySwitchboard(Switchboard):
                                "`python -m serving --engine ray --detach` from the same --run-dir")
         self.settings = RaySettings.read(path)
         self.connected = False
+        self.new_router = False  # made by this command: the replicas have not polled it yet
 
     @property
     def model_store(self) -> Path:
@@ -44,8 +48,6 @@ class RaySwitchboard(Switchboard):
         if self.connected:
             return
         import ray
-
-        from serving.ray.server import NAMESPACE
         address = self.settings.address or (self.run_dir.absolute() / ADDRESS_FILE).read_text().strip()
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
         self.connected = True
@@ -102,8 +104,10 @@ class RaySwitchboard(Switchboard):
         return answer_of(response, f"{name} {label}")
 
     def set_default(self, name: str, label: str) -> None:
-        """Serve's in-place update of the live application: it returns once every replica runs the new version."""
+        """Serve's in-place update of the live application: it returns once every replica runs the new version.
+        No canary or capture outlives it."""
         from contract.versions import archive_name, parse_label
+        self.end_routing(name)
         archive = self.model_store / archive_name(name, parse_label(label))
         self.deploy(name, archive, name, f"/predictions/{name}", beside=False)
 
@@ -115,5 +119,60 @@ class RaySwitchboard(Switchboard):
     def unload(self, name: str, label: str) -> None:
         from ray import serve
         self.connect()
+        self.end_routing(name)
         if self.gate_app(name, label) in serve.status().applications:
             serve.delete(self.gate_app(name, label))
+
+    def canary(self, name: str, label: str, percent: float) -> dict:
+        """Set, then settled: every live replica follows it, none still holds a canary request (so that the counts
+        are final when it ends)."""
+        import ray
+        if percent and label not in self.loaded(name)[1:]:
+            raise ServingError(f"a canary of {name} {label}: {label} is not loaded beside the live version")
+        router = self.router(create=True)
+        self.settle(router, name, ray.get(router.set_canary.remote(name, label, percent)))
+        return ray.get(router.canary_report.remote(name))
+
+    def capture(self, name: str, count: int) -> None:
+        import ray
+        router = self.router(create=True)
+        self.settle(router, name, ray.get(router.set_capture.remote(name, count)))
+
+    def captured(self, name: str) -> list[tuple[str, bytes]]:
+        import ray
+        return [tuple(kept) for kept in ray.get(self.router(create=True).captured.remote(name))]
+
+    def end_routing(self, name: str) -> None:
+        """No canary, no capture of name any more; waits until the live replicas know it."""
+        import ray
+        router = self.router(create=False)
+        if router is not None:
+            self.settle(router, name, ray.get(router.end.remote(name)))
+
+    def router(self, create: bool):
+        """The routing actor in Serve's namespace, made when create (detached: it outlives this command, as the
+        replicas following it do; no CPU of its own), else None when there is none."""
+        import ray
+
+        from serving.ray.routing import ROUTER_NAME, Router
+        self.connect()
+        try:
+            return ray.get_actor(ROUTER_NAME)
+        except ValueError:
+            if not create:
+                return None
+        self.new_router = True
+        return Router.options(name=ROUTER_NAME, lifetime="detached", get_if_exists=True).remote()
+
+    def settle(self, router, name: str, epoch: int) -> None:
+        """Wait until every live replica has polled the change (a second or two), or SETTLE_TIMEOUT_S. A router
+        just made knows no replica yet: their first polls come first."""
+        import ray
+
+        from serving.ray.routing import POLL_S, SETTLE_TIMEOUT_S
+        if self.new_router:
+            time.sleep(1.5 * POLL_S)
+            self.new_router = False
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while not ray.get(router.settled.remote(name, epoch)) and time.monotonic() < deadline:
+            time.sleep(POLL_S / 4)

@@ -1,0 +1,207 @@
+"""Where a live Ray Serve application's requests go during a rollout (`--canary P`, `--shadow N`): one small named
+actor in Serve's namespace (Router, no CPU of its own) holds per model name the canary (the candidate's label, its
+share) and the capture (how many live requests' photos to keep, and those kept). The rollout's switchboard
+(serving/rollout/ray.py) sets it; each live replica, on whatever node, polls it in the background about once a second
+(LiveRouting: never a remote call per request), sends its canary counts with each poll, and sends the photos it
+captures to it without waiting for an answer. A canary request goes from the live replica through a Serve handle
+to the candidate's application, whose replica answers it with the same code as its HTTP route.
+
+Every change bumps the name's epoch; a change is settled once every replica that polled lately has polled again
+having seen it, with no canary request in flight: the switchboard waits for that, so that a canary's counts are
+final and each version then answers its own requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from handlers.request import ImageRequest
+from handlers.request_body import image_of
+from serving.ray.config import NAMESPACE  # Serve's: its replicas and the router live there
+
+logger = logging.getLogger("serving.ray")
+
+ROUTER_NAME = "vision-rollout-routing"  # the actor's name in Serve's namespace
+POLL_S = 1.0  # how often a live replica asks the router where its requests go
+STALE_S = 5 * POLL_S  # a replica silent for this long is gone: a change does not wait for it
+SETTLE_TIMEOUT_S = 60.0  # a change reaches every live replica, and their canary requests finish, within this
+FORWARD_TIMEOUT_S = 30.0  # a canary request the candidate has not answered by then fails (the live version answers)
+NO_ROUTES = {"epoch": 0, "canary": None, "capture": None}
+
+
+@dataclass
+class Route:
+    """One name's routing: the canary (its id changes with each new canary; its counts are per id) and the
+    capture; replicas: what each live replica reported at its last poll."""
+
+    epoch: int = 0
+    canary: dict | None = None  # {"id", "label", "percent"}; percent 0 once ended (its counts still arrive)
+    capture: dict | None = None  # {"id", "count"}
+    kept: list = field(default_factory=list)
+    replicas: dict = field(default_factory=dict)  # replica id -> (time of its last poll, its report)
+
+    def routes(self) -> dict:
+        capturing = self.capture if self.capture and len(self.kept) < self.capture["count"] else None
+        return {"epoch": self.epoch, "canary": self.canary, "capture": capturing}
+
+    def live_reports(self) -> list[dict]:
+        now = time.monotonic()
+        return [report for polled, report in self.replicas.values() if now - polled < STALE_S]
+
+
+class RoutingTable:
+    """The router's state and methods (Router is this class as a Ray actor)."""
+
+    def __init__(self):
+        self.names: dict[str, Route] = {}
+
+    def poll(self, name: str, replica: str, report: dict) -> dict:
+        """A live replica's report (the epoch it serves by, its canary counts) and where its requests go now."""
+        route = self.names.get(name)
+        if route is None:
+            return NO_ROUTES
+        route.replicas[replica] = (time.monotonic(), report)
+        return route.routes()
+
+    def set_canary(self, name: str, label: str, percent: float) -> int:
+        route = self.names.setdefault(name, Route())
+        previous = route.canary
+        same = previous is not None and previous["label"] == label and percent == 0
+        route.canary = {"id": previous["id"] if same else route.epoch + 1, "label": label, "percent": percent}
+        route.epoch += 1
+        return route.epoch
+
+    def set_capture(self, name: str, count: int) -> int:
+        route = self.names.setdefault(name, Route())
+        route.capture = {"id": route.epoch + 1, "count": count} if count > 0 else None
+        route.kept = []
+        route.epoch += 1
+        return route.epoch
+
+    def keep(self, name: str, capture: int, request_id: str, photo: bytes) -> None:
+        route = self.names.get(name)
+        if route and route.capture and route.capture["id"] == capture and len(route.kept) < route.capture["count"]:
+            route.kept.append((request_id, photo))
+
+    def captured(self, name: str) -> list:
+        route = self.names.get(name)
+        return list(route.kept) if route else []
+
+    def settled(self, name: str, epoch: int) -> bool:
+        """Every live replica has polled having seen epoch, and holds no canary request."""
+        route = self.names.get(name)
+        return route is None or all(report["epoch"] >= epoch and not report["in_flight"]
+                                    for report in route.live_reports())
+
+    def canary_report(self, name: str) -> dict:
+        """The canary's counts over the live replicas; a request still in flight counts as failed."""
+        route = self.names.get(name)
+        canary = route.canary if route else None
+        if canary is None:
+            return {"label": None, "percent": 0, "served": 0, "failed": 0}
+        counts = [report for report in route.live_reports() if report["canary"] == canary["id"]]
+        return {"label": canary["label"], "percent": canary["percent"],
+                "served": sum(report["served"] for report in counts),
+                "failed": sum(report["failed"] + report["in_flight"] for report in counts)}
+
+    def end(self, name: str) -> int:
+        """No canary, no capture for name any more (its replicas learn it at their next poll)."""
+        route = self.names.get(name)
+        if route is None:
+            return 0
+        route.canary, route.capture, route.kept = None, None, []
+        route.epoch += 1
+        return route.epoch
+
+
+Router = ray.remote(num_cpus=0)(RoutingTable)
+
+
+class LiveRouting:
+    """A live replica's view of its name's routing, refreshed in the background (start() on the replica's event
+    loop); the per-request checks read it only."""
+
+    def __init__(self, name: str, replica: str):
+        self.name, self.replica = name, replica
+        self.routes: dict = NO_ROUTES
+        self.router = None
+        self.handles: dict[str, object] = {}  # the candidate's Serve handle, by label
+        self.counts = self.fresh_counts(None)
+        self.sent = 0  # photos sent to the current capture: no more than its count
+        self.task: asyncio.Task | None = None
+
+    @staticmethod
+    def fresh_counts(canary: int | None) -> dict:
+        return {"canary": canary, "served": 0, "failed": 0, "in_flight": 0}
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.poll_forever())
+
+    async def poll_forever(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception as error:  # the router gone or not made yet: nothing is routed until it answers
+                logger.debug("rollout routing of %s unavailable: %s", self.name, error)
+                self.router, self.routes = None, NO_ROUTES
+            await asyncio.sleep(POLL_S)
+
+    async def poll(self) -> None:
+        if self.router is None:
+            self.router = await asyncio.to_thread(ray.get_actor, ROUTER_NAME, NAMESPACE)
+        report = {"epoch": self.routes["epoch"], **self.counts}
+        routes = await self.router.poll.remote(self.name, self.replica, report)
+        canary = routes["canary"]
+        if canary and canary["percent"] > 0 and canary["label"] not in self.handles:
+            self.handles = {canary["label"]: await asyncio.to_thread(candidate_handle, self.name, canary["label"])}
+        if (canary and canary["id"]) != self.counts["canary"]:
+            self.counts = self.fresh_counts(canary and canary["id"])
+        if routes["capture"] != self.routes["capture"]:
+            self.sent = 0
+        self.routes = routes
+
+    def canary_handle(self):
+        """The candidate's handle when this request is one of the canary's share, else None."""
+        canary = self.routes["canary"]
+        if canary is None or random.random() * 100 >= canary["percent"]:
+            return None
+        return self.handles.get(canary["label"])
+
+    async def forward(self, handle, request: ImageRequest) -> tuple | None:
+        """The candidate's answer to request ((payload, code, headers)), counted; None (counted as failed) when it
+        could not answer: the live version answers instead."""
+        counts = self.counts  # a new canary's counts start afresh; this request stays in its own
+        counts["in_flight"] += 1
+        try:
+            answer = await asyncio.wait_for(awaited(handle.answer.remote(request)), FORWARD_TIMEOUT_S)
+        except Exception as error:
+            logger.warning("canary request %s failed, answered by the live version: %s", request.request_id, error)
+            answer = None
+        finally:
+            counts["in_flight"] -= 1
+        failed = answer is None or answer[1] >= 500  # a client's bad request (4xx) is answered, not failed
+        counts["failed" if failed else "served"] += 1
+        return None if failed else answer
+
+    def capture(self, request: ImageRequest) -> None:
+        """The request's photo sent to the router when a capture is on (not waited for)."""
+        capture = self.routes["capture"]
+        if capture is None or self.router is None or self.sent >= capture["count"]:
+            return
+        self.sent += 1
+        self.router.keep.remote(self.name, capture["id"], request.request_id, image_of(request))
+
+
+async def awaited(response):
+    return await response
+
+
+def candidate_handle(name: str, label: str):
+    """A handle to the candidate's application (NAME.vN, deployed beside the live one for the gate)."""
+    from ray import serve
+    return serve.get_app_handle(f"{name}.{label}")
