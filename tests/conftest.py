@@ -155,6 +155,9 @@ def resnet18_unpacked(resnet18_export, tmp_path_factory) -> Path:
 
 
 LITE0_FORMATS = "traced,scripted,onnx-traced,onnx-scripted"
+# For exports whose tests never read the forms' latency (for information only, never read back; measured about a
+# second a form, warm-up included): tests/export/package/test_report.py is the test of the latency table.
+NO_LATENCY = ("--no-benchmark",)
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +169,7 @@ def lite0_int8_export(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("lite0-int8")
     out, store = base / "artifacts", base / "model-store"
     result = run_export("efficientnet", "--arch", "lite0", "--precision", "fp32,int8", "--out", str(out),
-                        "--formats", LITE0_FORMATS, "--model-store", str(store), timeout=1500)
+                        "--formats", LITE0_FORMATS, "--model-store", str(store), *NO_LATENCY, timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {"out": out, "store": store, "archive": store / "efficientnet-lite0.mar", "model_name": "efficientnet-lite0",
             "stdout": result.stdout, "manifest": Manifest.read(out)}

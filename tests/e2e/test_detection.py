@@ -27,7 +27,7 @@ from serving.kserve.engine import KServe
 from serving.settings import free_port
 from serving.torchserve import server
 from tests.answers import ServedForms
-from tests.conftest import ROOT, made_once, run_export
+from tests.conftest import NO_LATENCY, ROOT, made_once, run_export
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
@@ -42,7 +42,7 @@ def exports(tmp_path_factory) -> dict:
         for family, arch, weights in ((DETECTION, DETECTOR, "random"), (SEGMENTATION, SEGMENTER, "random"),
                                       (DETECTION, FACES, "auto")):
             result = run_export(family, "--arch", arch, "--weights", weights, "--out", str(base / arch),
-                                "--model-store", str(store), timeout=1500)
+                                "--model-store", str(store), *NO_LATENCY, timeout=1500)
             assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
         return {"base": base, "store": store}
     return made_once(tmp_path_factory, "whole-image-exports", make)

@@ -25,7 +25,7 @@ from serving.settings import free_port
 from serving.torchserve import server
 from tests import own_models
 from tests.answers import ServedForms
-from tests.conftest import ROOT, made_once, run_export
+from tests.conftest import NO_LATENCY, ROOT, made_once, run_export
 
 pytestmark = pytest.mark.slow
 CAT = ROOT / "examples" / "cat.jpg"
@@ -41,7 +41,7 @@ def build():
 
 def _exported(base: Path, store: Path, name: str, *command: str) -> None:
     result = run_export(*command, "--formats", FORMATS, "--precision", "fp32", "--out", str(base / name),
-                        "--model-store", str(store), "--name", name, timeout=1500)
+                        "--model-store", str(store), "--name", name, *NO_LATENCY, timeout=1500)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
 

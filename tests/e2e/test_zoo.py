@@ -27,7 +27,7 @@ from handlers.policy import machine_policy
 from models.weights import state_dict_fingerprint
 from serving.torchserve import server
 from tests.answers import assert_same_answer, expected_answer
-from tests.conftest import ROOT, export_in_process
+from tests.conftest import NO_LATENCY, ROOT, export_in_process
 from tests.photos import EXPECTED_CLASSES, photo_jpeg
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def zoo(tmp_path_factory) -> dict:
         labels = _labels_argument(model, base)
         exports[model.name] = (export_in_process("module", str(ZOO / model.reference), "--input-shape", model.input_shape,
                                           "--out", str(out), "--model-store", str(store), "--name", model.name,
-                                          *labels, *model.options), out)
+                                          *labels, *model.options, *NO_LATENCY), out)
     return {"store": store, "exports": exports}
 
 
