@@ -11,6 +11,10 @@ cluster), where Ray gives each actor its own GPU.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
 from pathlib import Path
@@ -19,14 +23,25 @@ from contract.policy import ServingPolicy
 from serving.batch.inputs import Shard
 
 IN_FLIGHT_PER_WORKER = 2  # calls queued per worker: the next is ready when one ends, memory stays bounded
+PARENT_CHECK_S = 1.0  # how soon a worker ends once the driver is gone
 _scorer = None  # the pool process's own Scorer, opened once by its initializer
 
 
 def open_scorer(model_path: str, policy: dict) -> None:
+    """The pool process's start: its Scorer, Ctrl-C left to the driver (which stops the pool), and an end of its
+    own when the driver dies (a SIGKILL of it must not leave the workers holding their models)."""
     global _scorer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=end_with_parent, args=(os.getppid(),), daemon=True).start()
     from serving.batch.scoring import Scorer
 
     _scorer = Scorer(model_path, policy)
+
+
+def end_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
 
 
 def score_rows(batch: dict) -> dict:
@@ -67,6 +82,10 @@ def answered_locally(
                 yield from (as_rows(call.result()) for call in ended)
         for call in as_completed(waiting):
             yield as_rows(call.result())
+    except BaseException:  # Ctrl-C, or an error: the workers end now rather than after their calls
+        for process in list((pool._processes or {}).values()):
+            process.terminate()
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
