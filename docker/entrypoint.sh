@@ -77,6 +77,7 @@ record_environment() {
     if $tokens; then printf 'disable_token_authorization=false\n'; fi
   } >> "$served_config"
   rm -f "$RUN_DIR/key_file.json"
+  rm -rf "$RUN_DIR/routes"  # a canary or capture a rollout of the last run left (handlers/routes.py)
   if $tokens; then ln -s "$KEYS_DIR/key_file.json" "$RUN_DIR/key_file.json"; fi
   export LOG_LOCATION="${LOG_LOCATION:-$RUN_DIR/logs}" METRICS_LOCATION="${METRICS_LOCATION:-$RUN_DIR/logs}"
   if [[ "$(absolute "$LOG_LOCATION")" != "$RUN_DIR/logs" ]] && [[ -L "$RUN_DIR/logs" || ! -e "$RUN_DIR/logs" ]]; then

@@ -5,6 +5,8 @@ What is TorchServe's lives here: the model folder and GPU from system_properties
 the request rows and their headers, per-row status codes and request id headers. Metrics and request lines
 are every engine's (handlers/metrics.py, handlers/signals.py): TorchServe's frontend hides when a request
 arrived, so here a request's latency starts when its batch reaches the worker, and its queue stage is not known.
+While a rollout asks (handlers/routes.py), the live version's worker sends a share of its rows to the candidate
+and keeps the photos of the next ones; each row's answer and version header are the version's that computed it.
 Everything else (which artifact, its sha256, preprocessing, the request's life) is the core's.
 """
 

@@ -87,7 +87,6 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
             raise ServingError("`python -m serving config` needs --out PATH for the config.properties it writes")
         from contract.files import atomic_write_text
         atomic_write_text(args.out, ts.run_config_text(self.settings))
-        forget_all(self.settings.run_dir.absolute())  # the server about to start routes nothing a last run asked
         print(f"{args.out}: {', '.join(self.settings.served_models())}; {self.policies_said()}")
         return 0
 
