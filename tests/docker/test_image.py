@@ -45,6 +45,9 @@ FALLBACK_STORE = "/home/app/.cache/vision-export/model-store"  # docker/entrypoi
 BUILD_TIMEOUT_S = 1500  # a fresh machine: the base from Debian's archive, then about 3 GB of wheels from PyPI
 HEALTHY_TIMEOUT_S = 480  # the first start exports resnet18 (about a minute alone on 2 cores) before serving
 STOP_GRACE_S = 30  # compose.yaml's stop_grace_period
+# The starts' exports make two forms, not every one (compose.yaml's EXPORT_ARGS): what these tests look at is the
+# store, the archive's answers and the rollout; every form of resnet18 is tests/e2e's (tests/conftest.py).
+EXPORT_ARGS = "--formats traced,onnx-traced"
 # A line in the CA bundle given to the build, outside its PEM blocks (OpenSSL reads past it): no layer may keep it.
 CA_MARKER = b"# vision-export tests/docker/test_image.py: a build secret, in no layer of the image"
 # Names compose.yaml interpolates: this shell's values must not leak into the test's compose runs.
@@ -127,7 +130,8 @@ class Compose:
                 # Compose 1.x builds with the docker CLI on PATH; BuildKit, for the Dockerfile's RUN --mount.
                 "PATH": f"{Path(self.docker).parent}:{env.get('PATH', '')}",
                 "DOCKER_BUILDKIT": "1", "COMPOSE_DOCKER_CLI_BUILD": "1",
-                "ENGINE": self.engine, "MODEL": MODEL, "WEIGHTS": "random", "MODEL_STORE_DIR": str(self.store),
+                "ENGINE": self.engine, "MODEL": MODEL, "WEIGHTS": "random", "EXPORT_ARGS": EXPORT_ARGS,
+                "MODEL_STORE_DIR": str(self.store),
                 "INFERENCE_PORT": f"127.0.0.1:{self.ports['inference']}",
                 "MANAGEMENT_PORT": str(self.ports["management"]),
                 "METRICS_PORT": f"127.0.0.1:{self.ports['metrics']}"}
