@@ -11,15 +11,19 @@ N requests it answers to the actor. The switch and the unload end both for the n
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
 import requests
 
+from handlers.metrics import MULTIPROC_ENV
 from serving.ray.config import ADDRESS_FILE, NAMESPACE, SETTINGS_FILE, RaySettings, deployment_options
+from serving.ray.signals import with_metrics_env
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import Switchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
+from serving.signals import METRICS_DIR
 
 GATE_PREFIX = "/rollout"  # the candidate's route while the gate runs: /rollout/NAME/vN
 
@@ -80,7 +84,7 @@ class RaySwitchboard(Switchboard):
         from serving.ray.server import deployment_failure
         self.connect()
         policy = self.settings.policies[name]
-        options = deployment_options(policy)
+        options = with_metrics_env(deployment_options(policy), self.metrics_folder())
         if beside:  # one replica for the gate, on no CPU of its own: the live replicas hold the node's CPUs
             options["ray_actor_options"]["num_cpus"] = 0
             options["autoscaling_config"].update(min_replicas=1, initial_replicas=1, max_replicas=1)
@@ -89,6 +93,11 @@ class RaySwitchboard(Switchboard):
             serve.run(app, name=app_name, route_prefix=route)
         except RuntimeError as error:
             raise RolloutRefused(f"{archive.name} cannot be deployed: {deployment_failure(app_name) or error}") from None
+
+    def metrics_folder(self) -> Path:
+        """Where the server's replicas write their metrics (serving/ray/signals.py): the new replicas too, the
+        folder kept as it is."""
+        return Path(os.environ.get(MULTIPROC_ENV) or self.run_dir.absolute() / METRICS_DIR)
 
     def load_beside(self, name: str, candidate: Candidate) -> None:
         app = self.gate_app(name, candidate.label)
