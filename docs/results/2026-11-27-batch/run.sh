@@ -41,7 +41,7 @@ if [ -n "${BATCH_ALSO_RAY:-}" ]; then  # the cluster's path on a Ray of this mac
     cat "$RESULTS/batch-ray.txt"
 fi
 
-step "2. its decoding alone (the same Ray Data tasks, no model), the first $DECODE_LIMIT photos"
+step "2. decoding alone: the Ray Data decode tasks of --address, no model, the first $DECODE_LIMIT photos"
 PYTHONPATH=. $PY $HERE/decode_only.py "$WORK/artifacts" "$WORK/photos" $DECODE_LIMIT > "$RESULTS/decode.json" \
     2> "$RESULTS/decode.log"
 cat "$RESULTS/decode.json"
