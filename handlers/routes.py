@@ -16,6 +16,8 @@ worker in NAME.canary/, which the rollout sums. A forward that fails is counted,
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import logging
 import os
@@ -29,7 +31,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
-from urllib.parse import quote, unquote
 
 from contract.versions import VERSION_HEADER
 from handlers.policy import RUN_CONFIG_ENV
@@ -112,7 +113,7 @@ class ModelRoutes:
         if not self.capture_dir.is_dir():
             return []
         names = sorted(name for name in os.listdir(self.capture_dir) if not name.startswith("."))
-        return [(unquote(name.split("-", 2)[2]), (self.capture_dir / name).read_bytes()) for name in names]
+        return [(id_of(name.split("-", 2)[2]), (self.capture_dir / name).read_bytes()) for name in names]
 
     def start_canary(self, live: str, canary: Canary) -> None:
         self.forget(self.counts_dir)
@@ -159,20 +160,33 @@ class ModelRoutes:
 
     # ------------------------------------------------------------ a worker's side
     def keep(self, count: int, photos: Sequence[tuple[str, bytes]]) -> None:
-        """Photos kept, in order, until the folder holds count (a folder gone: the capture ended)."""
+        """Photos kept, in order, until the folder holds count (a folder gone: the capture ended). One that cannot
+        be written is logged, its request answered all the same (the rollout then waits in vain and says so)."""
         try:
             room = count - sum(1 for name in os.listdir(self.capture_dir) if not name.startswith("."))
             for request_id, photo in photos[:max(room, 0)]:
-                write_private(self.capture_dir / f"{time.time_ns():020d}-{os.getpid()}-{quote(request_id, safe='')}",
-                              photo)
+                write_private(self.capture_dir / f"{time.time_ns():020d}-{os.getpid()}-{file_name(request_id)}", photo)
         except FileNotFoundError:
             return
+        except OSError as error:
+            logger.error("cannot keep live photos in %s for the rollout's shadow: %s", self.capture_dir, error)
 
     def record(self, canary_id: str, counts: Counter) -> None:
         try:
             write_private(self.counts_dir / f"{os.getpid()}.json", json.dumps({"id": canary_id, **counts}).encode())
         except FileNotFoundError:  # the canary ended and its counts were read
             return
+        except OSError as error:  # the requests are answered all the same
+            logger.error("cannot record the canary's counts in %s: %s", self.counts_dir, error)
+
+
+def file_name(request_id: str) -> str:
+    """A request id (ACCEPTED_ID: up to 128 characters, "/" among them) as a short enough file name, and back."""
+    return base64.urlsafe_b64encode(request_id.encode()).decode()
+
+
+def id_of(name: str) -> str:
+    return base64.urlsafe_b64decode(name.encode()).decode()
 
 
 def forget_all(run_dir: Path) -> None:
@@ -235,8 +249,16 @@ class WorkerRoutes:
             return None
         seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if seen != self._seen:
-            self._control, self._seen = self.files.read(), seen
+            self._control, self._seen = self._read(), seen
         return self._control if self._control and self._control.live == self.version else None
+
+    def _read(self) -> Control | None:
+        """The control; one that cannot be read is logged and routes nothing: the live version answers on."""
+        try:
+            return self.files.read()
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            logger.error("the routes in %s cannot be read, none followed: %s", self.files.control_file, error)
+            return None
 
     def route(self, requests: Sequence[ImageRequest]) -> dict[int, Future]:
         """The photos the capture asks for kept; the canary's share forwarded: its futures by row."""
@@ -294,7 +316,7 @@ def forward(canary: Canary, request_id: str, photo: bytes, options: dict[str, st
         body = error.read()
         logger.warning("the canary %s answered HTTP %d: %s", canary.label, error.code, body[:200])
         return ("declined" if error.code < 500 and refused_by_handler(body) else "failed"), None
-    except (OSError, ValueError) as error:  # refused, reset, timed out, not JSON
+    except (OSError, http.client.HTTPException, ValueError) as error:  # refused, reset, cut short, timed out, not JSON
         logger.warning("the canary %s did not answer: %s", canary.label, error)
         return "failed", None
     if version != canary.label or not isinstance(answer, dict) or answer.get("version") != canary.label:

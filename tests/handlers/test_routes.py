@@ -55,6 +55,10 @@ def test_a_capture_keeps_the_next_live_photos_in_order_and_forgets_them_when_sto
                 ImageRequest(b"photo-3", "image/jpeg", request_id="r3"),
                 ImageRequest(b"photo-4", "image/jpeg", request_id="r4")])
     assert files.captured() == [("r1", b"photo-1"), ("a/b:2", b"photo-2"), ("r3", b"photo-3")]  # an empty body: none
+    longest = "a" + "/" * 127  # the longest id a client may send (handlers/request.py), no file name as it is
+    files.start_capture("v1", 1)
+    live.route([ImageRequest(b"photo-6", "image/jpeg", request_id=longest)])
+    assert files.captured() == [(longest, b"photo-6")]
     assert all(private(path) for path in files.capture_dir.iterdir())  # live requests' photos: this user's only
     files.stop_capture()
     assert files.captured() == [] and not files.capture_dir.exists() and not files.control_file.exists()
@@ -72,6 +76,8 @@ def test_a_worker_reads_the_control_again_only_when_it_changed(tmp_path):
     files.write(Control("v1", capture=7))
     assert worker.control() == Control("v1", capture=7)
     files.write(Control("v2", capture=7))  # v2 is live now: this worker routes nothing
+    assert worker.control() is None
+    files.control_file.write_text("{not json")  # never written so: logged, and the live version answers on
     assert worker.control() is None
     files.clear()
     assert worker.control() is None and not files.control_file.exists()
