@@ -149,8 +149,10 @@ def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
     name, live = args.name, board.live(args.name)
     board.canary(name, candidate.label, args.canary)
     say(f"canary: {args.canary:g} % of {name}'s requests to {candidate.label} for {args.canary_seconds:g} s")
-    time.sleep(args.canary_seconds)
-    report = board.canary(name, candidate.label, 0)
+    try:
+        time.sleep(args.canary_seconds)
+    finally:  # interrupted too: the share ends with the command
+        report = board.canary(name, candidate.label, 0)
     gate = gate_again()
     say(gate.table())
     served, failed = report.get("served", 0), report.get("failed", 0)
