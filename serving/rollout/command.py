@@ -97,12 +97,16 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
         return run_gate(task, live, candidate.label, lambda image: board.ask(name, live, image, headers),
                         lambda image: board.ask(name, candidate.label, image, headers), photos)
 
-    photos = held_out_photos(args.photos)
-    judge(board, args, candidate, live, gate_on(photos), "beyond the thresholds")
-    if args.shadow is not None:
-        shadow(board, args, candidate, gate_on)
-    if args.canary is not None:
-        canary(board, args, candidate, lambda: gate_on(photos))
+    try:  # whatever ends the rollout before the switch (a refusal, an error, Ctrl-C) unloads the candidate
+        photos = held_out_photos(args.photos)
+        judge(args, candidate, live, gate_on(photos), "beyond the thresholds")
+        if args.shadow is not None:
+            shadow(board, args, candidate, gate_on)
+        if args.canary is not None:
+            canary(board, args, candidate, lambda: gate_on(photos))
+    except BaseException:
+        board.unload(name, candidate.label)
+        raise
     switch(board, name, live, candidate)
     return 0
 
@@ -122,21 +126,19 @@ def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
     finally:
         board.capture(name, 0)
     if len(kept) < count:
-        board.unload(name, candidate.label)
         raise RolloutRefused(f"only {len(kept)} of the {count} live requests --shadow waits for reached {name} within "
                              f"{args.shadow_seconds:g} s; {live} serves on, {candidate.label} unloaded (lower --shadow "
                              "or raise --shadow-seconds)")
     gate = gate_on([(f"request {request_id}", photo) for request_id, photo in kept[:count]])
-    judge(board, args, candidate, live, gate, "on live requests beyond the thresholds")
+    judge(args, candidate, live, gate, "on live requests beyond the thresholds")
 
 
-def judge(board: Switchboard, args: argparse.Namespace, candidate: Candidate, live: str, gate, on: str) -> None:
-    """The gate's table; a failed gate unloads the candidate, the live version serving on, unless --force."""
+def judge(args: argparse.Namespace, candidate: Candidate, live: str, gate, on: str) -> None:
+    """The gate's table; a failed gate refuses the candidate, the live version serving on, unless --force."""
     say(gate.table())
     if gate.passed:
         return
     if not args.force:
-        board.unload(args.name, candidate.label)
         raise RolloutRefused(f"{candidate.label} disagrees with {live} {on} ({gate.disagreements()}); {live} serves "
                              f"on, {candidate.label} unloaded (--force switches anyway)")
     say(f"--force: going on although {candidate.label} disagrees with {live} {on}")
@@ -157,7 +159,6 @@ def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
     say(gate.table())
     served, failed = report.get("served", 0), report.get("failed", 0)
     if failed or not (gate.passed or args.force):
-        board.unload(name, candidate.label)
         why = f"{failed} of the {served} requests it answered failed" if failed else gate.disagreements()
         raise RolloutRefused(f"the canary {candidate.label} failed its check ({why}); {live} serves on, "
                              f"{candidate.label} unloaded")
