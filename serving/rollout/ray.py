@@ -30,8 +30,6 @@ GATE_PREFIX = "/rollout"  # the candidate's route while the gate runs: /rollout/
 
 class RaySwitchboard(Switchboard):
     engine = "ray"
-    no_canary = None
-    no_shadow = None
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)

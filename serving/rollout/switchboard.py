@@ -22,9 +22,6 @@ class Switchboard(ABC):
     """One running server's versions, reached through its run dir."""
 
     engine: str  # the engine's name, as --engine says it
-    # Why the engine cannot split traffic (--canary) or mirror it (--shadow) honestly; None where it can.
-    no_canary: str | None = None
-    no_shadow: str | None = None
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
@@ -59,20 +56,20 @@ class Switchboard(ABC):
     def unload(self, name: str, label: str) -> None:
         """That version out of the server (it stays in the store)."""
 
+    @abstractmethod
     def canary(self, name: str, label: str, percent: float) -> dict:
-        """percent % of name's requests to that loaded version from now on, 0 ending it (engines whose no_canary is
-        None); what the canary answered so far: {"label", "percent", "served", "failed"}."""
-        raise ServingError(f"--canary: {self.no_canary}")
+        """percent % of name's live requests answered by that loaded version from now on, 0 ending it; what the
+        canary answered so far: {"label", "percent", "served", "failed"}."""
 
+    @abstractmethod
     def capture(self, name: str, count: int) -> None:
         """From now on the photos of name's next count live requests are kept as they arrive, their answers
-        untouched; 0 stops and forgets what was kept (engines whose no_shadow is None)."""
-        raise ServingError(f"--shadow: {self.no_shadow}")
+        untouched; 0 stops and forgets what was kept."""
 
+    @abstractmethod
     def captured(self, name: str) -> list[tuple[str, bytes]]:
         """(the request's id, its photo's bytes) of each live request kept since the capture began, in arrival
         order."""
-        raise ServingError(f"--shadow: {self.no_shadow}")
 
     def drain_and_unload(self, name: str, label: str) -> None:
         time.sleep(DRAIN_GRACE_S)

@@ -46,8 +46,6 @@ def on_loopback(address: str) -> str:
 
 class TorchServeSwitchboard(Switchboard):
     engine = "torchserve"
-    no_canary = None  # our handler forwards the share (handlers/routes.py)
-    no_shadow = None  # our handler keeps the photos
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)

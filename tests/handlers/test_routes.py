@@ -88,7 +88,6 @@ def test_the_switchboard_gives_the_canary_the_inference_key_when_tokens_are_on(t
                                        "8086\nmodel_store=/store\ndisable_token_authorization=false\n")
     (tmp_path / KEY_FILE).write_text(json.dumps({"inference": {"key": "in-key"}, "management": {"key": "man-key"}}))
     board = TorchServeSwitchboard(tmp_path)
-    assert board.no_canary is None and board.no_shadow is None
     canary = board.canary_route(NAME, "v2", 25)
     assert (canary.label, canary.url, canary.percent) == ("v2", f"http://127.0.0.1:8085/predictions/{NAME}/2", 25)
     assert canary.headers == {"Authorization": "Bearer in-key"}
