@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable
 
 from handlers.metrics import MULTIPROC_ENV
 from handlers.policy import RUN_CONFIG_ENV
-from handlers.routes import forget_all
 from serving.engine import Engine, await_prediction, register
 from serving.processes import read_pgid, stop_group
 from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, PROJECT_ROOT, STOP_TIMEOUT_S, ServingError, policies_text
@@ -97,6 +96,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         settings.token_auth = token_auth_switched_on(settings, os.environ)
         for old in [*settings.log_dir.glob("*.log"), settings.key_file]:
             old.unlink(missing_ok=True)  # a previous run's key file would not open this run's server
+        from handlers.routes import forget_all  # here: the request core's imports (torch) stay out of --help
         forget_all(settings.run_dir.absolute())  # a canary or capture of a rollout the last run left
         config = write_run_config(settings)
         server = self.popen(torchserve_command(settings, config), settings.log_dir / "console.log",
