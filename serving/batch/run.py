@@ -219,8 +219,9 @@ def describe_cluster() -> str:
 
 
 def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_per_call: int):
-    """The pending photos as rows, answered by an actor pool of the policy's workers, each on its threads; on CPUs
-    read, decoded and preprocessed before it by stateless tasks (serving/batch/decoding.py)."""
+    """The pending photos as rows, answered by an actor pool of the policy's workers, each on its threads; where
+    the cluster has CPUs beyond the actors', read, decoded and preprocessed before it by stateless tasks
+    (serving/batch/decoding.py)."""
     import ray.data
 
     from serving.batch.scoring import Scorer
@@ -233,7 +234,7 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_
     # a block per call: answers stream back (parts written, progress shown) as each call ends
     rows = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // rows_per_call)))
     on_gpu = policy.device == "gpu"
-    if not on_gpu:  # on a GPU the actor decodes, as the endpoint's worker does (nvJPEG where allowed)
+    if decodes_apart(policy):
         rows = rows.map_batches(decode_batch, batch_size=rows_per_call, batch_format="numpy", **decoding(model_path))
     return rows.map_batches(
         Scorer,
@@ -248,6 +249,16 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_
             "device": "cuda" if on_gpu else "cpu",
         },
     )
+
+
+def decodes_apart(policy: ServingPolicy) -> bool:
+    """Decode tasks only where the cluster has CPUs the actors leave free: where the actors hold them all, tasks
+    would take their CPU time and add their processes and transfers (measured: two one-core nodes ran slower with
+    them than one); on a GPU the actor decodes, as the endpoint's worker does (nvJPEG where allowed)."""
+    import ray
+
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return policy.device != "gpu" and cpus > policy.workers * policy.threads_per_worker
 
 
 def decoding(model_path: Path) -> dict:
