@@ -146,14 +146,17 @@ class LiveRouting:
         while True:
             try:
                 await self.poll()
-            except Exception as error:  # the router gone or not made yet: nothing is routed until it answers
-                logger.debug("rollout routing of %s unavailable: %s", self.name, error)
+            except Exception as error:  # the router gone (or failing): nothing is routed until it answers again
+                logger.warning("rollout routing of %s unavailable: %s", self.name, error)
                 self.router, self.routes = None, NO_ROUTES
             await asyncio.sleep(POLL_S)
 
     async def poll(self) -> None:
         if self.router is None:
-            self.router = await asyncio.to_thread(ray.get_actor, ROUTER_NAME, NAMESPACE)
+            try:
+                self.router = await asyncio.to_thread(ray.get_actor, ROUTER_NAME, NAMESPACE)
+            except ValueError:  # no rollout has made the router yet: nothing is routed
+                return
         report = {"epoch": self.routes["epoch"], **self.counts}
         routes = await self.router.poll.remote(self.name, self.replica, report)
         canary = routes["canary"]
