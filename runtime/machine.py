@@ -4,6 +4,7 @@ forms: runtime/form_choice.py)."""
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +14,17 @@ from typing import Any
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
+# Space-separated flags read instead of /proc/cpuinfo's: how tests simulate another kind of CPU (tests/simulate_cpu.py)
+# in every process they start, so that an export and the server it feeds see the same machine. Compiled kernels still
+# run on the real CPU.
+SIMULATED_FLAGS_ENV = "VISION_EXPORT_SIMULATED_CPU_FLAGS"
+
+
 def cpu_flags() -> set[str]:
     """This CPU's instruction-set flags as Linux lists them (empty where /proc/cpuinfo is not)."""
+    simulated = os.environ.get(SIMULATED_FLAGS_ENV)
+    if simulated is not None:
+        return set(simulated.split())
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
