@@ -1,6 +1,7 @@
 """The documents hold to the repository: every relative link and #anchor resolves, every repository path quoted
-in backticks exists, every `python -m ... --flag` quoted is an option of that command's own parser, every result
-folder is listed in docs/index.md, and the pages (results apart) stay short enough to read."""
+in backticks exists, every `python -m ... --flag` quoted is an option of that command's own parser, every docs
+page (and #anchor) that code, configuration or a comment cites exists, every result folder is listed in
+docs/index.md, and the pages (results apart) stay short enough to read."""
 
 from __future__ import annotations
 
@@ -235,19 +236,47 @@ def test_quoted_command_flags_exist():
     assert unknown == {}
 
 
-def cited_docs(tracked: list[str]) -> Iterator[str]:
-    """`docs/...` paths that code, configuration and the Makefile cite (a comment's "measured: docs/X.md")."""
-    for name in tracked:
-        if name.startswith("docs/") or not name.endswith((*SOURCE_EXTENSIONS, ".txt", ".yaml", "Makefile")):
+# A docs path as code cites it, with its #anchor when it names one: docs/PAGE.md#heading, docs/results/DATE-WHAT/.
+CITED_DOC = re.compile(r"docs/[\w./-]+(?:#[\w-]+)?")
+
+
+def cited_docs_in(text: str) -> Iterator[str]:
+    """The docs paths (and anchors) text cites that do not resolve: no such file, or no such heading in the page."""
+    for cited in CITED_DOC.findall(text):
+        path, _, anchor = cited.rstrip(".,;:").partition("#")
+        path = path.rstrip(".,;:")
+        if any(PLACEHOLDER.search(part) for part in path.split("/")):
             continue
-        for cited in re.findall(r"docs/[\w./-]+", (ROOT / name).read_text(errors="replace")):
-            cited = cited.rstrip(".,;:")
-            if not any(PLACEHOLDER.search(part) for part in cited.split("/")) and not (ROOT / cited).exists():
-                yield f"{name}: {cited}"
+        if not (ROOT / path).exists():
+            yield f"{cited}: no such file"
+        elif anchor and path.endswith(".md") and anchor not in anchors(ROOT / path):
+            yield f"{cited}: no heading #{anchor} in {path}"
+
+
+def cited_docs(tracked: list[str]) -> Iterator[str]:
+    """`docs/...` paths that code (its comments, docstrings and help), configuration, scripts and the Makefile cite
+    (a comment's "measured: docs/X.md#section"): every tracked text file outside docs/."""
+    for name in tracked:
+        if name.startswith("docs/"):
+            continue
+        data = (ROOT / name).read_bytes()
+        if b"\0" in data:  # a picture, an archive
+            continue
+        yield from (f"{name}: {found}" for found in cited_docs_in(data.decode(errors="replace")))
 
 
 def test_docs_cited_by_code_exist():
     assert list(cited_docs(tracked_files())) == []
+
+
+def test_a_cited_page_or_anchor_that_is_missing_is_caught():
+    """The check above can fail: a page that is not there, and a heading a page does not have."""
+    page = "docs/" + "design.md"
+    assert list(cited_docs_in(f"# measured: {page}#the-packages.")) == []
+    assert list(cited_docs_in(f"see {page}#{'no-such-heading'}")) == [
+        f"{page}#no-such-heading: no heading #no-such-heading in {page}"]
+    missing = "docs/" + "no-such-page.md"
+    assert list(cited_docs_in(f"({missing})")) == [f"{missing}: no such file"]
 
 
 def test_quoted_make_targets_exist():
