@@ -25,7 +25,7 @@ CAT = ROOT / "examples" / "cat.jpg"
 # Two workers, each with its exports and servers, ask for more threads than the cores: threads that spin while
 # they wait then take CPU from the others. Passive waiting (set before torch is imported here or in any process a
 # test starts; ONNX Runtime's sessions follow it, runtime/onnxruntime.py; no effect on results) measured 97 s ->
-# 65 s of wall for two export modules side by side (2-core AVX2 EPYC, docs/design.md#tests). A value already set
+# 65 s of wall for two export modules side by side (2-core AVX2 EPYC, docs/testing.md). A value already set
 # is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The servers the tests start choose their form as a user's do, measured at load (runtime/form_choice.py, kept for

@@ -1,6 +1,7 @@
 """The documents hold to the repository: every relative link and #anchor resolves, every repository path quoted
-in backticks exists, every `python -m ... --flag` quoted is an option of that command's own parser, every result
-folder is listed in docs/index.md, and the pages (results apart) stay short enough to read."""
+in backticks exists, every `python -m ... --flag` quoted is an option of that command's own parser, every docs
+page (and #anchor) that code, configuration or a comment cites exists, every result folder is listed in
+docs/results/README.md, and README.md with the pages (results apart) stays short enough to read."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RESULTS = DOCS / "results"
-INDEX = DOCS / "index.md"
-MAX_PAGE_WORDS = 15_000  # docs/*.md together, results apart: what a newcomer can read in an afternoon
+RESULTS_INDEX = RESULTS / "README.md"
+MAX_PAGE_WORDS = 15_000  # README.md and docs/*.md together, results apart: what a newcomer can read in an afternoon
 # a bare name with one of these is ours (a .yaml or .json may be something a command writes)
 SOURCE_EXTENSIONS = (".py", ".toml", ".sh", ".cfg")
 COMMANDS = {"export": "export.cli", "serving": "serving.cli", "measure": "measure.cli"}
@@ -29,7 +30,7 @@ INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 LINK = re.compile(r"(?<!\!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 COMMAND = re.compile(r"python3? -m (export|serving|measure)\b([^`#|;&()\n]*(?:\\\n[^`#|;&()\n]*)*)")
-MAKE = re.compile(r"\bmake ([a-z][\w-]*)")
+MAKE = re.compile(r"(?:^|&&|;|#)[ \t]*make ([a-z][\w-]*)", re.MULTILINE)  # a command, not "please make sure"
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_-]*(\.[a-z]+)?$|[<>{}*\[\]$]")
 # Statuses a result folder disproves: (what no page may say any more, the folder that shows otherwise). A page that
 # restates a status instead of linking the result goes stale when the result lands.
@@ -235,19 +236,47 @@ def test_quoted_command_flags_exist():
     assert unknown == {}
 
 
-def cited_docs(tracked: list[str]) -> Iterator[str]:
-    """`docs/...` paths that code, configuration and the Makefile cite (a comment's "measured: docs/X.md")."""
-    for name in tracked:
-        if name.startswith("docs/") or not name.endswith((*SOURCE_EXTENSIONS, ".txt", ".yaml", "Makefile")):
+# A docs path as code cites it, with its #anchor when it names one: docs/PAGE.md#heading, docs/results/DATE-WHAT/.
+CITED_DOC = re.compile(r"docs/[\w./-]+(?:#[\w-]+)?")
+
+
+def cited_docs_in(text: str) -> Iterator[str]:
+    """The docs paths (and anchors) text cites that do not resolve: no such file, or no such heading in the page."""
+    for cited in CITED_DOC.findall(text):
+        path, _, anchor = cited.rstrip(".,;:").partition("#")
+        path = path.rstrip(".,;:")
+        if any(PLACEHOLDER.search(part) for part in path.split("/")):
             continue
-        for cited in re.findall(r"docs/[\w./-]+", (ROOT / name).read_text(errors="replace")):
-            cited = cited.rstrip(".,;:")
-            if not any(PLACEHOLDER.search(part) for part in cited.split("/")) and not (ROOT / cited).exists():
-                yield f"{name}: {cited}"
+        if not (ROOT / path).exists():
+            yield f"{cited}: no such file"
+        elif anchor and path.endswith(".md") and anchor not in anchors(ROOT / path):
+            yield f"{cited}: no heading #{anchor} in {path}"
+
+
+def cited_docs(tracked: list[str]) -> Iterator[str]:
+    """`docs/...` paths that code (its comments, docstrings and help), configuration, scripts and the Makefile cite
+    (a comment's "measured: docs/X.md#section"): every tracked text file outside docs/."""
+    for name in tracked:
+        if name.startswith("docs/"):
+            continue
+        data = (ROOT / name).read_bytes()
+        if b"\0" in data:  # a picture, an archive
+            continue
+        yield from (f"{name}: {found}" for found in cited_docs_in(data.decode(errors="replace")))
 
 
 def test_docs_cited_by_code_exist():
     assert list(cited_docs(tracked_files())) == []
+
+
+def test_a_cited_page_or_anchor_that_is_missing_is_caught():
+    """The check above can fail: a page that is not there, and a heading a page does not have."""
+    page = "docs/" + "design.md"
+    assert list(cited_docs_in(f"# measured: {page}#the-packages.")) == []
+    assert list(cited_docs_in(f"see {page}#{'no-such-heading'}")) == [
+        f"{page}#no-such-heading: no heading #no-such-heading in {page}"]
+    missing = "docs/" + "no-such-page.md"
+    assert list(cited_docs_in(f"({missing})")) == [f"{missing}: no such file"]
 
 
 def test_quoted_make_targets_exist():
@@ -257,9 +286,9 @@ def test_quoted_make_targets_exist():
 
 
 def test_every_result_folder_is_in_the_index():
-    index = INDEX.read_text()
+    index = RESULTS_INDEX.read_text()
     folders = sorted(folder.name for folder in RESULTS.iterdir() if folder.is_dir())
-    assert [name for name in folders if f"results/{name}/" not in index] == []
+    assert [name for name in folders if f"]({name}/" not in index] == []
 
 
 def test_no_page_says_what_a_result_disproves():
@@ -269,6 +298,6 @@ def test_no_page_says_what_a_result_disproves():
     assert stale == []
 
 
-def test_pages_are_short_enough_to_read():
-    words = {relative(page): len(page.read_text().split()) for page in pages()}
-    assert sum(words.values()) <= MAX_PAGE_WORDS, sorted(words.items(), key=lambda item: -item[1])
+def test_readme_and_pages_are_short_enough_to_read():
+    words = {relative(page): len(page.read_text().split()) for page in [ROOT / "README.md", *pages()]}
+    assert sum(words.values()) <= MAX_PAGE_WORDS, (sum(words.values()), sorted(words.items(), key=lambda i: -i[1]))

@@ -1,7 +1,8 @@
 """`python -m serving batch PATH INPUT --out OUT`: every photo of INPUT scored by the export's served form through
-the endpoint's request core, on Ray Data, one Parquet row per photo (serving/batch/output.py: SCHEMA).
+the endpoint's request core, one Parquet row per photo (serving/batch/output.py: SCHEMA): on one machine a process
+pool, with --address on a Ray cluster through Ray Data.
 
-  python -m serving batch artifacts/resnet50 photos/ --out scores/            # this machine (a local Ray)
+  python -m serving batch artifacts/resnet50 photos/ --out scores/            # this machine: a process pool, no Ray
   python -m serving batch model-store/resnet50.mar 'photos/**/*.jpg' --out scores/ --address HEAD:6379
   python -m serving batch artifacts/resnet50 photos.parquet --column path --id-column photo_id --out scores/
 

@@ -38,7 +38,6 @@ def engine_container(model_name: str, storage_uri: str, image: str) -> dict:
         "env": [{"name": key, "value": value} for key, value in env.items()],
         "ports": [{"containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "resources": RESOURCES["cpu"],
-        # a real prediction of a generated image through the pod's v1 endpoint, as for the TorchServe runtime
         # liveness: the server answers; readiness: every model has a live inference worker (serving/kserve/signals.py)
         "livenessProbe": {"httpGet": {"path": LIVE_ROUTE, "port": CONTAINER_PORT}, "initialDelaySeconds": 20,
                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
