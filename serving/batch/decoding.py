@@ -117,8 +117,9 @@ def read_body(path: str, data, inside: str = "") -> bytes | RequestError:
         refusal = not_a_photo_file(path, os.stat(real))
         if refusal:
             return refusal
-        # O_NONBLOCK: should a FIFO take the file's place after the check, its open returns at once
-        descriptor = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
+        # should a FIFO or a link take the file's place after the check, its open returns at once (O_NONBLOCK) or
+        # fails (O_NOFOLLOW: `real` has no link left to follow)
+        descriptor = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         with os.fdopen(descriptor, "rb") as handle:
             refusal = not_a_photo_file(path, os.fstat(handle.fileno()))
             return refusal or capped(handle.read(MAX_FILE_BYTES + 1))
@@ -129,7 +130,7 @@ def read_body(path: str, data, inside: str = "") -> bytes | RequestError:
 def not_a_photo_file(path: str, facts: os.stat_result) -> RequestError | None:
     """The refusal of anything but a regular file of at most MAX_FILE_BYTES; None for a photo's file."""
     if not stat.S_ISREG(facts.st_mode):
-        kind = next((name for test, name in NOT_FILES if test(facts.st_mode)), "not a regular file")
+        kind = next((name for test, name in NOT_FILES if test(facts.st_mode)), "a special file")
         return RequestError(
             NOT_A_FILE_STATUS,
             f"{path} is {kind}, not a regular file: only a photo's file is read (a device or a pipe may never "
