@@ -29,6 +29,7 @@ from serving import engine as engines
 from serving.engine import DEFAULT_ENGINE, Engine
 from serving.page import DEFAULT_HOST as PAGE_HOST
 from serving.page import DEFAULT_PORT as PAGE_PORT
+from serving.ports import Port
 from serving.processes import LogFollower, serve_until_stopped, sigterm_interrupts, start_until_ready
 from serving.settings import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, READY_TIMEOUT_S, choose_models
 
@@ -117,7 +118,8 @@ def serve(engine_type: type[Engine], args: argparse.Namespace) -> int:
     if args.action != "start":
         return engine.run_extra_action(args.action, args)
     sigterm_interrupts()  # a stop while models load stops the server too
-    process, answers = start_until_ready(engine.start,
+    page = page_ports(args)  # checked free with the engine's own before anything starts
+    process, answers = start_until_ready(lambda: engine.start(page),
                                          lambda process: engine.wait_until_ready(process, timeout=args.timeout),
                                          engine.stop, engine.title, engine.announcement)
     print_serving(engine, answers)
@@ -129,9 +131,15 @@ def serve(engine_type: type[Engine], args: argparse.Namespace) -> int:
         return serve_until_stopped(process, lambda: engine.stop(process), engine.title, engine.exit_reason, follow)
 
 
+def page_ports(args: argparse.Namespace) -> list[Port]:
+    """The try-it page's port where the page will start: in the foreground, --page-port not 0."""
+    return [] if args.detach or not args.page_port else [Port("--page-port", args.page_host, args.page_port)]
+
+
 @contextlib.contextmanager
 def try_it_page(engine: Engine, answers: dict[str, dict], args: argparse.Namespace):
-    """The try-it page beside the engine while it serves; a port it cannot have is said, and serving goes on."""
+    """The try-it page beside the engine while it serves; its port was free at the start (page_ports): one taken
+    since is said, and serving goes on."""
     if not args.page_port:
         yield None
         return

@@ -2,8 +2,9 @@
 
 An engine serves the model store's archives in a server process of its own: start() launches it in its own
 process group (its pid file, NAME.pgid, in the run dir), wait_until_ready() returns once every model has answered
-a real prediction, stop() ends the whole group, and urls()/curl_line() say what a user calls. The command line
-(serving/cli.py), the tests and the measurements drive every engine through this class alone.
+a real prediction, stop() ends the whole group, and urls()/curl_line() say what a user calls; every port it will
+bind (ports()) is checked free before it starts. The command line (serving/cli.py), the tests and the
+measurements drive every engine through this class alone.
 
 A new engine is one module, serving/<package>/engine.py, that subclasses Engine and registers it
 (`@register`): it is found there, offered by `--engine`, stopped by `python -m serving stop`, with no other edit
@@ -18,10 +19,12 @@ import importlib
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 from contract.errors import VisionExportError
+from serving.ports import Port, check_ports
 from serving.processes import NoAnswer, group_alive, poll_for_answer, read_pgid, running_until_exit, stop_group
 from serving.settings import (
     DEFAULT_RUN_DIR,
@@ -77,6 +80,11 @@ class Engine(ABC):
     def launch(self) -> subprocess.Popen:
         """The server process, in its own session (see popen); the archives are there, the log folder exists, each
         model's policy is resolved (settings.policies): write them in the run config the server reads."""
+
+    @abstractmethod
+    def ports(self) -> list[Port]:
+        """Every port its start binds on this machine, each with the flag that sets it: checked by start() before
+        anything starts (serving/ports.py)."""
 
     @abstractmethod
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
@@ -139,8 +147,9 @@ class Engine(ABC):
         return ("python -m serving stop" + (f" --engine {self.name}" if self.name != DEFAULT_ENGINE else "")
                 + (f" --run-dir {run_dir}" if run_dir != DEFAULT_RUN_DIR else ""))
 
-    def start(self) -> subprocess.Popen:
-        """Start the server with every model of the settings; stop() ends it."""
+    def start(self, beside: Sequence[Port] = ()) -> subprocess.Popen:
+        """Start the server with every model of the settings; stop() ends it. Its ports, and those its caller binds
+        beside it (the try-it page's), must all be free: a port held is a PortInUse before anything starts."""
         for name in self.settings.served_models():
             archive = self.settings.archive(name)
             if not archive.is_file():
@@ -148,6 +157,7 @@ class Engine(ABC):
         if self.is_running():
             raise ServingError(f"{self.title} started from {self.settings.run_dir.absolute()} is still running: "
                                f"`{self.stop_command()}` first")
+        check_ports([*self.ports(), *beside])
         self.settings.log_dir.mkdir(parents=True, exist_ok=True)
         self.settings.resolve_policies()  # once per start: launch writes them in the run config
         process = self.launch()

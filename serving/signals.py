@@ -27,7 +27,6 @@ from serving.processes import alive
 logger = logging.getLogger("serving.signals")
 
 METRICS_DIR = "metrics"  # in the run dir: each process's metric files
-SIGNALS_PORT = 8083  # TorchServe's signals server, beside its 8080-8082
 LIVE, READY, METRICS = "/health/live", "/health/ready", "/metrics"
 MANAGEMENT_TIMEOUT_S = 5
 WATCH_S = 1.0  # how often --watch looks whether the server it serves beside is still there
@@ -123,7 +122,8 @@ def torchserve_readiness(management: str, models: list[str], headers: Callable[[
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.signals", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=SIGNALS_PORT)
+    parser.add_argument("--port", type=int, required=True,
+                        help="where to serve them (TorchServe's engine passes its --signals-port)")
     parser.add_argument("--management", required=True, help="TorchServe's management address")
     parser.add_argument("--models", nargs="+", required=True)
     parser.add_argument("--key-file", type=Path, default=None, help="TorchServe's key_file.json (token auth on)")
@@ -136,8 +136,12 @@ def main(argv: list[str]) -> int:
             return {}
         return {"Authorization": "Bearer " + json.loads(args.key_file.read_text())["management"]["key"]}
 
-    server = serve_signals(args.host, args.port, torchserve_readiness(args.management.rstrip("/"), args.models,
-                                                                      headers))
+    try:
+        server = serve_signals(args.host, args.port, torchserve_readiness(args.management.rstrip("/"), args.models,
+                                                                          headers))
+    except OSError as error:  # the engine checked the port before it started; something took it since
+        logger.error("cannot serve signals on %s:%d: %s", args.host, args.port, error.strerror or error)
+        return 1
     logger.info("signals of %s on http://%s:%d (%s, %s, %s)", ", ".join(args.models), args.host, args.port, METRICS,
                 LIVE, READY)
     try:

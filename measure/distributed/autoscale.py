@@ -79,7 +79,7 @@ def measure(model_store: Path, model: str, clients: int, step_s: float, workers:
     expected = expected_answer(Path(model_store) / f"{model}.mar", image.read_bytes())
     with tempfile.TemporaryDirectory(prefix="ray-autoscale-", dir="/tmp") as folder:
         settings = RaySettings(model_store, (model,), http_port=free_port(), run_dir=Path(folder) / "engine",
-                               policy=policy_with(workers=workers))
+                               policy=policy_with(workers=workers), signals_port=free_port())
         limits = scaling(settings)
         if limits["max_replicas"] <= limits["min_replicas"]:
             raise ServingError(f"the policy allows {limits['max_replicas']} replica(s): nothing to scale; "

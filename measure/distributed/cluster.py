@@ -119,7 +119,7 @@ def two_node_serving(model_store: Path, model: str, folder: Path, image: Path, e
         ray.init(address=nodes.address, namespace="serve", logging_level="WARNING", log_to_driver=False)
         wait_for_second_node(nodes)
         settings = RaySettings(model_store, (model,), http_port=free_port(), run_dir=folder / "engine",
-                               address=nodes.address, policy=TWO_REPLICAS)
+                               address=nodes.address, policy=TWO_REPLICAS, signals_port=free_port())
         with RayServe(settings).running(image):
             yield nodes, settings
     finally:

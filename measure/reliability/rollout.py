@@ -149,7 +149,8 @@ def engine_settings(engine: str, store: Path, run_dir: Path, name: str,
         settings = KServeSettings(store, (name,), run_dir=run_dir, policy=policy, http_port=free_port())
         return settings, settings.predict_url(name)
     from serving.ray.config import RaySettings
-    settings = RaySettings(store, (name,), run_dir=run_dir, policy=policy, http_port=free_port())
+    settings = RaySettings(store, (name,), run_dir=run_dir, policy=policy, http_port=free_port(),
+                           signals_port=free_port())
     return settings, settings.predictions_url(name)
 
 

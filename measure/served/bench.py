@@ -158,7 +158,8 @@ def ray_served(export_dir: Path, manifest: Manifest, files: list[Path], scratch:
     from serving.ray.engine import RayServe
     folder, name = scratch / RAY, manifest.model.name
     build_archive(export_dir, manifest, folder / "store")
-    settings = RaySettings(folder / "store", (name,), http_port=free_port(), run_dir=folder / "run")
+    settings = RaySettings(folder / "store", (name,), http_port=free_port(), run_dir=folder / "run",
+                           signals_port=free_port())
     with RayServe(settings).running(EXAMPLE_IMAGE):
         yield Served(RAY, settings.predictions_url(name), REQUEST_TIMEOUT_S, raw_wire(files),
                      model_log=settings.log_file, facts=row_facts(RAY, manifest))

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import pickle
+import stat
 from functools import lru_cache
 from typing import cast
 
@@ -27,6 +28,14 @@ from runtime.base import Backend
 
 MAX_FILE_BYTES = 64 * 2**20  # no photo is larger; a bigger file is refused before it is read into memory
 READ_STATUS = {FileNotFoundError: 404, PermissionError: 403}  # a file that cannot be read; other OS errors: 400
+NOT_A_FILE_STATUS = 400  # a device, a FIFO, a socket or a folder where a photo's file was named
+NOT_FILES = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 PREPARED_STAGES = STAGES[:2]  # decode and preprocess: what the tasks time; the actors time the rest
 
 
@@ -45,10 +54,10 @@ def preparing_core(manifest_json: str, settings_json: str | None) -> ImageCore:
 
 
 def decode_batch(batch: dict, manifest_json: str, settings_json: str | None) -> dict:
-    """Ray Data's numpy batch (input, shard, path, data) -> (input, shard, prepared, decode_ms, preprocess_ms,
+    """Ray Data's numpy batch (input, shard, path, data, inside) -> (input, shard, prepared, decode_ms, preprocess_ms,
     decoder): `prepared` is pickle of ("ready", row, options) or ("error", status, message)."""
     core = preparing_core(manifest_json, settings_json)
-    bodies = [read_body(str(path), data) for path, data in zip(batch["path"], batch["data"])]
+    bodies = read_bodies(batch)
     readable = [index for index, body in enumerate(bodies) if isinstance(body, bytes)]
     times = StageTimes()
     prepared: list = list(bodies)
@@ -85,19 +94,59 @@ def unpacked(data: bytes):
     return RequestError(first, second) if kind == "error" else (first, second)
 
 
-def read_body(path: str, data) -> bytes | RequestError:
-    """The photo's bytes (from the table, or its file), or the RequestError of a file that cannot be read."""
+def read_bodies(batch: dict) -> list[bytes | RequestError]:
+    """Each row's photo (its columns path, data, inside: serving/batch/inputs.py photo_items) as read_body reads it."""
+    columns = zip(batch["path"], batch["data"], batch["inside"])
+    return [read_body(str(path), data, str(inside)) for path, data, inside in columns]
+
+
+def read_body(path: str, data, inside: str = "") -> bytes | RequestError:
+    """The photo's bytes (from the table, or its file), or the RequestError of a file that cannot be read: missing,
+    unreadable, not a regular file (a device, a FIFO, a socket: refused before it is opened, since reading one may
+    never end), over MAX_FILE_BYTES, or outside `inside` (a table's folder) once its links are resolved."""
     if not path:
         return bytes(data) if data is not None else b""
     try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
+        real = os.path.realpath(path)
+        if inside and os.path.commonpath([real, inside]) != inside:
             return RequestError(
-                413,
-                f"file too large: {size:,} bytes, more than {MAX_FILE_BYTES:,}; no photo is "
-                "that large: downscale it or leave it out",
+                403,
+                f"{path} is outside the table's folder {inside} (it resolves to {real}); move it into that "
+                "folder, or pass --allow-outside-paths to read paths anywhere",
             )
-        with open(path, "rb") as handle:
-            return handle.read()
+        refusal = not_a_photo_file(path, os.stat(real))
+        if refusal:
+            return refusal
+        # should a FIFO or a link take the file's place after the check, its open returns at once (O_NONBLOCK) or
+        # fails (O_NOFOLLOW: `real` has no link left to follow)
+        descriptor = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        with os.fdopen(descriptor, "rb") as handle:
+            refusal = not_a_photo_file(path, os.fstat(handle.fileno()))
+            return refusal or capped(handle.read(MAX_FILE_BYTES + 1))
     except OSError as error:
         return RequestError(READ_STATUS.get(type(error), 400), f"cannot read {path}: {error.strerror or error}")
+
+
+def not_a_photo_file(path: str, facts: os.stat_result) -> RequestError | None:
+    """The refusal of anything but a regular file of at most MAX_FILE_BYTES; None for a photo's file."""
+    if not stat.S_ISREG(facts.st_mode):
+        kind = next((name for test, name in NOT_FILES if test(facts.st_mode)), "a special file")
+        return RequestError(
+            NOT_A_FILE_STATUS,
+            f"{path} is {kind}, not a regular file: only a photo's file is read (a device or a pipe may never "
+            "end); name the photo's file instead",
+        )
+    return too_large(facts.st_size) if facts.st_size > MAX_FILE_BYTES else None
+
+
+def capped(body: bytes) -> bytes | RequestError:
+    """What was read, unless the file grew past the cap after its size was checked."""
+    return too_large(len(body)) if len(body) > MAX_FILE_BYTES else body
+
+
+def too_large(size: int) -> RequestError:
+    return RequestError(
+        413,
+        f"file too large: {size:,} bytes, more than {MAX_FILE_BYTES:,}; no photo is that large: downscale it or "
+        "leave it out",
+    )

@@ -1,11 +1,14 @@
 """What a batch run scores: INPUT read as a list of photos, each with a stable name, cut into shards.
 
-  a folder        every file of its tree (sorted; hidden files and folders, whose names start with ".", left out
-                  and counted in the log); a file that is not an image becomes an error row, never skipped
-  a glob          every file it matches ("photos/**/*.jpg", recursive)
+  a folder        every entry of its tree but its folders (sorted; hidden files and folders, whose names start
+                  with ".", left out and counted in the log); a file that is not an image, and anything that is
+                  not a regular file (a device, a FIFO), becomes an error row, never skipped
+  a glob          every entry but folders it matches ("photos/**/*.jpg", recursive)
   a table         .parquet or .csv with a column of paths (relative ones from the table's folder) or of image
                   bytes: --column names it (default: the first of path, image, bytes); each row's name is its
-                  --id-column value, else its path, else TABLE#ROW
+                  --id-column value, else its path, else TABLE#ROW. A path that leads outside the table's folder
+                  (by "..", as an absolute path, or through a link) is an error row unless allow_outside: a table
+                  can come from elsewhere, and its rows must not read what its folder does not hold
 
 Shards are consecutive runs of SHARD_SIZE photos; a shard's key is a hash of its photos' names, so the same INPUT
 gives the same shards and a resumed run finds the parts already written (serving/batch/output.py).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +44,7 @@ class Photo:
     input: str
     path: str | None = None
     data: bytes | None = None
+    inside: str = ""  # the folder `path` must resolve into ("": anywhere); checked where it is read (decoding.py)
 
 
 @dataclass(frozen=True)
@@ -48,15 +53,18 @@ class Shard:
     photos: tuple[Photo, ...]
 
 
-def read_inputs(source: str, column: str | None = None, id_column: str | None = None) -> list[Photo]:
-    """INPUT as photos, in a stable order; an empty or unreadable INPUT is a BatchInputError."""
+def read_inputs(
+    source: str, column: str | None = None, id_column: str | None = None, allow_outside: bool = False
+) -> list[Photo]:
+    """INPUT as photos, in a stable order; an empty or unreadable INPUT is a BatchInputError. A table's paths must
+    stay inside its folder unless allow_outside."""
     path = Path(source)
     if any(character in source for character in GLOB_CHARACTERS) and not path.exists():
         photos = from_glob(source)
     elif path.is_dir():
         photos = from_folder(path)
     elif path.is_file() and path.suffix.lower() in TABLE_SUFFIXES:
-        photos = from_table(path, column, id_column)
+        photos = from_table(path, column, id_column, "" if allow_outside else os.path.realpath(path.parent))
     elif path.is_file():
         photos = [Photo(str(path), path=str(path))]
     else:
@@ -80,7 +88,7 @@ def from_folder(folder: Path) -> list[Photo]:
     for path in sorted(folder.rglob("*")):
         if any(part.startswith(".") for part in path.relative_to(folder).parts):
             hidden += path.is_file()
-        elif path.is_file():
+        elif not path.is_dir():  # a FIFO or a device too: its row says why it is not read
             files.append(Photo(str(path), path=str(path)))
     if hidden:
         logger.info("%s: %d hidden file(s) left out (names starting with '.')", folder, hidden)
@@ -88,10 +96,10 @@ def from_folder(folder: Path) -> list[Photo]:
 
 
 def from_glob(pattern: str) -> list[Photo]:
-    return [Photo(name, path=name) for name in sorted(glob.glob(pattern, recursive=True)) if Path(name).is_file()]
+    return [Photo(name, path=name) for name in sorted(glob.glob(pattern, recursive=True)) if not Path(name).is_dir()]
 
 
-def from_table(table_path: Path, column: str | None, id_column: str | None) -> list[Photo]:
+def from_table(table_path: Path, column: str | None, id_column: str | None, inside: str) -> list[Photo]:
     table = read_table(table_path)
     column = column or next((name for name in IMAGE_COLUMNS if name in table.column_names), None)
     for wanted in (column, id_column):
@@ -107,7 +115,8 @@ def from_table(table_path: Path, column: str | None, id_column: str | None) -> l
         )
     values = table.column(column).to_pylist()
     ids = table.column(id_column).to_pylist() if id_column else [None] * len(values)
-    return [table_photo(table_path, index, value, name) for index, (value, name) in enumerate(zip(values, ids))]
+    rows = enumerate(zip(values, ids))
+    return [table_photo(table_path, index, value, name, inside) for index, (value, name) in rows]
 
 
 def read_table(path: Path):
@@ -121,15 +130,32 @@ def read_table(path: Path):
         raise BatchInputError(f"{path}: not a readable {path.suffix[1:]} table ({error})") from None
 
 
-def table_photo(table_path: Path, index: int, value, name) -> Photo:
-    """One table row: bytes are the photo; a string is its path, relative ones from the table's folder."""
+def table_photo(table_path: Path, index: int, value, name, inside: str) -> Photo:
+    """One table row: bytes are the photo; a string is its path, relative ones from the table's folder, to be read
+    only if it resolves inside `inside` ("": anywhere)."""
     if isinstance(value, (bytes, bytearray)):
         return Photo(str(name) if name is not None else f"{table_path}#{index}", data=bytes(value))
     if value is None:
         return Photo(str(name) if name is not None else f"{table_path}#{index}", data=b"")
     path = Path(str(value))
     path = path if path.is_absolute() else table_path.parent / path
-    return Photo(str(name) if name is not None else str(value), path=str(path))
+    return Photo(str(name) if name is not None else str(value), path=str(path), inside=inside)
+
+
+def photo_items(pending: list[Shard]) -> list[dict]:
+    """The pending photos in INPUT's order as the rows the scoring reads (decoding.py read_bodies), each with its
+    shard's key."""
+    return [
+        {
+            "input": photo.input,
+            "shard": shard.key,
+            "path": photo.path or "",
+            "data": photo.data or b"",
+            "inside": photo.inside,
+        }
+        for shard in pending
+        for photo in shard.photos
+    ]
 
 
 def shards(photos: list[Photo], size: int = SHARD_SIZE) -> list[Shard]:

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_
 from pathlib import Path
 
 from contract.policy import ServingPolicy
-from serving.batch.inputs import Shard
+from serving.batch.inputs import Shard, photo_items
 
 IN_FLIGHT_PER_WORKER = 2  # calls queued per worker: the next is ready when one ends, memory stays bounded
 PARENT_CHECK_S = 1.0  # how soon a worker ends once the driver is gone
@@ -50,16 +50,11 @@ def score_rows(batch: dict) -> dict:
 
 
 def calls(pending: list[Shard], rows_per_call: int) -> Iterator[dict]:
-    """The pending photos in INPUT's order, rows_per_call at a time, as the Scorer takes them."""
-    items = [(shard.key, photo) for shard in pending for photo in shard.photos]
+    """The pending photos in INPUT's order, rows_per_call at a time, as the Scorer takes them (its columns)."""
+    items = photo_items(pending)
     for start in range(0, len(items), rows_per_call):
         chunk = items[start : start + rows_per_call]
-        yield {
-            "input": [photo.input for _, photo in chunk],
-            "shard": [key for key, _ in chunk],
-            "path": [photo.path or "" for _, photo in chunk],
-            "data": [photo.data or b"" for _, photo in chunk],
-        }
+        yield {name: [item[name] for item in chunk] for name in items[0]}
 
 
 def answered_locally(

@@ -3,8 +3,10 @@ the run's record.
 
   OUT/part-<shard key>.parquet   the shard's rows (SCHEMA), one per photo; written to a hidden temporary file,
                                  synced, then renamed: a part is there complete or not at all
-  OUT/_run.json                  what the run scores (the inputs' hash and count, the model): a resumed run
-                                 must be the same run; another is refused rather than mixed into OUT
+  OUT/_run.json                  what the run scores (the inputs' hash and count, the part size) and with what
+                                 (the model, its version and the content hash of what it serves): a resumed run
+                                 must be the same run; another is refused before any work rather than mixed
+                                 into OUT (rows of two versions in one output would be read as one model's)
 
 A resumed run skips every shard whose part exists, so each photo ends in exactly one row.
 """
@@ -35,7 +37,7 @@ SCHEMA = pa.schema(
         pa.field("label", pa.string()),  # the answer's first label (top class, first box, largest class); null if none
         pa.field("score", pa.float64()),  # its probability, score or share
         pa.field("model", pa.string(), nullable=False),
-        pa.field("version", pa.string(), nullable=False),  # the model's version (see scoring.model_version)
+        pa.field("version", pa.string(), nullable=False),  # the model's version: vN, or unversioned (an export folder)
         pa.field("artifact", pa.string(), nullable=False),  # the served form that computed it
     ]
 )
@@ -52,9 +54,14 @@ class RunRecord:
     shard_size: int
     model: str
     source: str  # INPUT as given
+    version: str  # the model's version label (vN; "unversioned" for an export folder)
+    content: str  # sha256 over the artifacts it serves: tells two unversioned exports apart
 
     def write(self, out: Path) -> None:
         atomic_write_text(out / RUN_RECORD, json.dumps(asdict(self), indent=2) + "\n")
+
+    def model_line(self) -> str:
+        return f"{self.model} {self.version} (content {self.content[:12]})"
 
 
 def prepare_out(out: Path, record: RunRecord) -> set[str]:
@@ -65,19 +72,46 @@ def prepare_out(out: Path, record: RunRecord) -> set[str]:
     out.mkdir(parents=True, exist_ok=True)
     previous = out / RUN_RECORD
     if previous.is_file():
-        found = json.loads(previous.read_text())
-        if found != asdict(record):
-            raise BatchOutputError(
-                f"{out} holds another run ({found.get('photos')} photos of {found.get('source')}, model "
-                f"{found.get('model')}); this one scores {record.photos} photos of {record.source} with "
-                f"{record.model}: choose a new --out, or remove {out} to start over"
-            )
+        refuse_another_run(out, read_record(previous), record)
     elif any(out.glob(f"{PART_PREFIX}*{PART_SUFFIX}")):
         raise BatchOutputError(f"{out} holds parts but no {RUN_RECORD}: choose a new --out")
     for stale in out.glob(f".{PART_PREFIX}*.tmp"):
         stale.unlink()
     record.write(out)
     return written_keys(out)
+
+
+def read_record(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BatchOutputError(f"{path} cannot be read ({error}): choose a new --out") from None
+    if not isinstance(found, dict):
+        raise BatchOutputError(f"{path} is not a run's record: choose a new --out")
+    return found
+
+
+def refuse_another_run(out: Path, found: dict, record: RunRecord) -> None:
+    """Nothing when OUT's record is this run's; else the refusal naming what differs: the model (or its version),
+    or the photos."""
+    if found == asdict(record):
+        return
+    model = ("model", "version", "content")
+    if any(found.get(key) != getattr(record, key) for key in model):
+        before = (
+            f"{found.get('model')} {found.get('version')} (content {str(found.get('content'))[:12]})"
+            if found.get("version")
+            else f"{found.get('model')}, its version not recorded (an earlier release wrote it)"
+        )
+        raise BatchOutputError(
+            f"{out} holds rows scored by {before}; this run scores with {record.model_line()}: the rows of two "
+            f"models or versions would mix in one output; choose a new --out, or remove {out} to start over"
+        )
+    raise BatchOutputError(
+        f"{out} holds another run ({found.get('photos')} photos of {found.get('source')}, parts of "
+        f"{found.get('shard_size')}); this one scores {record.photos} photos of {record.source} in parts of "
+        f"{record.shard_size}: choose a new --out, or remove {out} to start over"
+    )
 
 
 def written_keys(out: Path) -> set[str]:

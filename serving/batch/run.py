@@ -33,9 +33,10 @@ from pathlib import Path
 from contract.cli import run_command
 from contract.policy import Machine, PolicyChoices, ServingPolicy, add_policy_options, resolve_policy
 from contract.records import MANIFEST_NAME, Manifest
+from contract.versions import label_of
 from handlers.core import STAGES
 from serving.batch.decoding import decode_batch
-from serving.batch.inputs import SHARD_SIZE, Shard, names_hash, read_inputs, shards
+from serving.batch.inputs import SHARD_SIZE, Photo, Shard, names_hash, photo_items, read_inputs, shards
 from serving.batch.output import SCHEMA, RunRecord, fsync_folder, prepare_out, write_part
 from serving.batch.progress import Progress
 from serving.batch.scoring import handler_settings
@@ -59,6 +60,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--column", help="the table's column of paths or bytes (default: path, image or bytes)")
     parser.add_argument(
         "--id-column", help="the table's column naming each photo in the output (default: its path, else TABLE#ROW)"
+    )
+    parser.add_argument(
+        "--allow-outside-paths",
+        action="store_true",
+        help="read a table's paths that lead outside the table's folder (by '..', an absolute path or a link); "
+        "default: each such row is an error row, its file unread",
     )
     parser.add_argument(
         "--address",
@@ -93,13 +100,11 @@ def score(args: argparse.Namespace) -> int:
     if not args.path.exists():
         raise BatchError(f"{args.path}: no such export folder or archive; export one with `python -m export`")
     manifest = read_manifest(args.path)
-    photos = read_inputs(args.input, args.column, args.id_column)
+    photos = read_inputs(args.input, args.column, args.id_column, args.allow_outside_paths)
     if args.part_size < 1:
         raise BatchError(f"--part-size must be at least 1, got {args.part_size}")
     every_shard = shards(photos, args.part_size)
-    record = RunRecord(
-        names_hash(photo.input for photo in photos), len(photos), args.part_size, manifest.model.name, args.input
-    )
+    record = run_record(manifest, photos, args)
     written = prepare_out(args.out, record)
     pending = [shard for shard in every_shard if shard.key not in written]
     logger.info(
@@ -112,6 +117,22 @@ def score(args: argparse.Namespace) -> int:
     )
     tally = (run_on_ray(args, pending) if args.address else run_here(args, pending)) if pending else Tally()
     return summary(args.out, record, tally, args.fail_on_error)
+
+
+def run_record(manifest: Manifest, photos: list[Photo], args: argparse.Namespace) -> RunRecord:
+    """What OUT records of this run: its photos, its part size and the model version that scores them."""
+    from export.package.archive import content_hash
+
+    version = manifest.model_version
+    return RunRecord(
+        names_hash(photo.input for photo in photos),
+        len(photos),
+        args.part_size,
+        manifest.model.name,
+        args.input,
+        label_of(version),
+        version.content if version else content_hash(manifest),
+    )
 
 
 def read_manifest(path: Path) -> Manifest:
@@ -227,11 +248,7 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_
 
     from serving.batch.scoring import Scorer
 
-    items = [
-        {"input": photo.input, "shard": shard.key, "path": photo.path or "", "data": photo.data or b""}
-        for shard in pending
-        for photo in shard.photos
-    ]
+    items = photo_items(pending)
     # a block per call: answers stream back (parts written, progress shown) as each call ends
     rows = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // rows_per_call)))
     on_gpu = policy.device == "gpu"

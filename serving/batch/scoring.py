@@ -24,7 +24,7 @@ from handlers.core import STAGES, StageTimes
 from handlers.request_body import ImageRequest
 from handlers.request_error import RequestError
 from handlers.tasks import open_core
-from serving.batch.decoding import PREPARED_STAGES, read_body, unpacked
+from serving.batch.decoding import PREPARED_STAGES, read_bodies, unpacked
 from serving.settings import archive_config
 
 ARCHIVE_SUFFIX = ".mar"
@@ -46,7 +46,7 @@ def handler_settings(path: Path) -> dict | None:
 
 class Scorer:
     """One copy of the served model: __call__ answers a batch of photos (Ray Data's numpy batch: columns input,
-    shard, path, data) with a batch of output rows (output.SCHEMA's columns, plus shard and each stage's ms)."""
+    shard, path, data, inside) with a batch of output rows (output.SCHEMA's columns, plus shard and each stage's ms)."""
 
     def __init__(self, model_path: str, policy: dict, device: str = "cpu"):
         logging.getLogger("handlers").setLevel(logging.WARNING)  # not a "batch of 1" line per photo
@@ -63,7 +63,7 @@ class Scorer:
         if "prepared" in batch:
             answers, stage_ms = self.answer_prepared(batch)
         else:
-            answers, stage_ms = self.answers(list(batch["path"]), list(batch["data"]))
+            answers, stage_ms = self.answers(batch)
         rows = [self.row(name, answer) for name, answer in zip(inputs, answers)]
         columns = {key: [row[key] for row in rows] for key in rows[0]} if rows else {}
         return {
@@ -86,10 +86,10 @@ class Scorer:
             per_row[stage] = [float(ms) for ms in batch[f"{stage}_ms"]]
         return answers, per_row
 
-    def answers(self, paths: list, datas: list) -> tuple[list, dict]:
+    def answers(self, batch: dict) -> tuple[list, dict]:
         """Each photo read, decoded and answered here, the core run on chunks of the policy's batch size; each
         stage's ms per row."""
-        bodies = [read_body(str(path), data) for path, data in zip(paths, datas)]
+        bodies = read_bodies(batch)
         answers: list = list(bodies)
         times = StageTimes()
         readable = [index for index, body in enumerate(bodies) if isinstance(body, bytes)]
@@ -105,7 +105,12 @@ class Scorer:
 
     def row(self, name: str, answer) -> dict:
         record = self.core.record
-        common = {"input": str(name), "model": self.manifest.model.name, "artifact": record.kind}
+        common = {
+            "input": str(name),
+            "model": self.manifest.model.name,
+            "version": self.core.version,  # what the endpoint's answers and errors name (contract/versions.py)
+            "artifact": record.kind,
+        }
         if isinstance(answer, RequestError):
             return {
                 **common,
@@ -114,7 +119,6 @@ class Scorer:
                 "answer": None,
                 "label": None,
                 "score": None,
-                "version": model_version(self.manifest, record.sha256, None),
             }
         label, score = first_label(answer)
         return {
@@ -124,19 +128,7 @@ class Scorer:
             "answer": json.dumps(answer),
             "label": label,
             "score": score,
-            "version": model_version(self.manifest, record.sha256, answer),
         }
-
-
-def model_version(manifest: Manifest, served_sha256: str, answer: dict | None) -> str:
-    """The version the answer names (where the endpoint's answers carry one), else the manifest's, else the served
-    artifact's content hash: what computed the row, in any case."""
-    if answer and answer.get("version"):
-        return str(answer["version"])
-    recorded = getattr(manifest, "version", None)
-    if recorded:
-        return str(getattr(recorded, "number", recorded))
-    return f"sha256:{served_sha256[:16]}"
 
 
 def first_label(answer: dict) -> tuple[str | None, float | None]:

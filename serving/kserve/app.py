@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 
 from fastapi.responses import JSONResponse
 from kserve.errors import InvalidInput
@@ -48,20 +47,6 @@ _bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST se
 async def request_error_response(request, error: RequestError) -> JSONResponse:
     return JSONResponse(status_code=error.code, content=with_request_id(error.as_response(),
                                                                          signals.request_id_of(request)))
-
-
-def port_taken(host: str, port: int) -> OSError | None:
-    """The error binding host:port gives (another server holds it), or None: checked before the models' workers
-    are started, so a taken port is said at once rather than after every worker has opened its model."""
-    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, port))
-    except OSError as error:
-        return error
-    finally:
-        probe.close()
-    return None
 
 
 class OurRESTServer(RESTServer):

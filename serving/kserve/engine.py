@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from serving.engine import Engine, register
 from serving.kserve.config import HTTP_PORT, REFUSAL, KServeSettings
+from serving.ports import Port
 from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
 from serving.signals import metrics_env
 
@@ -59,6 +60,10 @@ class KServe(Engine):
         return self.popen([sys.executable, "-m", "serving.kserve.worker", str(config)], self.settings.log_file,
                           {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **metrics_env(self.settings.run_dir),
                            **self.settings.extra_env})
+
+    def ports(self) -> list[Port]:
+        """Its one HTTP port (v1, v2, health and metrics); its gRPC server is off."""
+        return [Port("--inference-port", self.settings.host, self.settings.http_port)]
 
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         import requests

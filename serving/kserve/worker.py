@@ -24,6 +24,7 @@ from handlers.logs import configure_logging
 from serving.kserve import app, versions
 from serving.kserve.config import REFUSAL, KServeSettings
 from serving.kserve.pool import WorkerPool
+from serving.ports import bind_error
 
 logger = logging.getLogger("serving.kserve")
 PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
@@ -60,7 +61,7 @@ def model_of(name: str, settings: KServeSettings, archive: Path | None = None, u
 
 def serve(settings: KServeSettings) -> int:
     from kserve import ModelServer
-    taken = app.port_taken(settings.host, settings.http_port)
+    taken = bind_error(settings.host, settings.http_port)  # taken since the engine checked it
     if taken is not None:
         logger.error("cannot serve on %s:%d: %s", settings.host, settings.http_port, taken)
         return PORT_TAKEN

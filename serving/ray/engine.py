@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from serving.engine import Engine, register
+from serving.ports import Port
 from serving.ray.config import HTTP_PORT, REFUSAL, SIGNALS_PORT, RaySettings, deployment_options
 from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
 
@@ -85,6 +86,13 @@ class RayServe(Engine):
         return self.popen([sys.executable, "-m", "serving.ray.server", str(config)], self.settings.log_file,
                           {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RAY_USAGE_STATS_ENABLED": "0",
                            **self.settings.extra_env})
+
+    def ports(self) -> list[Port]:
+        """Our signals server's (the server process binds it here); with a head node of our own, Serve's HTTP
+        proxy's too. On a running cluster (--address) the proxy may hold its port already: Serve keeps it."""
+        settings = self.settings
+        signals = Port("--signals-port", settings.host, settings.signals_port)
+        return [signals] if settings.address else [Port("--inference-port", settings.host, settings.http_port), signals]
 
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         import requests

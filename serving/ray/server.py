@@ -56,9 +56,9 @@ def deploy(settings: RaySettings) -> None:
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
     # up before the models: live at once, ready once every application runs (a client that saw the first answer
     # must find the health address there already)
-    if signals.start(settings.host, settings.signals_port, list(settings.models), folder):
-        logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
-                    settings.signals_url, settings.signals_url)
+    signals.start(settings.host, settings.signals_port, list(settings.models), folder)
+    logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
+                settings.signals_url, settings.signals_url)
     for name in settings.models:
         policy = settings.policies[name]
         options = signals.with_metrics_env(deployment_options(policy), folder)

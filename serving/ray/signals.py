@@ -6,13 +6,12 @@ replica up. Replicas on other nodes write to their own node's folder: a cluster 
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from handlers.metrics import MULTIPROC_ENV
+from serving.ports import Port, PortInUse, refusal
 from serving.signals import metrics_env, serve_signals
 
-logger = logging.getLogger("serving.ray")
 RUNNING, HEALTHY = "RUNNING", "HEALTHY"
 
 
@@ -45,10 +44,9 @@ def readiness(models: list[str]):
 
 
 def start(host: str, port: int, models: list[str], folder: Path):
-    """The signals server, or None (logged) where its port is taken: the models serve without it."""
+    """The signals server; PortInUse where its port was taken since the engine checked it (serving/ports.py): the
+    metrics address the engine prints must be this server's."""
     try:
         return serve_signals(host, port, readiness(models), folder)
     except OSError as error:
-        logger.error("no metrics or health address: cannot bind %s:%d (%s); choose another with --signals-port",
-                     host, port, error)
-        return None
+        raise PortInUse(refusal(Port("--signals-port", host, port), error)) from None

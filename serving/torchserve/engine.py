@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from handlers.metrics import MULTIPROC_ENV
 from handlers.policy import RUN_CONFIG_ENV
 from serving.engine import Engine, await_prediction, register
+from serving.ports import Port
 from serving.processes import read_pgid, stop_group
 from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, PROJECT_ROOT, STOP_TIMEOUT_S, ServingError, policies_text
 from serving.signals import METRICS_DIR, metrics_env
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     import requests
 
 SIGNALS_PID = "signals.pgid"  # the signals server beside TorchServe (serving/signals.py)
+SIGNALS_LOG = "signals.log"
+# Its settings' ports, each set by the flag of its name (inference_port: --inference-port), checked before start.
+PORT_SETTINGS = ("inference_port", "management_port", "metrics_port", "signals_port", "grpc_inference_port",
+                 "grpc_management_port")
 SIGNALS_STOP_S = 10
 SOCKET_PATH_MAX = 100  # sun_path holds 107 bytes; leave room for ".ts.sock.NNNNN"
 
@@ -73,9 +78,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
 
     @classmethod
     def own_settings(cls, args: argparse.Namespace) -> dict:
-        return {"inference_port": args.inference_port, "management_port": args.management_port,
-                "metrics_port": args.metrics_port, "signals_port": args.signals_port, "grpc_inference_port": args.grpc_inference_port,
-                "grpc_management_port": args.grpc_management_port, "config": args.config,
+        return {**{name: getattr(args, name) for name in PORT_SETTINGS}, "config": args.config,
                 "token_auth": args.token_auth}
 
     def run_extra_action(self, action: str, args: argparse.Namespace) -> int:
@@ -111,12 +114,19 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         stop_signals(self.settings.run_dir.absolute() / SIGNALS_PID, self.signals)
         return stopped
 
+    def ports(self) -> list[Port]:
+        """TorchServe's HTTP and gRPC ports and our signals server's, all on the settings' host."""
+        settings = self.settings
+        return [Port(f"--{name.replace('_', '-')}", settings.host, getattr(settings, name)) for name in PORT_SETTINGS]
+
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         url, body = self.settings.predictions_url(model), Path(image).read_bytes()
         return url, lambda: post_image(url, body, auth_headers(self.settings))
 
     def load_failure(self) -> str | None:
-        return load_failure(self.settings.log_dir)
+        """A worker that cannot load its model, or the signals server gone (its port taken since the check): the
+        metrics address printed must be this server's."""
+        return signals_exit(self.settings, self.signals) or load_failure(self.settings.log_dir)
 
     def log_files(self) -> list[Path]:
         return [self.settings.log_dir / name for name in (FRONTEND_LOG, WORKER_LOG)]
@@ -167,11 +177,20 @@ def start_signals(settings: ServerSettings, server: int) -> subprocess.Popen:
                "--management", settings.management_url, "--watch", str(server), "--models", *settings.served_models()]
     if settings.token_auth:
         command += ["--key-file", str(settings.key_file)]
-    with open(settings.log_dir / "signals.log", "ab") as output:
+    with open(settings.log_dir / SIGNALS_LOG, "ab") as output:
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT),
                MULTIPROC_ENV: str(settings.run_dir.absolute() / METRICS_DIR)}  # server_env made it afresh
         return subprocess.Popen(command, cwd=settings.run_dir.absolute(), env=env,
                                 stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def signals_exit(settings: ServerSettings, process: subprocess.Popen | None) -> str | None:
+    """Why the signals server this process started has exited (the end of its log), or None while it runs."""
+    if process is None or process.poll() is None:
+        return None
+    lines = (settings.log_dir / SIGNALS_LOG).read_text(errors="replace").strip().splitlines()
+    return (f"the signals server for port {settings.signals_port} (--signals-port) exited with code "
+            f"{process.returncode}: {lines[-1] if lines else 'no log'}")
 
 
 def stop_signals(pid_file: Path, process: subprocess.Popen | None) -> None:

@@ -2,7 +2,8 @@
 scored by resnet18.mar through Ray Data on a Ray of its own (`--address local`, the cluster's path), the driver
 killed with SIGKILL once a part is written, then resumed by the run on this machine alone (no `--address`: a process
 pool, no Ray). The output holds exactly one row per photo; the parts written before the kill are kept as they were;
-every row, from either path, equals the answer (or the error) the shared TorchServe gives for the same bytes."""
+every row, from either path, equals the answer (or the error) the shared TorchServe gives for the same bytes.
+A table naming a FIFO, a device and paths outside its folder ends with an error row for each."""
 
 from __future__ import annotations
 
@@ -131,3 +132,34 @@ def test_fail_on_error_exits_non_zero_when_rows_failed_without_scoring_again(sco
     summary = json.loads(again.stdout.strip().splitlines()[-1])
     assert summary["scored_now"] == 0 and summary["failed"] == len(BAD), summary
     assert "error rows: status != 200" in again.stdout
+
+
+def test_a_table_naming_a_fifo_a_device_and_paths_outside_its_folder_gets_error_rows_and_ends(
+    resnet18_export, tmp_path
+):
+    """The command on this machine, as a job runs it: a FIFO without a writer and a link to /dev/zero would have
+    blocked or filled a worker; each is an error row saying why, and a path outside the table's folder is one
+    too unless --allow-outside-paths."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(photo_jpeg("chelsea", quality=80))
+    (tmp_path / "outside.jpg").write_bytes(photo_jpeg("coffee", quality=80))
+    os.mkfifo(folder / "pipe.jpg")
+    (folder / "zero.jpg").symlink_to("/dev/zero")
+    paths = ["cat.jpg", "pipe.jpg", "zero.jpg", "../outside.jpg"]
+    (folder / "photos.csv").write_text("path\n" + "\n".join(paths) + "\n")
+
+    def statuses(out, *extra: str) -> dict:
+        command = [sys.executable, "-m", "serving", "batch", str(resnet18_export["out"]), str(folder / "photos.csv"),
+                   "--out", str(out), "--workers", "1", *extra]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return {row["input"]: (row["status"], row["error"] or "") for row in read_rows(out).to_pylist()}
+
+    inside = statuses(tmp_path / "inside")
+    assert inside["cat.jpg"][0] == 200 and inside["pipe.jpg"][0] == 400 and "a FIFO" in inside["pipe.jpg"][1]
+    for name in ("zero.jpg", "../outside.jpg"):
+        assert inside[name][0] == 403 and "--allow-outside-paths" in inside[name][1], inside[name]
+    anywhere = statuses(tmp_path / "anywhere", "--allow-outside-paths")
+    assert anywhere["zero.jpg"][0] == 400 and "a character device" in anywhere["zero.jpg"][1]
+    assert (anywhere["cat.jpg"][0], anywhere["../outside.jpg"][0], anywhere["pipe.jpg"][0]) == (200, 200, 400)

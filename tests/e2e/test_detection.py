@@ -197,7 +197,8 @@ def ray_served(exports, tmp_path_factory):
     one_replica = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
                                 reason="tests: one replica per model, one core each")
     settings = RaySettings(exports["store"], (DETECTOR, SEGMENTER), http_port=free_port(),
-                           run_dir=tmp_path_factory.mktemp("whole-image-ray"), policy=one_replica)
+                           run_dir=tmp_path_factory.mktemp("whole-image-ray"), policy=one_replica,
+                           signals_port=free_port())
     with RayServe(settings).running(CAT):
         yield settings
 

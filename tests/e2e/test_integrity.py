@@ -35,7 +35,7 @@ def serve_detached(store: Path, run_dir: Path, model_name: str) -> subprocess.Co
     args = ["--model-store", str(store), "--models", model_name, "--run-dir", str(run_dir),
             "--inference-port", ports[0],
             "--management-port", ports[1], "--metrics-port", ports[2], "--grpc-inference-port", ports[3],
-            "--grpc-management-port", ports[4], "--detach", "--timeout", "200"]
+            "--grpc-management-port", ports[4], "--signals-port", str(free_port()), "--detach", "--timeout", "200"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     try:
         return subprocess.run([sys.executable, "-m", "serving", *args], cwd=ROOT, env=env, capture_output=True,

@@ -129,7 +129,7 @@ def test_a_tampered_archive_is_refused_on_the_running_cluster_and_the_first_keep
                 data = data[:-64] + bytes(64)  # the served artifact, its last bytes zeroed
             target.writestr(item, data)
     joined = RaySettings(store, ("tampered",), http_port=settings.http_port, run_dir=tmp_path / "run",
-                         address=settings.address_file.read_text(), policy=ONE_REPLICA)
+                         address=settings.address_file.read_text(), policy=ONE_REPLICA, signals_port=free_port())
     with pytest.raises(ServingError, match="sha256"):
         with RayServe(joined).running(CAT, timeout=180):
             pass

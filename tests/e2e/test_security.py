@@ -82,7 +82,8 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
     ports = [free_port() for _ in range(5)]
     args = ["--model-store", str(resnet18_export["model_store"]), "--run-dir", str(run_dir),
             "--inference-port", str(ports[0]), "--management-port", str(ports[1]), "--metrics-port", str(ports[2]),
-            "--grpc-inference-port", str(ports[3]), "--grpc-management-port", str(ports[4])]
+            "--grpc-inference-port", str(ports[3]), "--grpc-management-port", str(ports[4]),
+            "--signals-port", str(free_port())]
     started = run_serving(*args, "--detach", "--token-auth")
     try:
         assert started.returncode == 0, started.stdout + started.stderr  # its readiness check used the key

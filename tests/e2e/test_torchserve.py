@@ -256,7 +256,7 @@ def test_serving_command_detach_then_stop(resnet18_export, tmp_path):
     args = ["--model-store", str(resnet18_export["model_store"]), "--run-dir", str(tmp_path / "run"),
             "--models", resnet18_export["model_name"],
             "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
-            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4]]
+            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4], "--signals-port", str(free_port())]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = subprocess.run([sys.executable, "-m", "serving", *args, "--detach"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.engine import Engine, register
+from serving.ports import Port
 from serving.settings import EXAMPLE_IMAGE, PROBE_TIMEOUT_S, ServingSettings
 
 SERVER = r"""
@@ -76,6 +77,9 @@ class FakeEngine(Engine):
 
     def log_files(self) -> list[Path]:
         return [self.log_file]
+
+    def ports(self) -> list[Port]:
+        return [Port("--port", self.settings.host, self.settings.port)]
 
     def launch(self) -> subprocess.Popen:
         return self.popen([sys.executable, "-c", SERVER, str(self.settings.port), ",".join(self.settings.models)],

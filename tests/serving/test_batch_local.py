@@ -16,6 +16,7 @@ def test_every_photo_once_in_order_with_its_shard_and_no_call_over_the_size():
     assert sum((batch["shard"] for batch in batches), []) == [pending[0].key] * 4 + [pending[1].key] * 2
     assert batches[1]["path"][-1] == "" and batches[1]["data"][-1] == b"\xff"  # a table's bytes, no path
     assert batches[0]["data"][0] == b"" and batches[0]["path"][0] == "/photos/0.jpg"
+    assert sum((batch["inside"] for batch in batches), []) == [""] * 6  # no table: read anywhere
 
 
 def test_a_calls_columns_come_back_as_its_rows():

@@ -5,19 +5,29 @@ with the endpoint's own status and message), run in-process on the shared resnet
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 
 import pyarrow.parquet as pq
 import pytest
 
 from handlers.request_error import RequestError
 from serving.batch.decoding import MAX_FILE_BYTES, decode_batch, read_body
-from serving.batch.output import SCHEMA, BatchOutputError, RunRecord, part_path, prepare_out, read_rows, write_part
+from serving.batch.output import (
+    RUN_RECORD,
+    SCHEMA,
+    BatchOutputError,
+    RunRecord,
+    part_path,
+    prepare_out,
+    read_rows,
+    write_part,
+)
 from serving.batch.scoring import Scorer, first_label
 from serving.settings import archive_config
 from tests.conftest import CAT
 from tests.e2e.test_bad_input import CASES
 
-RECORD = RunRecord("abc", 2, 256, "resnet18", "photos/")
+RECORD = RunRecord("abc", 2, 256, "resnet18", "photos/", "v1", "c" * 64)
 
 
 def row(name: str, status: int = 200) -> dict:
@@ -54,10 +64,41 @@ def test_a_resumed_run_finds_its_parts_and_drops_a_killed_runs_temporary_files(t
 def test_out_holding_another_run_is_refused_and_left_as_it_is(tmp_path):
     prepare_out(tmp_path, RECORD)
     write_part(tmp_path, "k1", [row("a.jpg")])
-    other = RunRecord("def", 3, 256, "resnet18", "other/")
+    other = replace(RECORD, inputs_sha256="def", photos=3, source="other/")
     with pytest.raises(BatchOutputError, match="holds another run .*choose a new --out"):
         prepare_out(tmp_path, other)
     assert json.loads((tmp_path / "_run.json").read_text())["source"] == "photos/"
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"version": "v2"}, "resnet18 v2"),
+        ({"content": "d" * 64}, "resnet18 v1 (content dddddddddddd)"),
+        ({"model": "resnet50"}, "resnet50 v1"),
+    ],
+    ids=["another version", "other content", "another model"],
+)
+def test_out_scored_by_another_model_or_version_is_refused_and_left_as_it_is(tmp_path, change, words):
+    prepare_out(tmp_path, RECORD)
+    write_part(tmp_path, "k1", [row("a.jpg")])
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    with pytest.raises(BatchOutputError) as refused:
+        prepare_out(tmp_path, replace(RECORD, **change))
+    assert "holds rows scored by resnet18 v1 (content cccccccccccc)" in str(refused.value)
+    assert f"this run scores with {words}" in str(refused.value) and "choose a new --out" in str(refused.value)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_out_whose_record_names_no_version_is_refused(tmp_path):
+    """An OUT begun before versions were recorded: its rows cannot be shown to be this version's."""
+    old = {key: value for key, value in asdict(RECORD).items() if key not in ("version", "content")}
+    (tmp_path / RUN_RECORD).write_text(json.dumps(old))
+    with pytest.raises(BatchOutputError, match="its version not recorded .*choose a new --out"):
+        prepare_out(tmp_path, RECORD)
+    (tmp_path / RUN_RECORD).write_text("{half")
+    with pytest.raises(BatchOutputError, match="cannot be read .*choose a new --out"):
+        prepare_out(tmp_path, RECORD)
 
 
 def test_a_file_that_cannot_be_read_is_an_error_row(tmp_path):
@@ -95,7 +136,13 @@ def test_bad_photos_are_rows_with_the_endpoints_status_and_message_decoded_apart
     }
     scorer = Scorer(str(resnet18_export["archive"]), policy)
     paths = [str(CAT), *map(str, files), str(tmp_path / "missing.jpg")]
-    batch = {"input": paths, "shard": ["k"] * len(paths), "path": paths, "data": [b""] * len(paths)}
+    batch = {
+        "input": paths,
+        "shard": ["k"] * len(paths),
+        "path": paths,
+        "data": [b""] * len(paths),
+        "inside": [""] * len(paths),
+    }
     in_actor = scorer(batch)
     settings = json.dumps(archive_config(resnet18_export["archive"]).get("handler"))
     rows = scorer(decode_batch(batch, scorer.manifest.to_json(), settings))
@@ -108,4 +155,5 @@ def test_bad_photos_are_rows_with_the_endpoints_status_and_message_decoded_apart
         assert (rows["status"][index], rows["answer"][index]) == (status, None), (name, rows["error"][index])
         assert words in rows["error"][index], (name, rows["error"][index])
     assert rows["status"][-1] == 404
-    assert set(rows["artifact"]) == {scorer.core.record.kind} and all(rows["version"]) and set(rows["shard"]) == {"k"}
+    assert set(rows["artifact"]) == {scorer.core.record.kind} and set(rows["shard"]) == {"k"}
+    assert set(rows["version"]) == {scorer.core.version}  # an error row names the version the answers name

@@ -25,6 +25,7 @@ from tests.conftest import ROOT
 from tests.serving.fake_engine import FakeEngine, FakeSettings
 
 CAT = ROOT / "examples" / "cat.jpg"
+NO_PAGE = ("--page-port", "0")  # in the foreground: no try-it page (its default port may be another's)
 ANSWER = {"model": "a", "artifact": "fake", "predictions": [{"label": "tabby", "index": 281, "probability": 0.5}]}
 
 
@@ -96,15 +97,45 @@ def test_running_waits_for_every_model_and_stops_the_whole_group(fake, store, tm
     assert not engine.pid_file.exists() and engines.engines_running_in(tmp_path / "run") == []
 
 
-def test_a_server_that_exits_is_reported_with_its_reason_and_its_group_stopped(fake, store, tmp_path, capsys):
+def test_a_server_that_exits_is_reported_with_its_reason_and_its_group_stopped(
+    fake, store, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("FAKE_LOAD_S", "never")  # the fake server's start fails on it
+    done = cli.main(["--engine", "fake", "--detach", "--model-store", str(store), "--run-dir", str(tmp_path),
+                     "--port", str(free_port()), "--workers", "1", "--timeout", "30"])
+    err = capsys.readouterr().err
+    assert done == 1 and "error: the fake server exited with code 1: " in err
+    assert "could not convert string to float: 'never'" in err
+    assert "the fake server stopped" in err and not (tmp_path / "fake.pgid").exists()
+
+
+@pytest.mark.parametrize("held", ["--port", "--page-port"])
+def test_a_port_held_by_another_process_fails_the_start_before_anything_starts(
+    fake, store, tmp_path, capsys, monkeypatch, held
+):
+    """Its own port (Engine.ports) and, in the foreground, the try-it page's: the error names the port and the flag,
+    and nothing was started (no pid file, no log)."""
+    monkeypatch.setenv("FAKE_LOAD_S", "never")  # were it started after all, it would fail rather than serve on
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        done = cli.main(["--engine", "fake", "--detach", "--model-store", str(store), "--run-dir", str(tmp_path),
-                         "--port", str(taken.getsockname()[1]), "--workers", "1", "--timeout", "30"])
-    err = capsys.readouterr().err
-    assert done == 1 and "error: the fake server exited with code 1: " in err and "Address already in use" in err
-    assert "the fake server stopped" in err and not (tmp_path / "fake.pgid").exists()
+        port = taken.getsockname()[1]
+        ports = {"--port": str(free_port()), "--page-port": str(free_port()), held: str(port)}
+        started = time.monotonic()
+        done = cli.main(["--engine", "fake", "--model-store", str(store), "--run-dir", str(tmp_path / "run"),
+                         *(word for flag, value in ports.items() for word in (flag, value)), "--workers", "1"])
+    out, err = capsys.readouterr()
+    assert done == 1 and time.monotonic() - started < 10
+    assert f"error: port {port} ({held}) is in use on 127.0.0.1: stop what holds it or pass another {held}" in err
+    assert "fake server starting" not in out and not (tmp_path / "run").exists()
+
+
+def test_one_port_given_to_two_flags_is_refused(fake, store, tmp_path, capsys):
+    port = str(free_port())
+    assert cli.main(["--engine", "fake", "--model-store", str(store), "--run-dir", str(tmp_path / "run"),
+                     "--port", port, "--page-port", port]) == 1
+    assert f"port {port} is given to both --port and --page-port: each needs its own" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_command_line_starts_it_detached_and_stop_finds_it_by_its_pid_file(fake, store, tmp_path, capsys):
@@ -133,7 +164,8 @@ def test_the_command_line_starts_it_detached_and_stop_finds_it_by_its_pid_file(f
 def test_in_the_foreground_sigterm_stops_it_and_its_workers(store, tmp_path):
     run_dir = tmp_path / "run"
     server = subprocess.Popen(with_fake_engine("--engine", "fake", "--model-store", str(store), "--models", "b",
-                                               "--run-dir", str(run_dir), "--port", str(free_port()), "--workers", "1"),
+                                               "--run-dir", str(run_dir), "--port", str(free_port()), "--workers", "1",
+                                               *NO_PAGE),
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert lines_until_ready(server)[0] == "fake server starting with b\n"
@@ -149,7 +181,7 @@ def test_in_the_foreground_sigterm_stops_it_and_its_workers(store, tmp_path):
 def test_sigterm_while_the_models_load_stops_the_server_too(store, tmp_path):
     run_dir = tmp_path / "run"
     server = subprocess.Popen(with_fake_engine("--engine", "fake", "--model-store", str(store), "--run-dir",
-                                               str(run_dir), "--port", str(free_port()), "--workers", "1"),
+                                               str(run_dir), "--port", str(free_port()), "--workers", "1", *NO_PAGE),
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "FAKE_LOAD_S": "60"})
     try:
@@ -168,7 +200,7 @@ def test_follow_logs_copies_the_servers_log_lines_to_stdout_while_it_serves(stor
     run_dir, port = tmp_path / "run", free_port()
     server = subprocess.Popen(with_fake_engine("--engine", "fake", "--model-store", str(store), "--models", "b",
                                                "--run-dir", str(run_dir), "--port", str(port), "--workers", "1",
-                                               "--follow-logs"),
+                                               "--follow-logs", *NO_PAGE),
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines_until_ready(server)

@@ -67,7 +67,7 @@ def test_the_documented_switch_serves_with_the_key_and_refuses_anonymous_request
     env.pop(SWITCH, None)
     args = ["--model-store", str(resnet18_export["model_store"]), "--run-dir", str(run_dir),
             "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
-            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4]]
+            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4], "--signals-port", str(free_port())]
     if switch == "environment":
         env[SWITCH] = "false"
     else:
