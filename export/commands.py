@@ -265,7 +265,7 @@ def _not_live_yet(archive: Path) -> str:
     if found is None:
         return ""
     name, _ = found
-    return (f"\n    {name}.mar still serves the live version; `python -m serving rollout {name} {archive}` makes "
+    return (f"\n    {name}.mar is still the live version; `python -m serving rollout {name} {archive}` makes "
             "this one live once it agrees with it")
 
 

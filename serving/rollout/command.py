@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 
 from contract.errors import EXIT_INTERRUPTED, INTERRUPTIONS, Stopped
-from contract.versions import archive_name, make_live, parse_label, record_default, stored_versions
+from contract.versions import (
+    REFUSED_FOLDER,
+    archive_name,
+    make_live,
+    parse_label,
+    record_default,
+    stored_versions,
+)
 from serving.rollout.candidate import (
     Candidate,
     RolloutRefused,
@@ -101,7 +108,11 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
     name, live = args.name, board.live(args.name)
     task = board.live_manifest(name).task
     with stops_once():
-        candidate = prepare(args.path, name, board.model_store)
+        try:
+            candidate = prepare(args.path, name, board.model_store)
+        except INTERRUPTIONS:  # an archive half built is discarded where it was built
+            raise RolloutInterrupted(f"the rollout was interrupted while {args.path} was checked: nothing was "
+                                     f"loaded; {live} serves on") from None
         if candidate.label == live:
             raise RolloutRefused(f"{name} already serves {live} ({candidate.archive}): nothing to roll out")
         try:  # whatever ends the rollout before the switch (a refusal, an error, a signal) undoes it
@@ -304,8 +315,9 @@ def previous_version(model_store: Path, name: str, live: str) -> int:
 def versions(board: Switchboard, args: argparse.Namespace) -> int:
     name = args.name
     kept = ", ".join(f"v{number}" for number in stored_versions(board.model_store, name)) or "none"
+    refused = ", ".join(f"v{number}" for number in stored_versions(board.model_store / REFUSED_FOLDER, name))
     say(f"{name} on {board.engine}: default {board.live(name)}; loaded {', '.join(board.loaded(name))}; "
-        f"kept in {board.model_store}: {kept}")
+        f"kept in {board.model_store}: {kept}" + (f"; refused, set apart: {refused}" if refused else ""))
     return 0
 
 

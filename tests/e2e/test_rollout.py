@@ -153,6 +153,7 @@ def test_a_stopped_or_unproven_rollout_leaves_the_server_and_the_store_as_they_w
         unproven = serving_command("rollout", NAME, str(store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
                                    "--canary", "50", "--canary-seconds", "2")
         served = requests.post(url, data=CAT.read_bytes(), timeout=60)
+        refused_versions = serving_command("versions", NAME, "--run-dir", str(run_dir))
     assert rollout.returncode == 130, out + err
     assert ("the rollout of v2 was interrupted before the switch: v2 unloaded; resnet18.v2.mar stays in the store; "
             "v1 serves on") in err, out + err
@@ -166,6 +167,7 @@ def test_a_stopped_or_unproven_rollout_leaves_the_server_and_the_store_as_they_w
     assert served.status_code == 200 and served.headers["X-Model-Version"] == "v1"
     assert sorted(path.name for path in store.iterdir()) == sorted({*before, REFUSED_FOLDER} - {f"{NAME}.v2.mar"})
     assert live_version(store, NAME) == 1 and (store / REFUSED_FOLDER / f"{NAME}.v2.mar").is_file()
+    assert f"kept in {store}: v1; refused, set apart: v2" in refused_versions.stdout, refused_versions.stdout
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:
