@@ -12,8 +12,9 @@ from contract.records import DECODE_MODES
 from contract.versions import KEEP_VERSIONS
 from export.forms import exporters, kinds
 
-KEEP_HELP = ("versions of NAME the model store keeps (NAME.vN.mar, the newest; NAME.mar is the newest of them; "
-             f"default {KEEP_VERSIONS})")
+KEEP_HELP = ("versions of NAME the model store keeps (NAME.vN.mar, the newest, and always the live one, NAME.mar, "
+             "and the one before it; only the first export of NAME makes NAME.mar, later ones go live with "
+             f"`python -m serving rollout`; default {KEEP_VERSIONS})")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ from pathlib import Path
 from contract.files import atomic_write_text
 from contract.policy import EXPORT_PINS, OPTIONS, PolicyChoices
 from contract.records import Manifest
+from contract.versions import split_versioned
 from export.atomic import ensure_writable_dir
 from export.checks.parity import UnderTest, parity_inputs, report_json, report_markdown, run_parity
 from export.checks.trace_vs_script import CONCLUSION, MATCHES, REJECTED, TraceVsScript
@@ -255,7 +256,17 @@ def _print_serving(result, progress: Progress) -> None:
                       "fastest:" + "".join(
                           f"\n    {c['kind']}: {_needs_words(c)}" for c in serving.gated))
     if result.archive:
-        progress.step(f"TorchServe archive: {result.archive}")
+        progress.step(f"TorchServe archive: {result.archive}" + _not_live_yet(result.archive))
+
+
+def _not_live_yet(archive: Path) -> str:
+    """A later version of a name beside its live one waits for a rollout (contract/versions.py)."""
+    found = split_versioned(archive.stem)
+    if found is None:
+        return ""
+    name, _ = found
+    return (f"\n    {name}.mar is still the live version; `python -m serving rollout {name} {archive}` makes "
+            "this one live once it agrees with it")
 
 
 def _needs_words(candidate: dict) -> str:

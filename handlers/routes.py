@@ -9,7 +9,8 @@ RUN_DIR/routes/NAME.json (mode 0600: it may hold the inference key):
                 "percent": 50}}
 
 A worker finds RUN_DIR beside the run config RUN_CONFIG_ENV names, stats the control file once a batch and reads it
-again only when it changed. Only workers of the "live" version act on it: the candidate's never forward nor keep.
+again only when it changed; one of another shape is logged once (per change) and routes nothing, the live version
+answering every request. Only workers of the "live" version act on it: the candidate's never forward nor keep.
 A kept photo is a file of NAME.capture/ named by its arrival and request id; a canary's counts are one file per
 worker in NAME.canary/, which the rollout sums. A forward that fails is counted, and its request answered here.
 """
@@ -70,9 +71,30 @@ class Control:
 
     @classmethod
     def from_json(cls, text: str) -> Control:
+        """The control a rollout wrote; ValueError saying what is wrong with any other text."""
         data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("live"), str):
+            raise ValueError('not a JSON object naming the "live" version')
+        capture = data.get("capture") or 0
+        if not isinstance(capture, int) or isinstance(capture, bool) or capture < 0:
+            raise ValueError(f'"capture" is {capture!r}, not a number of photos')
         canary = data.get("canary")
-        return cls(data["live"], int(data.get("capture") or 0), Canary(**canary) if canary else None)
+        return cls(data["live"], capture, canary_of(canary) if canary else None)
+
+
+def canary_of(data) -> Canary:
+    """The canary of a control, each field of its type (ValueError naming the first that is not)."""
+    if not isinstance(data, dict):
+        raise ValueError(f'"canary" is a JSON {type(data).__name__}, not an object')
+    for key in ("id", "label", "url"):
+        if not isinstance(data.get(key), str):
+            raise ValueError(f'"canary"."{key}" is {data.get(key)!r}, not a string')
+    headers, percent = data.get("headers") or {}, data.get("percent")
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ValueError('"canary"."headers" is not an object of strings')
+    if not isinstance(percent, (int, float)) or isinstance(percent, bool) or not 0 <= percent <= 100:
+        raise ValueError(f'"canary"."percent" is {percent!r}, not a number from 0 to 100')
+    return Canary(data["id"], data["label"], data["url"], headers, float(percent))
 
 
 class ModelRoutes:
@@ -85,9 +107,18 @@ class ModelRoutes:
 
     # ------------------------------------------------------------ the rollout's side
     def read(self) -> Control | None:
+        """The control, None when there is none; ValueError (or OSError) when it cannot be read."""
         try:
             return Control.from_json(self.control_file.read_text())
         except FileNotFoundError:
+            return None
+
+    def current(self) -> Control | None:
+        """The control to change: one that cannot be read is replaced (logged), as the workers ignore it."""
+        try:
+            return self.read()
+        except (OSError, ValueError) as error:
+            logger.warning("the routes in %s cannot be read (%s): written anew", self.control_file, error)
             return None
 
     def write(self, control: Control | None) -> None:
@@ -101,10 +132,10 @@ class ModelRoutes:
     def start_capture(self, live: str, count: int) -> None:
         self.forget(self.capture_dir)
         self.capture_dir.mkdir(mode=0o700, parents=True)
-        self.write(replace(self.read() or Control(live), live=live, capture=count))
+        self.write(replace(self.current() or Control(live), live=live, capture=count))
 
     def stop_capture(self) -> None:
-        control = self.read()
+        control = self.current()
         self.write(control and replace(control, capture=0))
         self.forget(self.capture_dir)
 
@@ -118,11 +149,11 @@ class ModelRoutes:
     def start_canary(self, live: str, canary: Canary) -> None:
         self.forget(self.counts_dir)
         self.counts_dir.mkdir(mode=0o700, parents=True)
-        self.write(replace(self.read() or Control(live), live=live, canary=canary))
+        self.write(replace(self.current() or Control(live), live=live, canary=canary))
 
     def end_canary(self, settle_s: float = FORWARD_TIMEOUT_S) -> dict:
         """The canary ended; its counts once every forward asked was answered (or settle_s passed)."""
-        control = self.read()
+        control = self.current()
         if control is None or control.canary is None:
             return dict.fromkeys(OUTCOMES, 0)
         self.write(replace(control, canary=None))
@@ -253,11 +284,13 @@ class WorkerRoutes:
         return self._control if self._control and self._control.live == self.version else None
 
     def _read(self) -> Control | None:
-        """The control; one that cannot be read is logged and routes nothing: the live version answers on."""
+        """The control; one that cannot be read is logged (once: it is read again only when it changes) and routes
+        nothing: the live version answers every request."""
         try:
             return self.files.read()
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            logger.error("the routes in %s cannot be read, none followed: %s", self.files.control_file, error)
+        except (OSError, ValueError) as error:
+            logger.warning("the routes in %s cannot be read, none followed until the file changes: %s",
+                           self.files.control_file, error)
             return None
 
     def route(self, requests: Sequence[ImageRequest]) -> dict[int, Future]:

@@ -5,7 +5,8 @@ the served artifact, manifest.json (whose serving decision names it, with the sh
 before opening it), the labels and model-config.yaml. It is named after the model (resnet50.mar, served at
 /predictions/resnet50) unless the user names it. It is built in a temporary folder inside the model store and renamed into place only
 when the export it belongs to has been swapped in, so a model store never holds half an archive or an
-archive of a failed export.
+archive of a failed export. Each is the name's next version, NAME.vN.mar; only the first export of a name also
+makes NAME.mar, the live version (contract/versions.py): later ones wait for `python -m serving rollout`.
 
 Serving policy (workers, batching, threads) is not decided here: the machine that serves decides it
 (handlers/policy.py). Only what the user pins with --workers/--batch-size/--max-batch-delay is written.
@@ -25,7 +26,15 @@ from pathlib import Path
 
 from contract.handler_config import TORCHSERVE_KEYS, HandlerConfig
 from contract.records import MANIFEST_NAME, Manifest
-from contract.versions import KEEP_VERSIONS, ModelVersion, archive_name, stored_versions
+from contract.versions import (
+    KEEP_VERSIONS,
+    ModelVersion,
+    archive_name,
+    make_live,
+    newest_number,
+    plain_archive,
+    prune_versions,
+)
 from export.atomic import ensure_writable_dir
 from export.errors import ExportError
 from export.package.selection import redecide
@@ -52,6 +61,9 @@ class ArchiveRequest:
     # speed (on random weights the gate measures near-ties, not the pipeline); never for deployment.
     speed_only_ungated: bool = False
     keep_versions: int = KEEP_VERSIONS  # the newest versions of the name the store keeps beside this one
+    # Only a rollout sets this: the archive is its candidate, written as the next version and nothing else (no
+    # plain archive even for a name without one, no version pruned) until it takes the traffic.
+    candidate: bool = False
 
 
 def model_config_yaml(overrides: dict | None = None) -> str:
@@ -90,35 +102,34 @@ def content_hash(manifest: Manifest) -> str:
 
 
 def next_version(model_store: Path, name: str, manifest: Manifest) -> ModelVersion:
-    numbers = stored_versions(model_store, name)
-    return ModelVersion((numbers[-1] if numbers else 0) + 1, content_hash(manifest))
+    return ModelVersion(newest_number(model_store, name) + 1, content_hash(manifest))
 
 
 class PendingArchive:
     """A built .mar waiting in the model store's scratch folder; commit() renames it into place as its version
-    (NAME.vN.mar), makes NAME.mar the same file, and removes the versions beyond `keep`."""
+    (NAME.vN.mar), makes NAME.mar the same file when the name had none (its first export), and removes the
+    versions beyond `keep` (never the live one nor the one before it). A rollout's candidate only lands."""
 
     def __init__(self, scratch: tempfile.TemporaryDirectory, built: Path, target: Path, number: int = 0,
-                 keep: int = KEEP_VERSIONS):
+                 keep: int = KEEP_VERSIONS, candidate: bool = False):
         self.scratch, self.built, self.target, self.number, self.keep = scratch, built, target, number, keep
+        self.candidate = candidate
 
     def commit(self) -> Path:
+        """The archive written: NAME.mar when it became the live version, else NAME.vN.mar."""
         if not self.number:  # a caller that asked for no version (tests of the archive alone)
             os.replace(self.built, self.target)
             return self.target
-        name = self.target.name[:-len(".mar")]
-        versioned = self.target.with_name(archive_name(name, self.number))
+        store, name = self.target.parent, self.target.name[:-len(".mar")]
+        versioned = store / archive_name(name, self.number)
         os.replace(self.built, versioned)
-        plain = self.built.with_name(f".{self.target.name}.link")
-        plain.unlink(missing_ok=True)
-        try:
-            os.link(versioned, plain)
-        except OSError:  # a file system without hard links (some volumes): a copy, renamed into place as well
-            shutil.copy2(versioned, plain)
-        os.replace(plain, self.target)  # NAME.mar: the newest version, for every command that names NAME.mar
-        for old in stored_versions(self.target.parent, name)[:-self.keep]:
-            self.target.with_name(archive_name(name, old)).unlink(missing_ok=True)
-        return self.target
+        if self.candidate:
+            return versioned
+        written = versioned
+        if not plain_archive(store, name).exists():  # the name's first export: what a start serves
+            written = make_live(store, name, self.number)
+        prune_versions(store, name, self.keep)
+        return written
 
     def discard(self) -> None:
         self.scratch.cleanup()
@@ -139,7 +150,7 @@ def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveReques
         scratch.cleanup()
         raise
     return PendingArchive(scratch, built, Path(request.model_store) / f"{name}.mar",
-                          archived.model_version.number, request.keep_versions)
+                          archived.model_version.number, request.keep_versions, request.candidate)
 
 
 def remove_stale_scratch(model_store: Path) -> None:
@@ -162,11 +173,12 @@ def _alive(pid: int) -> bool:
 
 def build_archive(export_dir: Path, manifest: Manifest, model_store: Path, name: str | None = None,
                   artifact: str | None = None, config_overrides: dict | None = None,
-                  speed_only_ungated: bool = False) -> Path:
-    """Build NAME.mar (default: the model's name) from a complete export folder into the model store."""
+                  speed_only_ungated: bool = False, candidate: bool = False) -> Path:
+    """Build NAME's next version (default: the model's name) from a complete export folder into the model store:
+    the archive written (PendingArchive.commit)."""
     pending = prepare_archive(export_dir, manifest, ArchiveRequest(Path(model_store), name,
                                                                    dict(config_overrides or {}), artifact,
-                                                                   speed_only_ungated))
+                                                                   speed_only_ungated, candidate=candidate))
     try:
         return pending.commit()
     finally:

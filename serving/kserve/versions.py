@@ -42,7 +42,8 @@ _state: Versions | None = None
 @dataclass
 class Canary:
     """A version loaded beside the default that answers a share of the name's requests; what it answered is
-    counted (a bad request is the client's, not counted as the canary's failure)."""
+    counted. A request it fails on is counted and answered by the live version, as TorchServe's and Ray's canaries
+    do; a bad request is the client's (the live version would refuse it too): refused as it is, not counted."""
 
     label: str
     model: KServeModel
@@ -53,14 +54,17 @@ class Canary:
     def report(self) -> dict:
         return {"label": self.label, "percent": self.percent, "served": self.served, "failed": self.failed}
 
-    async def answer(self, *args, **kwargs):
+    async def answer(self, live, *args, **kwargs):
+        """The canary's answer, or live's (an awaitable function of the same arguments) where the canary failed."""
         try:
             answer = await self.model.predict(*args, **kwargs)
         except RequestError:
             raise
-        except Exception:
+        except Exception as error:  # counted, logged, and the client answered all the same
             self.failed += 1
-            raise
+            logger.warning("the canary %s failed a request (%s: %s); the live version answers it", self.label,
+                           type(error).__name__, error)
+            return await live(*args, **kwargs)
         self.served += 1
         return answer
 
@@ -107,7 +111,10 @@ class Versions:
                 capture.keep(model, args[0], args[1] if len(args) > 1 else kwargs.get("headers"))
             canary = self.canaries.get(model.name)
             if canary is not None and canary.model is not model and random.random() * 100 < canary.percent:
-                return await canary.answer(*args, **kwargs)
+                return await canary.answer(live, *args, **kwargs)
+            return await live(*args, **kwargs)
+
+        async def live(*args, **kwargs):
             self.in_flight[id(model)] += 1
             try:
                 return await predict(*args, **kwargs)

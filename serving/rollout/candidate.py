@@ -1,7 +1,9 @@
 """The version a rollout offers: PATH (an archive, or an export folder archived into the store as the name's next
 version) checked before anything is loaded: a readable archive of `python -m export`, its files the ones its
 manifest recorded (sha256), of the live version's task. It ends in the model store as NAME.vN.mar, beside the
-others, where every engine can open it."""
+others, where every engine can open it; the plain NAME.mar (the live version) is the switch's to change. One that
+never takes the traffic leaves the store as it was (leave_store): refused, it is set apart in refused/; stopped
+by an error or a signal, the copy the rollout added is removed."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from contract.errors import VisionExportError
 from contract.records import MANIFEST_NAME, Manifest
-from contract.versions import archive_name, label_of, stored_versions
+from contract.versions import REFUSED_FOLDER, archive_name, label_of, set_aside
 from serving.settings import ServingError
 
 
@@ -26,6 +28,7 @@ class RolloutRefused(ServingError):
 class Candidate:
     archive: Path  # NAME.vN.mar in the model store
     manifest: Manifest
+    added: bool = False  # the rollout put it into the store (it was not a kept version before)
 
     @property
     def label(self) -> str:
@@ -47,14 +50,16 @@ def prepare(path: Path, name: str, model_store: Path) -> Candidate:
             verify_hashes(path, manifest)
         except VisionExportError as error:  # the folder changed after its export
             raise RolloutRefused(f"{path}: {error}") from None
-        build_archive(path, manifest, model_store, name)
-        path = Path(model_store) / archive_name(name, stored_versions(model_store, name)[-1])
+        archived = build_archive(path, manifest, model_store, name, candidate=True)
+        return Candidate(archived, checked_manifest(archived), added=True)
     if not path.is_file():
         raise ServingError(f"{path} not found: give an archive (.mar) or an export folder")
     manifest = checked_manifest(path)
     if manifest.model_version is None:
         raise RolloutRefused(f"{path} has no version (archived before versions): re-export it")
-    return Candidate(into_store(path, name, manifest, Path(model_store)), manifest)
+    target = Path(model_store) / archive_name(name, manifest.model_version.number)
+    added = not target.exists()
+    return Candidate(into_store(path, name, manifest, Path(model_store)), manifest, added)
 
 
 def checked_manifest(archive: Path) -> Manifest:
@@ -105,6 +110,20 @@ def into_store(archive: Path, name: str, manifest: Manifest, model_store: Path) 
     shutil.copy2(archive, staged)
     staged.replace(target)  # the export prunes old versions; a rollout never removes one it may roll back to
     return target
+
+
+def leave_store(candidate: Candidate, name: str, live_number: int, refused: bool) -> str:
+    """What the store keeps of a candidate that did not take the traffic, said in words: refused and newer than the
+    live version, it is set apart (no rollback returns to it, --keep-versions does not count it); otherwise a copy
+    this rollout added goes, and a version the store kept before stays."""
+    store = candidate.archive.parent
+    if refused and candidate.number > live_number and candidate.archive.is_file():
+        kept = set_aside(store, name, candidate.number)
+        return f"{candidate.label} set apart in {store / REFUSED_FOLDER} ({kept.name})"
+    if candidate.added:
+        candidate.archive.unlink(missing_ok=True)
+        return f"{candidate.archive.name} removed from the store"
+    return f"{candidate.archive.name} stays in the store"
 
 
 def check_task(candidate: Candidate, live_task: str, name: str) -> None:

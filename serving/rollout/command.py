@@ -11,11 +11,29 @@ non-zero with the reason.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
 import time
 from pathlib import Path
 
-from contract.versions import archive_name, parse_label, record_default, stored_versions
-from serving.rollout.candidate import Candidate, RolloutRefused, check_task, checked_manifest, prepare
+from contract.errors import EXIT_INTERRUPTED, INTERRUPTIONS, Stopped
+from contract.versions import (
+    REFUSED_FOLDER,
+    archive_name,
+    make_live,
+    parse_label,
+    record_default,
+    stored_versions,
+)
+from serving.rollout.candidate import (
+    Candidate,
+    RolloutRefused,
+    check_task,
+    checked_manifest,
+    leave_store,
+    prepare,
+)
 from serving.rollout.gate import PHOTO_COUNT, REQUEST_HEADERS, held_out_photos, run_gate
 from serving.rollout.switchboard import Switchboard
 from serving.settings import DEFAULT_RUN_DIR, ServingError
@@ -25,6 +43,13 @@ CANARY_S = 30.0  # the canary's share of live requests before it is checked agai
 SHADOW_S = 120.0  # the live requests --shadow mirrors arrive within this, or the rollout is refused
 SHADOW_POLL_S = 0.5
 COMMANDS = ("rollout", "rollback", "versions")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # a supervisor's stop and Ctrl-C: both end the rollout as a refusal
+
+
+class RolloutInterrupted(ServingError):
+    """A signal ended the rollout before the switch; it was undone as a refusal is."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 def parser_for(command: str) -> argparse.ArgumentParser:
@@ -82,10 +107,26 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
     check_flags(args)
     name, live = args.name, board.live(args.name)
     task = board.live_manifest(name).task
-    candidate = prepare(args.path, name, board.model_store)
-    check_task(candidate, task, name)
-    if candidate.label == live:
-        raise RolloutRefused(f"{name} already serves {live} ({candidate.archive}): nothing to roll out")
+    with stops_once():
+        try:
+            candidate = prepare(args.path, name, board.model_store)
+        except INTERRUPTIONS:  # an archive half built is discarded where it was built
+            raise RolloutInterrupted(f"the rollout was interrupted while {args.path} was checked: nothing was "
+                                     f"loaded; {live} serves on") from None
+        if candidate.label == live:
+            raise RolloutRefused(f"{name} already serves {live} ({candidate.archive}): nothing to roll out")
+        try:  # whatever ends the rollout before the switch (a refusal, an error, a signal) undoes it
+            check_task(candidate, task, name)
+            prove(board, args, candidate, live, task)
+        except BaseException as error:
+            raise undone(board, name, live, candidate, error, isinstance(error, RolloutRefused)) from None
+        switch(board, name, live, candidate)
+    return 0
+
+
+def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, live: str, task: str) -> None:
+    """The candidate loaded beside the live version and held to the gate, then to --shadow and --canary."""
+    name = args.name
     say(f"rollout of {name} on {board.engine}: live {live}, candidate {candidate.label} "
         f"({candidate.archive}, content {candidate.manifest.model_version.content[:12]})")  # type: ignore[union-attr]
     started = time.monotonic()
@@ -97,18 +138,73 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
         return run_gate(task, live, candidate.label, lambda image: board.ask(name, live, image, headers),
                         lambda image: board.ask(name, candidate.label, image, headers), photos)
 
-    try:  # whatever ends the rollout before the switch (a refusal, an error, Ctrl-C) unloads the candidate
-        photos = held_out_photos(args.photos)
-        judge(args, candidate, live, gate_on(photos), "beyond the thresholds")
-        if args.shadow is not None:
-            shadow(board, args, candidate, gate_on)
-        if args.canary is not None:
-            canary(board, args, candidate, lambda: gate_on(photos))
-    except BaseException:
-        board.unload(name, candidate.label)
-        raise
-    switch(board, name, live, candidate)
-    return 0
+    photos = held_out_photos(args.photos)
+    judge(args, candidate, live, gate_on(photos), "beyond the thresholds")
+    if args.shadow is not None:
+        shadow(board, args, candidate, gate_on)
+    if args.canary is not None:
+        canary(board, args, candidate, lambda: gate_on(photos))
+
+
+def undone(board: Switchboard, name: str, live: str, candidate: Candidate, error: BaseException,
+           refused: bool) -> BaseException:
+    """The candidate out of the server and the store as it was (a refused one set apart), after whatever ended the
+    rollout before its switch; the error to raise, saying so. Any canary or capture already ended with its step."""
+    steps = []
+    try:
+        if candidate.label in board.loaded(name):
+            board.unload(name, candidate.label)
+            steps.append(f"{candidate.label} unloaded")
+        steps.append(leave_store(candidate, name, live_number(live), refused))
+    except Exception as failed:  # the original error stays the one raised; this one is said with it
+        steps.append(f"undoing it failed ({failed}): check `{PROG} versions {name}`")
+    if isinstance(error, INTERRUPTIONS):
+        return RolloutInterrupted(f"the rollout of {candidate.label} was interrupted before the switch: "
+                                  f"{'; '.join(steps)}; {live} serves on")
+    if isinstance(error, Exception):
+        error.add_note("; ".join(steps))
+    return error
+
+
+def live_number(label: str) -> int:
+    return parse_label(label) if label.lstrip("v").isdigit() else 0
+
+
+@contextlib.contextmanager
+def stops_once():
+    """SIGTERM and Ctrl-C stop the rollout once (Stopped, undone as a refusal is); a second signal while it is
+    undone is ignored, so that the undoing finishes. The handlers before are back afterwards."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    before = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+
+    def stop(signum, frame):
+        for number in STOP_SIGNALS:
+            signal.signal(number, signal.SIG_IGN)
+        raise Stopped
+
+    for number in STOP_SIGNALS:
+        signal.signal(number, stop)
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def ignoring_stops():
+    """SIGTERM and Ctrl-C ignored for a while (the handlers before are back afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {number: signal.signal(number, signal.SIG_IGN) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_on) -> None:
@@ -155,11 +251,15 @@ def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
         time.sleep(args.canary_seconds)
     finally:  # interrupted too: the share ends with the command
         report = board.canary(name, candidate.label, 0)
+    served, failed = report.get("served", 0), report.get("failed", 0)
+    if not served + failed + report.get("declined", 0):
+        raise RolloutRefused(f"the canary {candidate.label} failed its check: it answered none of {name}'s requests "
+                             f"in {args.canary_seconds:g} s, so nothing proves it on live traffic ({live} answered "
+                             "them all); raise --canary-seconds or --canary while requests arrive")
     gate = gate_again()
     say(gate.table())
-    served, failed = report.get("served", 0), report.get("failed", 0)
     if failed or not (gate.passed or args.force):
-        why = f"{failed} of the {served} requests it answered failed" if failed else gate.disagreements()
+        why = f"{failed} of the {served + failed} requests it was given failed" if failed else gate.disagreements()
         raise RolloutRefused(f"the canary {candidate.label} failed its check ({why}); {live} serves on, "
                              f"{candidate.label} unloaded")
     say(f"canary: {candidate.label} answered {served} of {name}'s requests, none failed; the gate passed again")
@@ -173,13 +273,17 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def switch(board: Switchboard, name: str, old: str, new: Candidate) -> None:
-    """The new version takes the traffic, recorded in the run dir (a restart serves it), then the old one drains and
-    unloads; it stays in the store for a rollback."""
-    started = time.monotonic()
-    board.set_default(name, new.label)
-    record_default(board.run_dir.absolute(), name, new.label)
-    say(f"{name}: {new.label} is the default ({time.monotonic() - started:.2f} s); {old} draining")
-    board.drain_and_unload(name, old)
+    """The new version takes the traffic, recorded in the run dir and made the store's NAME.mar (a restart, and a
+    start from the store alone, serve it), then the old one drains and unloads; it stays in the store for a
+    rollback. A signal meanwhile waits: a switch half made would leave the server and the store apart."""
+    with ignoring_stops():
+        started = time.monotonic()
+        board.set_default(name, new.label)
+        record_default(board.run_dir.absolute(), name, new.label)
+        make_live(board.model_store, name, new.number)  # a start from the store alone serves it too
+        say(f"{name}: {new.label} is the default ({time.monotonic() - started:.2f} s, {name}.mar in the store); "
+            f"{old} draining")
+        board.drain_and_unload(name, old)
     say(f"{name}: {old} unloaded (kept in {board.model_store}); serving {new.label}")
 
 
@@ -191,13 +295,17 @@ def rollback(board: Switchboard, args: argparse.Namespace) -> int:
         raise RolloutRefused(f"{archive} is no longer in the store: nothing to roll back to")
     candidate = Candidate(archive, checked_manifest(archive))
     say(f"rollback of {name} on {board.engine}: live {live}, back to {candidate.label}")
-    board.load_beside(name, candidate)
-    switch(board, name, live, candidate)
+    with stops_once():
+        try:
+            board.load_beside(name, candidate)
+        except BaseException as error:
+            raise undone(board, name, live, candidate, error, refused=False) from None
+        switch(board, name, live, candidate)
     return 0
 
 
 def previous_version(model_store: Path, name: str, live: str) -> int:
-    current = parse_label(live) if live.lstrip("v").isdigit() else 0
+    current = live_number(live)
     older = [number for number in stored_versions(model_store, name) if number < current]
     if not older:
         raise RolloutRefused(f"the store keeps no version of {name} older than {live}: nothing to roll back to")
@@ -207,8 +315,9 @@ def previous_version(model_store: Path, name: str, live: str) -> int:
 def versions(board: Switchboard, args: argparse.Namespace) -> int:
     name = args.name
     kept = ", ".join(f"v{number}" for number in stored_versions(board.model_store, name)) or "none"
+    refused = ", ".join(f"v{number}" for number in stored_versions(board.model_store / REFUSED_FOLDER, name))
     say(f"{name} on {board.engine}: default {board.live(name)}; loaded {', '.join(board.loaded(name))}; "
-        f"kept in {board.model_store}: {kept}")
+        f"kept in {board.model_store}: {kept}" + (f"; refused, set apart: {refused}" if refused else ""))
     return 0
 
 

@@ -1,17 +1,26 @@
-"""Version names in the model store and the run dir's default version (contract/versions.py)."""
+"""Version names in the model store, the live version (the plain archive), pruning and refused candidates, and the
+run dir's default version (contract/versions.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from contract.versions import (
+    KEEP_REFUSED,
+    REFUSED_FOLDER,
     ModelVersion,
     VersionError,
     archive_name,
+    live_version,
+    make_live,
+    newest_number,
     parse_label,
+    protected_versions,
+    prune_versions,
     read_defaults,
     record_default,
     served_archive,
+    set_aside,
     split_versioned,
     stored_versions,
 )
@@ -50,3 +59,36 @@ def test_bad_labels_and_records_say_what_to_do(tmp_path):
     (tmp_path / "model-versions.json").write_text("{not json")
     with pytest.raises(VersionError, match="delete it"):
         read_defaults(tmp_path)
+
+
+def test_the_plain_archive_is_the_live_version_hard_linked_or_copied(tmp_path):
+    for number in (1, 2):
+        (tmp_path / f"m.v{number}.mar").write_bytes(f"version {number}".encode())
+    assert live_version(tmp_path, "m") is None
+    make_live(tmp_path, "m", 2)
+    assert live_version(tmp_path, "m") == 2 and (tmp_path / "m.mar").samefile(tmp_path / "m.v2.mar")
+    (tmp_path / "m.mar").unlink()
+    (tmp_path / "m.mar").write_bytes(b"version 1")  # a copy (a volume without hard links)
+    assert live_version(tmp_path, "m") == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["m.mar", "m.v1.mar", "m.v2.mar"]  # nothing staged left
+    with pytest.raises(VersionError, match="keeps m's versions v1, v2"):
+        make_live(tmp_path, "m", 7)
+
+
+def test_pruning_spares_the_live_version_and_its_predecessor(tmp_path):
+    for number in range(1, 7):
+        (tmp_path / f"m.v{number}.mar").write_bytes(f"version {number}".encode())
+    make_live(tmp_path, "m", 3)
+    assert protected_versions(tmp_path, "m") == {2, 3}
+    assert prune_versions(tmp_path, "m", keep=2) == [1, 4]
+    assert stored_versions(tmp_path, "m") == [2, 3, 5, 6]
+
+
+def test_a_refused_candidate_is_set_apart_and_its_number_never_reused(tmp_path):
+    for number in range(1, 7):
+        (tmp_path / f"m.v{number}.mar").write_bytes(b"")
+    for number in range(2, 7):
+        set_aside(tmp_path, "m", number)
+    assert stored_versions(tmp_path, "m") == [1]
+    assert stored_versions(tmp_path / REFUSED_FOLDER, "m") == [4, 5, 6]  # the newest KEEP_REFUSED
+    assert KEEP_REFUSED == 3 and newest_number(tmp_path, "m") == 6

@@ -1,22 +1,30 @@
 """A rollout (5 live requests mirrored, then a canary), a refused rollout and a rollback on a real running server of each engine
 (TorchServe, KServe, Ray Serve), under load from 8 real HTTP clients:
 no request fails, every answer names exactly one version (header and JSON alike) and equals that version's
-archive run in-process on the same photo, and a refusal leaves the live version serving."""
+archive run in-process on the same photo, a refusal leaves the live version serving, and the store's NAME.mar is
+always the version that takes the traffic. On TorchServe, a rollout stopped by SIGTERM and a canary that answered
+nothing both end as refusals: the candidate unloaded, nothing routed or kept, the store as it was."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
+import requests
 
 from contract.policy import ServingPolicy
 from contract.records import Manifest
-from contract.versions import read_defaults, record_default
+from contract.versions import REFUSED_FOLDER, live_version, read_defaults
 from export.package.archive import build_archive
+from handlers.routes import ROUTES_FOLDER, ModelRoutes
 from measure.reliability.rollout import VersionedLoad, engine_settings, failures, serving_command
 from serving import engine as engines
 from tests.answers import assert_same_answer, expected_answer
@@ -29,13 +37,26 @@ NAME = "resnet18"
 
 @pytest.fixture(scope="module")
 def versioned_store(resnet18_export, tmp_path_factory) -> Path:
-    """v1, the session's export as it was archived, and v2, the same export archived again into the store: two
-    versions side by side (their content hash is the same; their version is not)."""
+    """v1, the session's export as it was archived and live (NAME.mar), and v2, the same export archived again into
+    the store as the next version, which waits for a rollout: two versions side by side (their content hash is the
+    same; their version is not)."""
     store = tmp_path_factory.mktemp("versioned-store")
     shutil.copy2(resnet18_export["model_store"] / f"{NAME}.v1.mar", store / f"{NAME}.v1.mar")
-    build_archive(resnet18_export["out"], Manifest.read(resnet18_export["out"]), store, NAME)
-    assert sorted(path.name for path in store.glob("*.mar")) == [f"{NAME}.mar", f"{NAME}.v1.mar", f"{NAME}.v2.mar"]
+    (store / f"{NAME}.mar").hardlink_to(store / f"{NAME}.v1.mar")
+    written = build_archive(resnet18_export["out"], Manifest.read(resnet18_export["out"]), store, NAME)
+    assert written == store / f"{NAME}.v2.mar" and live_version(store, NAME) == 1  # the export made no version live
+    assert sorted(path.name for path in store.iterdir()) == [f"{NAME}.mar", f"{NAME}.v1.mar", f"{NAME}.v2.mar"]
     return store
+
+
+def store_copy(store: Path, folder: Path) -> Path:
+    """The store for one test (each rollout changes it), NAME.mar hard-linked to the version it is, as there."""
+    copy = folder / "store"
+    copy.mkdir()
+    for number in (1, 2):
+        shutil.copy2(store / f"{NAME}.v{number}.mar", copy / f"{NAME}.v{number}.mar")
+    (copy / f"{NAME}.mar").hardlink_to(copy / f"{NAME}.v{live_version(store, NAME)}.mar")
+    return copy
 
 
 def tampered_copy(archive: Path, folder: Path) -> Path:
@@ -61,18 +82,20 @@ ONE_WORKER = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, thread
 def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    record_default(run_dir, NAME, "v1")  # the start serves v1 although NAME.mar is v2
+    store = store_copy(versioned_store, tmp_path)  # the start serves NAME.mar, v1: the store alone says so
     if engine == "ray":
         pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
-    settings, url = engine_settings(engine, versioned_store, run_dir, NAME, ONE_WORKER)
+    settings, url = engine_settings(engine, store, run_dir, NAME, ONE_WORKER)
     with engines.get(engine)(settings).running(CAT):
         load = VersionedLoad(url, CAT.read_bytes(), kserve_v1=engine == "kserve").start()
         try:
-            rolled = serving_command("rollout", NAME, str(versioned_store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
+            rolled = serving_command("rollout", NAME, str(store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
                                      *MIRROR_AND_CANARY)
+            live_after_rollout = live_version(store, NAME)
             refused_at = time.monotonic()
-            refused = serving_command("rollout", NAME, str(tampered_copy(versioned_store / f"{NAME}.v2.mar", tmp_path)),
+            refused = serving_command("rollout", NAME, str(tampered_copy(store / f"{NAME}.v2.mar", tmp_path)),
                                       "--run-dir", str(run_dir))
+            live_after_refusal = live_version(store, NAME)
             back_at = time.monotonic()
             back = serving_command("rollback", NAME, "--run-dir", str(run_dir))
             time.sleep(1.0)
@@ -87,14 +110,68 @@ def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_pa
     assert refused.returncode != 0 and "modified after export" in refused.stderr, refused.stdout + refused.stderr
     assert back.returncode == 0, back.stdout + back.stderr
     assert read_defaults(run_dir) == {NAME: "v1"}  # a restart serves v1 again
+    assert (live_after_rollout, live_after_refusal, live_version(store, NAME)) == (2, 2, 1)  # NAME.mar: the live one
+    assert sorted(path.name for path in store.iterdir()) == [f"{NAME}.mar", f"{NAME}.v1.mar", f"{NAME}.v2.mar"]
 
     assert samples and not failures(samples), [(s.status, s.error) for s in failures(samples)][:5]
     assert {s.version for s in samples} == {"v1", "v2"}
     during_refusal = [s for s in samples if refused_at <= s.start and s.end <= back_at]
     assert during_refusal and {s.version for s in during_refusal} == {"v2"}  # the live version serves on
-    expected = {version: expected_answer(versioned_store / f"{NAME}.{version}.mar", CAT.read_bytes())
+    expected = {version: expected_answer(store / f"{NAME}.{version}.mar", CAT.read_bytes())
                 for version in ("v1", "v2")}
     for sample in samples:
         assert_same_answer(sample.answer, expected[sample.version])
         in_process = expected[sample.version].for_served(sample.answer)
         assert sample.answer["version"] == in_process["version"] == sample.version
+
+
+def test_a_stopped_or_unproven_rollout_leaves_the_server_and_the_store_as_they_were(versioned_store, tmp_path):
+    """SIGTERM while the shadow keeps live photos: exit 130, the candidate unloaded, the photos deleted, the store
+    untouched. Then a canary no request reached: refused, the candidate set apart, NAME.mar still the live one."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    store = store_copy(versioned_store, tmp_path)
+    before = sorted(path.name for path in store.iterdir())
+    settings, url = engine_settings("torchserve", store, run_dir, NAME, ONE_WORKER)
+    routes = ModelRoutes(run_dir / ROUTES_FOLDER, NAME)
+    with engines.get("torchserve")(settings).running(CAT):
+        rollout = subprocess.Popen([sys.executable, "-m", "serving", "rollout", NAME, str(store / f"{NAME}.v2.mar"),
+                                    "--run-dir", str(run_dir), "--shadow", "50", "--shadow-seconds", "600"],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            wait_for(lambda: routes.control_file.exists() or rollout.poll() is not None, 400, "the shadow's start")
+            for _ in range(3):  # live requests, their photos kept on disk for the shadow
+                assert requests.post(url, data=CAT.read_bytes(), timeout=60).status_code == 200
+            wait_for(lambda: len(routes.captured()) == 3, 60, "three kept photos")
+            rollout.send_signal(signal.SIGTERM)
+            out, err = rollout.communicate(timeout=300)
+        finally:
+            if rollout.poll() is None:
+                rollout.kill()
+        stopped_versions = serving_command("versions", NAME, "--run-dir", str(run_dir))
+        unproven = serving_command("rollout", NAME, str(store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
+                                   "--canary", "50", "--canary-seconds", "2")
+        served = requests.post(url, data=CAT.read_bytes(), timeout=60)
+        refused_versions = serving_command("versions", NAME, "--run-dir", str(run_dir))
+    assert rollout.returncode == 130, out + err
+    assert ("the rollout of v2 was interrupted before the switch: v2 unloaded; resnet18.v2.mar stays in the store; "
+            "v1 serves on") in err, out + err
+    assert "Traceback" not in err
+    assert not routes.control_file.exists() and routes.captured() == []  # no route left, no photo kept
+    assert not [path for path in (run_dir / ROUTES_FOLDER).rglob("*") if path.is_file()]
+    assert "default v1; loaded v1;" in stopped_versions.stdout, stopped_versions.stdout + stopped_versions.stderr
+    assert unproven.returncode == 1, unproven.stdout + unproven.stderr
+    assert "the canary v2 failed its check: it answered none of resnet18's requests in 2 s" in unproven.stderr
+    assert f"v2 set apart in {store / REFUSED_FOLDER}" in unproven.stderr, unproven.stderr
+    assert served.status_code == 200 and served.headers["X-Model-Version"] == "v1"
+    assert sorted(path.name for path in store.iterdir()) == sorted({*before, REFUSED_FOLDER} - {f"{NAME}.v2.mar"})
+    assert live_version(store, NAME) == 1 and (store / REFUSED_FOLDER / f"{NAME}.v2.mar").is_file()
+    assert f"kept in {store}: v1; refused, set apart: v2" in refused_versions.stdout, refused_versions.stdout
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
+        time.sleep(0.2)

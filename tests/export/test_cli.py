@@ -237,3 +237,19 @@ def test_controlflow_command_reports_traced_wrong_and_scripted_right(controlflow
     combined = json.loads((out / "report.json").read_text())
     assert combined["cf-repeat"]["diverging"] == []
     assert {d["artifact"] for d in combined["cf-loop"]["diverging"]} == {"traced", "onnx-traced"}
+
+
+@pytest.mark.slow
+def test_a_later_export_into_the_store_waits_for_a_rollout_to_go_live(gated, export_main, tmp_path):
+    """The store's contract (docs/rollout.md): the name's first export made gated.mar; the next one writes gated.v2.mar
+    beside it, leaves gated.mar (the live version) alone and says how to make v2 live."""
+    store = tmp_path / "store"
+    shutil.copytree(gated["store"], store)
+    live = (store / "gated.mar").read_bytes()
+    again = export_main("module", f"{USER_FILE}:gated", "--input-shape", "1,3,16,16", "--out", tmp_path / "again",
+                        "--model-store", store, "--name", "gated")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sorted(p.name for p in store.iterdir()) == ["gated.mar", "gated.v1.mar", "gated.v2.mar"]
+    assert (store / "gated.mar").read_bytes() == live == (store / "gated.v1.mar").read_bytes()
+    assert (f"gated.mar is still the live version; `python -m serving rollout gated {store / 'gated.v2.mar'}` makes "
+            "this one live") in again.stdout

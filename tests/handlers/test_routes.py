@@ -83,6 +83,48 @@ def test_a_worker_reads_the_control_again_only_when_it_changed(tmp_path):
     assert worker.control() is None and not files.control_file.exists()
 
 
+MALFORMED = {"a list": "[]",
+             "a string percent": json.dumps({"live": "v1", "canary": {"id": "c", "label": "v2", "url": "http://x",
+                                                                       "percent": "50"}}),
+             "a percent over 100": json.dumps({"live": "v1", "canary": {"id": "c", "label": "v2", "url": "http://x",
+                                                                         "percent": 150}}),
+             "a canary of unknown keys": json.dumps({"live": "v1", "canary": {"label": "v2", "share": 5}}),
+             "a string capture": json.dumps({"live": "v1", "capture": "3"}),
+             "invalid JSON": "{not json",
+             "not UTF-8": b"\xff\xfe".decode("latin-1")}
+
+
+@pytest.mark.parametrize("shape", sorted(MALFORMED))
+def test_a_malformed_control_is_ignored_with_one_warning_per_change_and_fails_no_request(shape, tmp_path, caplog):
+    files = ModelRoutes(tmp_path / ROUTES_FOLDER, NAME)
+    worker = WorkerRoutes(files, "v1")
+    files.control_file.parent.mkdir()
+    files.control_file.write_bytes(MALFORMED[shape].encode("latin-1"))
+    batch = [ImageRequest(jpeg("red"), "image/jpeg", request_id=f"r{index}") for index in range(3)]
+    with caplog.at_level("WARNING", logger="handlers.routes"):
+        for _ in range(5):  # five live batches while the file stands: each routes nothing, each answered here
+            assert worker.route(batch) == {}
+    warned = [record for record in caplog.records if "cannot be read" in record.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING", caplog.text
+    assert str(files.control_file) in warned[0].getMessage()
+    files.control_file.write_text("[1]")  # changed, still malformed: said once more
+    with caplog.at_level("WARNING", logger="handlers.routes"):
+        assert worker.route(batch) == {} and worker.route(batch) == {}
+    assert len([record for record in caplog.records if "cannot be read" in record.getMessage()]) == 2
+    files.start_capture("v1", 2)  # the rollout writes over it; the worker follows the new control
+    worker.route(batch)
+    assert [request_id for request_id, _ in files.captured()] == ["r0", "r1"]
+
+
+def test_a_control_names_what_is_wrong_with_it():
+    with pytest.raises(ValueError, match='"canary"."percent" is \'50\', not a number from 0 to 100'):
+        Control.from_json(MALFORMED["a string percent"])
+    with pytest.raises(ValueError, match='not a JSON object naming the "live" version'):
+        Control.from_json("[]")
+    control = Control("v1", 2, Canary("c", "v2", "http://127.0.0.1:1/predictions/m/2", {"Authorization": "k"}, 5))
+    assert Control.from_json(control.to_json()) == control
+
+
 def test_the_switchboard_gives_the_canary_the_inference_key_when_tokens_are_on(tmp_path):
     (tmp_path / RUN_CONFIG).write_text("inference_address=http://0.0.0.0:8085\nmanagement_address=http://127.0.0.1:"
                                        "8086\nmodel_store=/store\ndisable_token_authorization=false\n")

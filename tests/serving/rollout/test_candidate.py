@@ -11,7 +11,7 @@ import pytest
 
 from contract.records import DETECTION
 from contract.versions import ModelVersion
-from serving.rollout.candidate import RolloutRefused, check_task, prepare
+from serving.rollout.candidate import RolloutRefused, check_task, leave_store, prepare
 from tests.serving.manifests import manifest
 
 PAYLOAD = b"the served artifact"
@@ -55,3 +55,21 @@ def test_another_content_under_a_kept_number_is_refused(tmp_path):
     archive(store / "resnet18.v2.mar", 2, content="c1")
     with pytest.raises(RolloutRefused, match="holds another resnet18 v2"):
         prepare(archive(tmp_path / "other.mar", 2, content="c2"), "resnet18", store)
+
+
+def test_a_candidate_that_never_takes_the_traffic_leaves_the_store_as_it_was(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    archive(store / "resnet18.v1.mar", 1, content="c1")
+    (store / "resnet18.mar").hardlink_to(store / "resnet18.v1.mar")
+    before = sorted(path.name for path in store.iterdir())
+    interrupted = prepare(archive(tmp_path / "new.mar", 2, content="c2"), "resnet18", store)
+    assert interrupted.added and leave_store(interrupted, "resnet18", 1, refused=False) == "resnet18.v2.mar removed " \
+                                                                                         "from the store"
+    assert sorted(path.name for path in store.iterdir()) == before
+    kept = prepare(archive(store / "resnet18.v3.mar", 3, content="c3"), "resnet18", store)  # exported there before
+    assert not kept.added and leave_store(kept, "resnet18", 1, refused=False) == "resnet18.v3.mar stays in the store"
+    refused = leave_store(kept, "resnet18", 1, refused=True)
+    assert refused == f"v3 set apart in {store / 'refused'} (resnet18.v3.mar)"
+    assert sorted(path.name for path in store.iterdir()) == sorted([*before, "refused"])
+    assert (store / "resnet18.mar").samefile(store / "resnet18.v1.mar")  # the live version, untouched throughout

@@ -1,0 +1,52 @@
+"""KServe's canary (serving/kserve/versions.py): a request the candidate fails on is counted and answered by the
+live version, as TorchServe's and Ray's canaries do; the live client never sees the candidate's failure. The live
+version is the session's real resnet18 archive, unpacked and loaded as our KServe server loads it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+from kserve.model_repository import ModelRepository
+
+from contract.policy import ServingPolicy
+from handlers.kserve_model import KServeModel
+from handlers.request_error import RequestError
+from serving.kserve.versions import Versions
+from tests.conftest import ROOT
+
+NAME = "resnet18"
+CAT = ROOT / "examples" / "cat.jpg"
+ONE_WORKER = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
+                           reason="tests: one worker")
+
+
+@pytest.fixture(scope="module")
+def live(resnet18_unpacked) -> KServeModel:
+    model = KServeModel(NAME, resnet18_unpacked, ONE_WORKER)
+    model.load()
+    return model
+
+
+def predict_all(versions: Versions, live: KServeModel, bodies: list) -> list:
+    async def run():
+        return [await live.predict(body, {}, {}) for body in bodies]
+    return asyncio.run(run())
+
+
+def test_a_failing_canary_is_counted_and_the_live_version_answers(live, resnet18_unpacked):
+    registry, versions = ModelRepository(), Versions(settings=None, make_model=None)
+    registry.update(live)
+    versions.adopt(live)
+    broken = KServeModel(NAME, resnet18_unpacked, ONE_WORKER)  # registered but never loaded: every predict fails
+    broken.version = "v2"
+    versions.loaded[NAME]["v2"] = versions.counted(broken)
+    versions.canary(registry, NAME, "v2", 99.999)
+    photo = {"instances": [{"image": {"b64": base64.b64encode(CAT.read_bytes()).decode()}}]}
+    answers = predict_all(versions, live, [photo] * 4)
+    assert all(answer["predictions"][0]["version"] == live.version for answer in answers)  # the live version's
+    report = versions.canary(registry, NAME, "v2", 0)
+    assert report["served"] + report["failed"] == 4 and report["failed"] >= 3, report
+    with pytest.raises(RequestError):  # a bad request is the client's: refused as it is, by either version
+        predict_all(versions, live, [{"instances": []}])
