@@ -11,6 +11,7 @@ limit TorchServe's shipped config sets too), a read timeout, and a cap on the co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -218,13 +219,23 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
 
-async def bounded_body(chunks: AsyncIterator[bytes], declared: str | None, limit: int = MAX_BODY_BYTES) -> bytes:
+async def bounded_body(chunks: AsyncIterator[bytes], declared: str | None, limit: int = MAX_BODY_BYTES,
+                       read_timeout: float = READ_TIMEOUT_S) -> bytes:
     """The body an ASGI server hands over in chunks, or a 413 RequestError: at once when its declared size is over
-    the limit (nothing read), else as soon as the chunks that arrived add up past it."""
+    the limit (nothing read), else as soon as the chunks that arrived add up past it; 408 when the client stops
+    sending for read_timeout or takes over BODY_DEADLINE_S (the ASGI servers time out no body)."""
     if declared and declared.strip().isdigit() and int(declared) > limit:
         raise too_large(limit)
-    parts, total = [], 0
-    async for chunk in chunks:
+    parts, total, deadline = [], 0, time.monotonic() + BODY_DEADLINE_S
+    iterator = aiter(chunks)
+    while True:
+        wait = min(read_timeout, deadline - time.monotonic())
+        try:
+            chunk = await asyncio.wait_for(anext(iterator), max(wait, 0.001))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise RequestError(408, "the client stopped sending its body") from None
         total += len(chunk)
         if total > limit:
             raise too_large(limit)

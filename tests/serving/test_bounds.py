@@ -18,7 +18,7 @@ import requests
 
 from contract.policy import MAX_BODY_BYTES
 from handlers.request_error import RequestError
-from serving.bounds import BoundedHTTPServer, bounded_body
+from serving.bounds import MAX_CONNECTIONS, BoundedHTTPServer, bounded_body
 from serving.page.server import NO_KEY, RAW, PageServer, PageTarget, handler_for
 from serving.signals import serve_signals
 
@@ -130,11 +130,15 @@ def test_the_page_without_token_auth_forwards_and_says_the_engine_did_not_answer
 
 def test_the_signals_server_is_bounded_too():
     server = serve_signals("127.0.0.1", 0, lambda: [])
+    url = f"http://127.0.0.1:{server.server_address[1]}/health/ready"
     try:
-        assert server.slots is not None and server.read_timeout > 0
-        with socket.create_connection(server.server_address, timeout=10) as connection:
-            connection.sendall(b"GET /health/ready HTTP/1.0\r\n\r\n")
-            assert b'"ready": true' in connection.recv(4096)
+        held = [socket.create_connection(server.server_address, timeout=10) for _ in range(MAX_CONNECTIONS)]
+        time.sleep(0.5)
+        assert requests.get(url, timeout=10).status_code == 503
+        for connection in held:
+            connection.close()
+        time.sleep(0.5)
+        assert requests.get(url, timeout=10).json() == {"ready": True}
     finally:
         server.shutdown()
         server.server_close()
@@ -183,6 +187,17 @@ def test_bounded_body_counts_what_arrives():
     assert asyncio.run(bounded_body(chunks([3, 4]), "7")) == b"x" * 7
     with pytest.raises(RequestError):
         asyncio.run(bounded_body(chunks([MAX_BODY_BYTES, 1]), None))
+
+
+def test_bounded_body_drops_a_client_that_stops_sending():
+    async def stalls():
+        yield b"a few bytes"
+        await asyncio.sleep(3600)
+        yield b"never"
+    started = time.monotonic()
+    with pytest.raises(RequestError) as stalled:
+        asyncio.run(bounded_body(stalls(), "1000", read_timeout=0.2))
+    assert stalled.value.code == 408 and time.monotonic() - started < 5
 
 
 # ---------------------------------------------------------------- KServe's 500: the reason in the log, not the body
