@@ -31,6 +31,7 @@ METRICS_DIR = "metrics"  # in the run dir: each process's metric files
 SIGNALS_PORT = 8083  # TorchServe's signals server, beside its 8080-8082
 LIVE, READY, METRICS = "/health/live", "/health/ready", "/metrics"
 MANAGEMENT_TIMEOUT_S = 5
+REASON_CHARS = 160  # of a readiness reason in the answer (an engine's may carry a replica's traceback)
 WATCH_S = 1.0  # how often --watch looks whether the server it serves beside is still there
 Readiness = Callable[[], list[str]]  # why the server is not ready ([]: ready)
 
@@ -54,7 +55,10 @@ def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPReq
                 self.answer_json(200, {"live": True})
             elif path == READY:
                 missing = readiness()
-                self.answer_json(503 if missing else 200, {"ready": not missing, **({"why": missing} if missing else {})})
+                if missing:  # the answer is anonymous: each reason's first line; whole (a traceback) in our log
+                    logger.info("not ready: %s", "; ".join(missing))
+                self.answer_json(503 if missing else 200,
+                                 {"ready": not missing, **({"why": list(map(headline, missing))} if missing else {})})
             else:
                 self.answer_json(404, {"code": 404, "error": f"no route {path}: {METRICS}, {LIVE}, {READY}"})
 
@@ -72,6 +76,12 @@ def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPReq
             pass
 
     return Signals
+
+
+def headline(reason: str) -> str:
+    """A readiness reason as an anonymous caller reads it: its first line, at most REASON_CHARS."""
+    line = reason.strip().splitlines()[0] if reason.strip() else ""
+    return line if len(line) <= REASON_CHARS else line[:REASON_CHARS - 3] + "..."
 
 
 def serve_signals(host: str, port: int, readiness: Readiness, folder: Path | None = None) -> BoundedHTTPServer:

@@ -20,7 +20,7 @@ from contract.policy import MAX_BODY_BYTES
 from handlers.request_error import RequestError
 from serving.bounds import MAX_CONNECTIONS, BoundedHTTPServer, bounded_body
 from serving.page.server import NO_KEY, RAW, PageServer, PageTarget, handler_for
-from serving.signals import serve_signals
+from serving.signals import REASON_CHARS, serve_signals
 
 MODEL_PATH = "/predictions/resnet18"
 ENGINE_URL = "http://127.0.0.1:9/predictions/resnet18"  # never reached: every request here is refused first
@@ -142,6 +142,19 @@ def test_the_signals_server_is_bounded_too():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_readiness_answers_each_reasons_first_line_only():
+    traceback = "resnet18: deployment RayDeployment DEPLOY_FAILED\nTraceback (most recent call last):\n  File /srv/x.py"
+    server = serve_signals("127.0.0.1", 0, lambda: [traceback, "resnet50: " + "x" * 500])
+    try:
+        answer = requests.get(f"http://127.0.0.1:{server.server_address[1]}/health/ready", timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    why = answer.json()["why"]
+    assert answer.status_code == 503 and why[0] == "resnet18: deployment RayDeployment DEPLOY_FAILED"
+    assert why[1].startswith("resnet50: xxx") and len(why[1]) <= REASON_CHARS and "Traceback" not in answer.text
 
 
 # ---------------------------------------------------------------- Ray's ingress: a real Starlette request
