@@ -26,6 +26,7 @@ from serving.page.server import NO_KEY
 from serving.torchserve import server
 from serving.torchserve.config import DEFAULT_CONFIG, free_port
 from tests.answers import assert_same_answer, expected_answer
+from tests.browser import chromium, wait_for
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -150,6 +151,23 @@ def the_page_asks_each_caller_for_the_key(settings, export: dict, body: bytes) -
         keyed = requests.post(url, data=body, headers={**jpeg, **server.auth_headers(settings)}, timeout=60)
         assert keyed.status_code == 200, keyed.text
         assert_same_answer(keyed.json(), expected_answer(export["archive"], body))
+        in_a_browser(page, server.auth_headers(settings)["Authorization"].removeprefix("Bearer "), keyed.json())
+
+
+def in_a_browser(page: str, key: str, keyed: dict) -> None:
+    """The page in headless Chromium: without the key its user reads how to send it; with the key typed in its
+    field, the engine's answer (the one curl got with the key)."""
+    with chromium() as browser:
+        browser.get(page + "/")
+        wait_for(lambda: browser.execute_script("return document.getElementById('model').options.length"))
+        assert browser.find_element("id", "key").is_displayed()
+        browser.find_element("id", "file").send_keys(str(CAT))
+        wait_for(lambda: browser.execute_script("return document.body.dataset.state") == "error")
+        assert browser.find_element("id", "error").text == NO_KEY
+        browser.find_element("id", "key").send_keys(key)
+        browser.execute_script("document.getElementById('key').dispatchEvent(new Event('change'))")
+        wait_for(lambda: browser.execute_script("return document.body.dataset.state") == "answered")
+        assert browser.execute_script("return window.lastAnswer")["predictions"] == keyed["predictions"]
 
 
 def test_the_page_without_token_auth_serves_anyone_as_the_engine_does(default_server, resnet18_export):
