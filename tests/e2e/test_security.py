@@ -1,8 +1,8 @@
 """Security posture of a real TorchServe started our way: loopback-only APIs, no model registration from a
 URL, registration limited to the local model store, token authorisation end to end (python -m serving and
 its readiness check, the try-it page in front of it, the benchmark), bounded request and response sizes; and of a
-real KServe server: one body limit with TorchServe's, read no further than it, a cap on the photos of one request,
-500s without exception text (the other servers' bounds: tests/serving/test_bounds.py)."""
+real KServe server and a real Ray Serve: one body limit with TorchServe's, read no further than it, and on KServe
+a cap on the photos of one request (the other servers' bounds: tests/serving/test_bounds.py)."""
 
 from __future__ import annotations
 
@@ -225,6 +225,36 @@ def test_kserve_caps_the_photos_of_one_request_and_still_answers_one(kserve, res
     one = requests.post(url, json={"instances": [instance]}, timeout=300)
     assert one.status_code == 200, one.text
     assert_same_answer(one.json()["predictions"][0], expected_answer(resnet18_export["archive"], body))
+
+
+# ---------------------------------------------------------------- Ray Serve's ingress: the same body limit
+@pytest.fixture(scope="module")
+def ray_serve(resnet18_export, tmp_path_factory):
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
+    from contract.policy import ServingPolicy
+    from serving.ray.config import RaySettings
+    from serving.ray.engine import RayServe
+    one_replica = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
+                                reason="tests: one replica")
+    settings = RaySettings(resnet18_export["model_store"], (resnet18_export["model_name"],), http_port=free_port(),
+                           run_dir=tmp_path_factory.mktemp("ray-bounds"), policy=one_replica,
+                           signals_port=free_port())
+    with RayServe(settings).running(CAT):
+        yield settings
+
+
+def test_rays_ingress_refuses_a_body_over_the_limit_and_still_answers_a_photo(ray_serve, resnet18_export):
+    url, name = ray_serve.predictions_url(resnet18_export["model_name"]), resnet18_export["model_name"]
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", f"Content-Length: {64 * MAX_BODY_BYTES}\r\n")
+    assert status == 413 and "MiB" in body, body
+    chunk = b"x" * 2**20
+    parts = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n" for _ in range(2 * MAX_BODY_BYTES // len(chunk)))
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", "Transfer-Encoding: chunked\r\n", parts)
+    assert status == 413 and "MiB" in body, body
+    photo = CAT.read_bytes()
+    one = requests.post(url, data=photo, headers={"Content-Type": "image/jpeg"}, timeout=300)
+    assert one.status_code == 200, one.text
+    assert_same_answer(one.json(), expected_answer(resnet18_export["archive"], photo))
 
 
 @pytest.mark.skipif(shutil.which("hey") is None, reason="the load generator hey is not installed")
