@@ -6,7 +6,8 @@ limit TorchServe's shipped config sets too), a read timeout, and a cap on the co
   missing, negative or oversized Content-Length (411/413) before reading a byte of the body, and counts a chunked
   body as it arrives, cutting it at the limit.
 - ASGI apps (KServe's; Ray's ingress through bounded_body): a declared Content-Length over the limit is refused
-  with 413 before the body is read, and a chunked one is cut at the limit, so no route parses more than it.
+  with 413 before the body is read, a chunked one is cut at the limit, so no route parses more than it, and a
+  client that stops sending is answered 408 (the ASGI servers time out no body).
 """
 
 from __future__ import annotations
