@@ -28,6 +28,11 @@ GPU_BATCH_DELAY_MS = 50
 CPU_BATCH_DELAY_MS = 5  # unused at batch size 1; TorchServe wants a value
 MAX_CPU_WORKERS = 4
 PINNED = "the archive pins it"
+# What one request may carry, on every engine: TorchServe's own default max_request_size (its shipped config
+# sets the same), which our servers read no further than (serving/bounds.py), and the photos of one request
+# (KServe's v1 instances, v2's batch), each a full decode and inference a single client could otherwise queue.
+MAX_BODY_BYTES = 8 * 2**20
+MAX_PHOTOS_PER_REQUEST = 32
 
 
 class PolicyError(VisionExportError):

@@ -49,7 +49,7 @@ page=""           # the try-it page beside TorchServe (its pid)
 start_page() {
   [[ "$PAGE_PORT" == 0 ]] && return
   local keys=()
-  if [[ "${1:-}" == token ]]; then keys=(--key-file "$KEYS_DIR/key_file.json"); fi
+  if [[ "${1:-}" == token ]]; then keys=(--token-auth); fi  # each caller brings its own key
   (cd "$ROOT" && exec "$PYTHON" -m serving.page --url "http://127.0.0.1:${TS_INFERENCE_ADDRESS##*:}" \
     --model-store "$MODEL_STORE" --page-host 0.0.0.0 --page-port "$PAGE_PORT" "${keys[@]}") &
   page=$!

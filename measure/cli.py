@@ -25,6 +25,9 @@ COMMANDS = {
     "faults": ("measure.reliability.faults", "main", "a worker killed under load: requests lost, seconds to recover"),
     "rollout": ("measure.reliability.rollout", "main",
                 "a rollout and a rollback under load: failed requests, versions answering, switch time, latency"),
+    "attack": ("measure.reliability.attack", "main",
+               "hostile reads against a running server (length -1, oversized, chunked, slow, many connections): "
+               "its memory and a normal request's answer"),
     "gpu-check": ("measure.gpu.check", "main", "the GPU path proven on a CUDA machine (make gpu-check)"),
     "ray-two-node": ("measure.distributed.two_node", "main",
                      "a Ray node killed under load on a two-node Ray Serve cluster (pip install '.[ray]' first)"),

@@ -18,10 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from handlers import metrics
+from serving.bounds import BoundedHandler, BoundedHTTPServer
 from serving.processes import alive
 
 logger = logging.getLogger("serving.signals")
@@ -29,6 +30,7 @@ logger = logging.getLogger("serving.signals")
 METRICS_DIR = "metrics"  # in the run dir: each process's metric files
 LIVE, READY, METRICS = "/health/live", "/health/ready", "/metrics"
 MANAGEMENT_TIMEOUT_S = 5
+REASON_CHARS = 160  # of a readiness reason in the answer (an engine's may carry a replica's traceback)
 WATCH_S = 1.0  # how often --watch looks whether the server it serves beside is still there
 Readiness = Callable[[], list[str]]  # why the server is not ready ([]: ready)
 
@@ -43,7 +45,7 @@ def metrics_env(run_dir: Path, environ: dict | None = None) -> dict[str, str]:
 
 
 def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPRequestHandler]:
-    class Signals(BaseHTTPRequestHandler):
+    class Signals(BoundedHandler):  # reads no body; a silent or crowding client is bounded all the same
         def do_GET(self):  # noqa: N802 (http.server's name)
             path = self.path.split("?")[0]
             if path == METRICS:
@@ -52,7 +54,10 @@ def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPReq
                 self.answer_json(200, {"live": True})
             elif path == READY:
                 missing = readiness()
-                self.answer_json(503 if missing else 200, {"ready": not missing, **({"why": missing} if missing else {})})
+                if missing:  # the answer is anonymous: each reason's first line; whole (a traceback) in our log
+                    logger.info("not ready: %s", "; ".join(missing))
+                self.answer_json(503 if missing else 200,
+                                 {"ready": not missing, **({"why": list(map(headline, missing))} if missing else {})})
             else:
                 self.answer_json(404, {"code": 404, "error": f"no route {path}: {METRICS}, {LIVE}, {READY}"})
 
@@ -72,11 +77,16 @@ def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPReq
     return Signals
 
 
-def serve_signals(host: str, port: int, readiness: Readiness, folder: Path | None = None) -> ThreadingHTTPServer:
+def headline(reason: str) -> str:
+    """A readiness reason as an anonymous caller reads it: its first line, at most REASON_CHARS."""
+    line = reason.strip().splitlines()[0] if reason.strip() else ""
+    return line if len(line) <= REASON_CHARS else line[:REASON_CHARS - 3] + "..."
+
+
+def serve_signals(host: str, port: int, readiness: Readiness, folder: Path | None = None) -> BoundedHTTPServer:
     """The signals server on host:port, answering in a thread of its own; its metrics from `folder` (default: this
     process's multiprocess folder)."""
-    server = ThreadingHTTPServer((host, port), handler_class(readiness, folder))
-    server.daemon_threads = True
+    server = BoundedHTTPServer((host, port), handler_class(readiness, folder))
     threading.Thread(target=server.serve_forever, name="signals", daemon=True).start()
     return server
 
@@ -110,11 +120,15 @@ def torchserve_readiness(management: str, models: list[str], headers: Callable[[
                 answer = requests.get(f"{management}/models/{model}", headers=headers(), timeout=MANAGEMENT_TIMEOUT_S)
                 workers = answer.json()[0].get("workers", []) if answer.ok else []
             except (requests.RequestException, ValueError, IndexError, KeyError, AttributeError) as error:
-                missing.append(f"{model}: TorchServe's management API did not answer ({error})")
+                logger.info("%s not ready: TorchServe's management API did not answer: %s", model, error)
+                missing.append(f"{model}: TorchServe's management API did not answer")
                 continue
             if not any(w.get("status") == "READY" and alive(w.get("pid")) for w in workers):
+                # the answer is anonymous: its workers' states, their pids only in our log
+                logger.info("%s not ready: workers (pid, status) %s", model,
+                            [(w.get("pid"), w.get("status")) for w in workers])
                 missing.append(f"{model}: no READY worker alive (workers: "
-                               f"{[(w.get('pid'), w.get('status')) for w in workers] or 'none'})")
+                               f"{[w.get('status') for w in workers] or 'none'})")
         return missing
     return why_not
 

@@ -15,7 +15,7 @@ import math
 import shutil
 from pathlib import Path
 
-from contract.policy import Machine, PolicyChoices, ServingPolicy, resolve_policy
+from contract.policy import MAX_BODY_BYTES, Machine, PolicyChoices, ServingPolicy, resolve_policy
 from contract.versions import label_of
 from serving.deploy.common import (
     API_VERSION,
@@ -67,7 +67,7 @@ def kserve_config_properties(model_name: str, mar_name: str, device: str, ts_ver
         "model_metrics_auto_detect=true",
         "service_envelope=kserve",
         "enable_model_api=false",
-        "max_request_size=8388608",
+        f"max_request_size={MAX_BODY_BYTES}",  # the one body limit of every engine
         "max_response_size=8388608",
         "job_queue_size=100",
         "model_store=/mnt/models/model-store",

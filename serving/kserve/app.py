@@ -9,6 +9,10 @@
   reads tritonclient's JSON-only requests, which come without a Content-Type, as JSON);
 - signals: every engine's metrics on /metrics (KServe's route shows one process's default registry), a request
   id on every answer, liveness and readiness that ask the worker pool (serving/kserve/signals.py);
+- bounded requests: KServe reads any body whole and runs every instance of it; ours refuses a body over
+  contract/policy.py's MAX_BODY_BYTES with 413 before reading it (serving/bounds.py) and a request of more than
+  MAX_PHOTOS_PER_REQUEST photos with 413 before decoding one, and a 500 says no exception's text (KServe's
+  handlers answer str(exc)): the reason is logged under the request's id;
 - one HTTP process: KServe's own `--workers N` starts N uvicorn processes, each answering the connections it
   accepted. Keep-alive connections stay with the process that accepted them, and the kernel spreads only new
   connections (a shared socket: the first worker that wakes accepts every waiting one; SO_REUSEPORT sockets:
@@ -27,14 +31,16 @@ import json
 import logging
 
 from fastapi.responses import JSONResponse
-from kserve.errors import InvalidInput
+from kserve.errors import InferenceError, InvalidInput
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput, deserialize_bytes_tensor
 from kserve.protocol.rest.server import RESTServer
 
+from contract.policy import MAX_PHOTOS_PER_REQUEST
 from handlers.metrics import ServedModel
 from handlers.request_error import RequestError
-from handlers.signals import with_request_id
+from handlers.signals import request_id, with_request_id
+from serving.bounds import BodyLimit
 from serving.kserve import signals, versions
 
 logger = logging.getLogger("serving.kserve")
@@ -47,6 +53,25 @@ _bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST se
 async def request_error_response(request, error: RequestError) -> JSONResponse:
     return JSONResponse(status_code=error.code, content=with_request_id(error.as_response(),
                                                                          signals.request_id_of(request)))
+
+
+async def failure_response(request, error: Exception) -> JSONResponse:
+    """A 500 without the exception's text (it may name files, addresses, a worker's state): that goes to the log,
+    under the id the answer carries."""
+    rid = signals.request_id_of(request) or request_id(None)
+    logger.error("request %s failed: %s: %s", rid or "(no id)", type(error).__name__, error, exc_info=error)
+    body = RequestError(500, "the server failed to answer this request; its log has the reason"
+                             + (f" under request id {rid}" if rid else ""))
+    return JSONResponse(status_code=500, content=with_request_id(body.as_response(), rid))
+
+
+def photos_in(request) -> int:
+    """How many photos one request carries: v1's instances, v2's first dimension (a raw body: one)."""
+    if isinstance(request, dict):
+        instances = request.get("instances")
+        return len(instances) if isinstance(instances, list) else 1
+    shapes = [getattr(given, "shape", None) or [1] for given in getattr(request, "inputs", None) or []]
+    return max((int(shape[0]) for shape in shapes), default=1)
 
 
 class OurRESTServer(RESTServer):
@@ -66,6 +91,7 @@ class OurRESTServer(RESTServer):
 
     def _add_middlewares(self, app) -> None:
         super()._add_middlewares(app)
+        app.add_middleware(BodyLimit)  # inside RequestSignals: a refused body is answered with its id and counted
         app.add_middleware(signals.RequestSignals, served_of=self.served_of)  # the outermost: sees every answer
 
     def served_of(self, name: str):
@@ -88,15 +114,27 @@ class OurRESTServer(RESTServer):
     def _add_exception_handlers(self, app) -> None:
         super()._add_exception_handlers(app)
         app.add_exception_handler(RequestError, request_error_response)
+        app.add_exception_handler(InferenceError, failure_response)
+        app.add_exception_handler(Exception, failure_response)
 
 
 class RawBytesDataPlane(DataPlane):
+    async def infer(self, model_name, request, headers=None):
+        photos = photos_in(request)
+        if photos > MAX_PHOTOS_PER_REQUEST:
+            raise RequestError(413, f"{photos} photos in one request: at most {MAX_PHOTOS_PER_REQUEST} are "
+                                    "answered at once; send the rest in further requests")
+        return await super().infer(model_name, request, headers)
+
     def decode_inference_request(self, body, headers, model_name):
         if not isinstance(body, bytes):
             return super().decode_inference_request(body, headers, model_name)
         # tritonclient sends JSON-only requests without a Content-Type, so they arrive as bytes without the
         # header that says where the JSON ends (KServe would refuse them): then the JSON is the whole body.
         length = headers.get(CONTENT_LENGTH_HEADER)
+        if length is not None and not (length.isdigit() and int(length) <= len(body)):
+            raise InvalidInput(f"{CONTENT_LENGTH_HEADER} must be the JSON part's length in bytes, at most the "
+                               f"body's {len(body)}, got {length!r}")
         return binary_request(body, len(body) if length is None else int(length), model_name)
 
 

@@ -1,11 +1,11 @@
 """`python -m serving.page --url http://127.0.0.1:8080`: the try-it page alone, in front of an engine started some other
 way (the container's TorchServe, docker/entrypoint.sh): each archive of the store is offered, its task read from the
-archive's manifest; with --key-file, TorchServe's inference key is added to each forwarded request."""
+archive's manifest. With --token-auth (the engine checks tokens) a call without the caller's own
+`Authorization: Bearer KEY` is refused with 401; the page holds no key (serving/page/server.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import zipfile
@@ -15,7 +15,7 @@ from contract.cli import run_command
 from contract.records import MANIFEST_NAME, Manifest
 from serving.page import DEFAULT_HOST, DEFAULT_PORT
 from serving.page.server import RAW, V1, PageServer, PageTarget
-from serving.settings import DEFAULT_MODEL_STORE, ServingError, choose_models
+from serving.settings import DEFAULT_MODEL_STORE, choose_models
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
     parser.add_argument(
-        "--key-file", type=Path, default=None, help="TorchServe's key_file.json when token authorisation is on"
+        "--token-auth",
+        action="store_true",
+        help="the engine checks tokens: each caller sends its own inference key (the page has a field for it)",
     )
     parser.add_argument("--page-host", default=DEFAULT_HOST)
     parser.add_argument("--page-port", type=int, default=DEFAULT_PORT)
@@ -46,21 +48,13 @@ def target_from(args: argparse.Namespace) -> PageTarget:
         args.protocol,
         urls,
         tasks,
-        auth=(lambda: inference_key(args.key_file)) if args.key_file else dict,
+        token_auth=args.token_auth,
     )
 
 
 def task_in(archive: Path) -> str:
     with zipfile.ZipFile(archive) as opened:
         return Manifest.from_json(opened.read(MANIFEST_NAME).decode(), f"{archive}:{MANIFEST_NAME}").task
-
-
-def inference_key(key_file: Path) -> dict:
-    """TorchServe's inference key, read for each request (it writes the file once it started)."""
-    try:
-        return {"Authorization": f"Bearer {json.loads(key_file.read_text())['inference']['key']}"}
-    except (OSError, ValueError, KeyError) as error:
-        raise ServingError(f"no inference key in {key_file} yet ({error})") from error
 
 
 def main(argv: list[str] | None = None) -> int:

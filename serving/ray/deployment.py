@@ -1,7 +1,9 @@
 """Our request core (handlers/core.py) as a Ray Serve deployment: one replica opens one archive's served
 artifact (sha256-checked by the core, as under TorchServe and KServe) and answers POST /predictions/NAME as
 TorchServe does: the same bodies (a raw image, JSON {"data": base64, "topk": k}, a form file; the X-TopK
-header), the same JSON answer, the same 4xx {"code", "error"} for a bad request. Concurrent requests share a
+header), the same JSON answer, the same 4xx {"code", "error"} for a bad request. A body over contract/policy.py's
+MAX_BODY_BYTES is refused with 413 before it is read whole (serving/bounds.py), as on every engine; a 500 says no
+exception's text (it is logged under the request's id). Concurrent requests share a
 batch as the model's policy says (handlers/batching.py). Each answer names the Ray node and replica that served it in
 its SERVED_BY header, so a client sees where its request ran.
 
@@ -33,6 +35,7 @@ from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
 from handlers.signals import with_request_id
 from handlers.tasks import open_core
+from serving.bounds import bounded_body
 from serving.ray.routing import LiveRouting
 from serving.settings import archive_config
 
@@ -86,6 +89,15 @@ class RayDeployment:
             return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
         timer, rid = metrics.Timer(), request_id_of(request.headers)
         try:
+            return await self.predict(request, rid, timer)
+        except Exception as error:  # logged here with its id; the client is told where to look, not what it was
+            logger.exception("request %s failed: %s", rid, error)
+            failed = RequestError(500, f"the server failed to answer this request; its log has the reason under "
+                                       f"request id {rid}")
+            return as_response(self.outcome(failed, rid, timer))
+
+    async def predict(self, request: Request, rid: str, timer: metrics.Timer) -> JSONResponse:
+        try:
             image = await image_request(request, rid)
         except RequestError as error:
             return as_response(self.outcome(error, rid, timer))
@@ -125,13 +137,14 @@ async def image_request(request: Request, rid: str = "") -> ImageRequest:
     """The HTTP request as the core's ImageRequest: the body's bytes, a JSON object parsed, a form's fields by name
     (handlers/request_body.py finds the image and the options in it)."""
     headers = dict(request.headers.items())
+    body = await bounded_body(request.stream(), headers.get("content-length"))
+    request = Request(request.scope, replay(body))  # a form is parsed from the bounded body, not the socket
     content_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in FORM_TYPES:
         form = await request.form()
         fields = {name: (await value.read() if hasattr(value, "read") else str(value).encode())
                   for name, value in form.multi_items()}
         return ImageRequest(b"", content_type, headers, fields, rid)
-    body = await request.body()
     if content_type == JSON_TYPE:
         try:
             parsed = json.loads(body)
@@ -140,3 +153,10 @@ async def image_request(request: Request, rid: str = "") -> ImageRequest:
         if isinstance(parsed, dict):
             return ImageRequest(b"", content_type, headers, parsed, rid)
     return ImageRequest(body, content_type, headers, request_id=rid)
+
+
+def replay(body: bytes):
+    """An ASGI receive that hands over a body already read."""
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+    return receive

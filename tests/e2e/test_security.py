@@ -1,21 +1,32 @@
 """Security posture of a real TorchServe started our way: loopback-only APIs, no model registration from a
 URL, registration limited to the local model store, token authorisation end to end (python -m serving and
-its readiness check, the benchmark), bounded request and response sizes."""
+its readiness check, the try-it page in front of it, the benchmark), bounded request and response sizes; and of a
+real KServe server and a real Ray Serve: one body limit with TorchServe's, read no further than it, and on KServe
+a cap on the photos of one request (the other servers' bounds: tests/serving/test_bounds.py)."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
+from contract.policy import MAX_BODY_BYTES, MAX_PHOTOS_PER_REQUEST
+from serving.kserve.config import KServeSettings
+from serving.kserve.engine import KServe
+from serving.page.server import NO_KEY
 from serving.torchserve import server
 from serving.torchserve.config import DEFAULT_CONFIG, free_port
 from tests.answers import assert_same_answer, expected_answer
+from tests.browser import chromium, wait_for
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -41,7 +52,8 @@ def test_the_shipped_config_binds_loopback_and_bounds_sizes():
         assert config[key].startswith("http://127.0.0.1:")
     assert config["enable_model_api"] == "false"
     assert config["allowed_urls"] == "file://.*[.]mar"  # local archives only, even if registration is switched on
-    assert int(config["max_request_size"]) <= 8 * 2**20 and int(config["max_response_size"]) <= 8 * 2**20
+    assert int(config["max_request_size"]) == MAX_BODY_BYTES  # one body limit, whichever engine serves
+    assert int(config["max_response_size"]) <= MAX_BODY_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +118,144 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
         managed = requests.get(f"{settings.management_url}/models/{name}", timeout=30,
                                headers=server.auth_headers(settings, "management"))
         assert managed.status_code == 200 and managed.json()[0]["workers"]
+        the_page_asks_each_caller_for_the_key(settings, resnet18_export, body)
     finally:
         run_serving("stop", "--run-dir", str(run_dir), timeout=120)
+
+
+@contextlib.contextmanager
+def try_it_page(inference_url: str, model_store: Path, *flags: str):
+    """`python -m serving.page` in front of an engine, as the container starts it: its base URL."""
+    port = free_port()
+    page = subprocess.Popen([sys.executable, "-m", "serving.page", "--url", inference_url, "--model-store",
+                             str(model_store), "--page-port", str(port), *flags], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "try it in a browser" in page.stdout.readline()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        page.terminate()
+        page.wait(timeout=30)
+
+
+def the_page_asks_each_caller_for_the_key(settings, export: dict, body: bytes) -> None:
+    """The page holds no key: an anonymous caller is refused (401, saying how to send the key), a caller with the
+    inference key is answered as the engine answers it, the key passed on as the caller sent it."""
+    jpeg = {"Content-Type": "image/jpeg"}
+    with try_it_page(settings.inference_url, export["model_store"], "--token-auth") as page:
+        url = f"{page}/predictions/{export['model_name']}"
+        anonymous = requests.post(url, data=body, headers=jpeg, timeout=60)
+        assert anonymous.status_code == 401 and anonymous.json()["message"] == NO_KEY
+        wrong_key = requests.post(url, data=body, timeout=60,
+                                  headers={**jpeg, **server.auth_headers(settings, "management")})
+        assert wrong_key.status_code == 400 and "Token Authorization failed" in wrong_key.text  # TorchServe's
+        keyed = requests.post(url, data=body, headers={**jpeg, **server.auth_headers(settings)}, timeout=60)
+        assert keyed.status_code == 200, keyed.text
+        assert_same_answer(keyed.json(), expected_answer(export["archive"], body))
+        in_a_browser(page, server.auth_headers(settings)["Authorization"].removeprefix("Bearer "), keyed.json())
+
+
+def in_a_browser(page: str, key: str, keyed: dict) -> None:
+    """The page in headless Chromium: without the key its user reads how to send it; with the key typed in its
+    field, the engine's answer (the one curl got with the key)."""
+    with chromium() as browser:
+        browser.get(page + "/")
+        wait_for(lambda: browser.execute_script("return document.getElementById('model').options.length"))
+        assert browser.find_element("id", "key").is_displayed()
+        browser.find_element("id", "file").send_keys(str(CAT))
+        wait_for(lambda: browser.execute_script("return document.body.dataset.state") == "error")
+        assert browser.find_element("id", "error").text == NO_KEY
+        browser.find_element("id", "key").send_keys(key)
+        browser.execute_script("document.getElementById('key').dispatchEvent(new Event('change'))")
+        wait_for(lambda: browser.execute_script("return document.body.dataset.state") == "answered")
+        assert browser.execute_script("return window.lastAnswer")["predictions"] == keyed["predictions"]
+
+
+def test_the_page_without_token_auth_serves_anyone_as_the_engine_does(default_server, resnet18_export):
+    body = CAT.read_bytes()
+    with try_it_page(default_server.inference_url, resnet18_export["model_store"]) as page:
+        answer = requests.post(f"{page}/predictions/{resnet18_export['model_name']}", data=body, timeout=60,
+                               headers={"Content-Type": "image/jpeg"})
+    assert answer.status_code == 200, answer.text
+    assert_same_answer(answer.json(), expected_answer(resnet18_export["archive"], body))
+
+
+# ---------------------------------------------------------------- KServe: the same body limit, and a photo cap
+@pytest.fixture(scope="module")
+def kserve(resnet18_export, tmp_path_factory) -> KServeSettings:
+    settings = KServeSettings(resnet18_export["model_store"], (resnet18_export["model_name"],),
+                              http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve-bounds"))
+    with KServe(settings).running(CAT):
+        yield settings
+
+
+def raw_post(url_port: int, path: str, head: str, parts=()) -> tuple[int, str]:
+    """A POST on a raw socket (a declared size the body never reaches, a chunked body): status and body."""
+    with socket.create_connection(("127.0.0.1", url_port), timeout=60) as connection:
+        connection.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}\r\n"
+                           .encode())
+        for part in parts:
+            try:
+                connection.sendall(part)
+            except OSError:
+                break
+        answer = b""
+        while not answer.endswith(b"}") and (chunk := connection.recv(65536)):
+            answer += chunk
+    head_text, _, body = answer.decode("latin-1").partition("\r\n\r\n")
+    return int(head_text.split(" ", 2)[1]), body
+
+
+def test_kserve_refuses_an_oversized_body_before_reading_it(kserve, resnet18_export):
+    path = f"/v1/models/{resnet18_export['model_name']}:predict"
+    started = time.monotonic()
+    status, body = raw_post(kserve.http_port, path, f"Content-Length: {64 * MAX_BODY_BYTES}\r\n")
+    assert status == 413 and "MiB" in body, body  # answered with none of its 512 MiB sent
+    assert time.monotonic() - started < 30
+    chunk = b"x" * 2**20
+    parts = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n" for _ in range(64))
+    status, body = raw_post(kserve.http_port, path, "Transfer-Encoding: chunked\r\n", parts)
+    assert status == 413 and "MiB" in body, body
+
+
+def test_kserve_caps_the_photos_of_one_request_and_still_answers_one(kserve, resnet18_export):
+    url, body = kserve.predict_url(resnet18_export["model_name"]), CAT.read_bytes()
+    instance = {"image": {"b64": base64.b64encode(body).decode()}}
+    crowded = requests.post(url, json={"instances": [instance] * (MAX_PHOTOS_PER_REQUEST + 1)}, timeout=60)
+    assert crowded.status_code == 413 and f"at most {MAX_PHOTOS_PER_REQUEST}" in crowded.json()["error"]
+    one = requests.post(url, json={"instances": [instance]}, timeout=300)
+    assert one.status_code == 200, one.text
+    assert_same_answer(one.json()["predictions"][0], expected_answer(resnet18_export["archive"], body))
+
+
+# ---------------------------------------------------------------- Ray Serve's ingress: the same body limit
+@pytest.fixture(scope="module")
+def ray_serve(resnet18_export, tmp_path_factory):
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
+    from contract.policy import ServingPolicy
+    from serving.ray.config import RaySettings
+    from serving.ray.engine import RayServe
+    one_replica = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
+                                reason="tests: one replica")
+    settings = RaySettings(resnet18_export["model_store"], (resnet18_export["model_name"],), http_port=free_port(),
+                           run_dir=tmp_path_factory.mktemp("ray-bounds"), policy=one_replica,
+                           signals_port=free_port())
+    with RayServe(settings).running(CAT):
+        yield settings
+
+
+def test_rays_ingress_refuses_a_body_over_the_limit_and_still_answers_a_photo(ray_serve, resnet18_export):
+    url, name = ray_serve.predictions_url(resnet18_export["model_name"]), resnet18_export["model_name"]
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", f"Content-Length: {64 * MAX_BODY_BYTES}\r\n")
+    assert status == 413 and "MiB" in body, body
+    chunk = b"x" * 2**20
+    parts = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n" for _ in range(2 * MAX_BODY_BYTES // len(chunk)))
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", "Transfer-Encoding: chunked\r\n", parts)
+    assert status == 413 and "MiB" in body, body
+    photo = CAT.read_bytes()
+    one = requests.post(url, data=photo, headers={"Content-Type": "image/jpeg"}, timeout=300)
+    assert one.status_code == 200, one.text
+    assert_same_answer(one.json(), expected_answer(resnet18_export["archive"], photo))
 
 
 @pytest.mark.skipif(shutil.which("hey") is None, reason="the load generator hey is not installed")
