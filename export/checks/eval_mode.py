@@ -12,12 +12,12 @@ def prepare_for_export(module: nn.Module, example: torch.Tensor) -> torch.Tensor
     """eval(), freeze parameters, verify; returns the eager output on `example` as the reference."""
     module.eval()
     module.requires_grad_(False)
-    verify_inference_ready(module, example)
-    with torch.inference_mode():
-        return module(example)
+    return verify_inference_ready(module, example)
 
 
-def verify_inference_ready(module: nn.Module, example: torch.Tensor) -> None:
+def verify_inference_ready(module: nn.Module, example: torch.Tensor) -> torch.Tensor:
+    """Raises EvalModeError unless `module` is ready; its output on `example` otherwise (the two passes that
+    prove it repeatable are the only ones: a whole-image model's pass costs seconds)."""
     training = [name or "<root>" for name, sub in module.named_modules() if sub.training]
     if training:
         raise EvalModeError(
@@ -34,6 +34,7 @@ def verify_inference_ready(module: nn.Module, example: torch.Tensor) -> None:
             "two forward passes on the same input differ: the model is not deterministic in eval mode"
             + (f" (suspect submodule: {culprit})" if culprit else "")
             + "; remove dropout/sampling that ignores self.training")
+    return first
 
 
 def _identical(a, b) -> bool:

@@ -184,32 +184,72 @@ def compare_outputs(reference: Outputs, candidate: Outputs, tolerance: Tolerance
     element-wise (a Tolerance), or as sets of boxes (a SetTolerance: a detector)."""
     if isinstance(tolerance, SetTolerance):
         return compare_sets(reference, candidate, tolerance)
-    reference = reference.detach().double().cpu()
-    candidate = candidate.detach().double().cpu()
     if reference.shape != candidate.shape:
         return {"error": f"shape {tuple(candidate.shape)} != eager {tuple(reference.shape)}",
                 "max_abs": math.inf, "max_rel": math.inf, "cosine": -1.0}, False
-    diff = (candidate - reference).abs()
-    magnitude = reference.abs()
-    relative = diff / magnitude.clamp_min(1e-12)
-    metrics = {
-        "max_abs": diff.max().item(),
-        "mean_abs": diff.mean().item(),
-        "median_abs": diff.median().item(),
-        "max_rel": relative.max().item(),
-        "cosine": F.cosine_similarity(reference.flatten(), candidate.flatten(), dim=0, eps=1e-12).item(),
-        # smallest tolerances that would have passed, each with the other one held at its setting
-        "required_atol": (diff - tolerance.rtol * magnitude).clamp_min(0).max().item(),
-        "required_rtol": ((diff - tolerance.atol).clamp_min(0) / magnitude.clamp_min(1e-12)).max().item(),
-    }
-    if not torch.isfinite(candidate).all():
+    return elementwise(reference.detach().cpu(), candidate.detach().cpu(), tolerance)
+
+
+def elementwise(reference: torch.Tensor, candidate: torch.Tensor, tolerance: Tolerance) -> tuple[dict, bool]:
+    """Every figure in float64, as plain torch computes it, but each step once and in place over three buffers
+    this function owns (a segmenter's outputs are hundreds of MB): the order of the steps matters."""
+    ref, cand = _float64_copy(reference), _float64_copy(candidate)
+    diff = torch.sub(cand, ref).abs_()
+    max_abs = diff.max().item()
+    mean_abs = diff.mean().item()
+    agreement = {f"top{k}_agreement": topk_agreement(ref, cand, k) for k in TOPK}
+    if ref.dim() == 4:  # per-pixel class scores (a segmenter): how many pixels get the same class
+        # max(dim).indices is argmax(dim) (the first maximum; NaN counts as the maximum) by a faster kernel
+        agreement["pixel_agreement"] = (ref.max(1).indices == cand.max(1).indices).double().mean().item()
+    cosine = _cosine_in_place(ref, cand)
+    magnitude = ref.copy_(reference).abs_()  # |eager| in the buffer the cosine is done with
+    figures, passed = _tolerance_figures(diff, magnitude, cand, tolerance)
+    median_abs = math.nan if math.isnan(max_abs) else _median_in_place(diff)
+    metrics = {"max_abs": max_abs, "mean_abs": mean_abs, "median_abs": median_abs, "max_rel": figures.pop("max_rel"),
+               "cosine": cosine, **figures}
+    # a non-finite candidate makes its diff non-finite: only then is the candidate itself searched
+    if not math.isfinite(max_abs) and not torch.isfinite(candidate).all():
         metrics["error"] = "non-finite values in the artifact's output"
-    for k in TOPK:
-        metrics[f"top{k}_agreement"] = topk_agreement(reference, candidate, k)
-    if reference.dim() == 4:  # per-pixel class scores (a segmenter): how many pixels get the same class
-        metrics["pixel_agreement"] = (reference.argmax(1) == candidate.argmax(1)).double().mean().item()
-    passed = "error" not in metrics and bool((diff <= tolerance.atol + tolerance.rtol * magnitude).all())
-    return metrics, passed
+    metrics.update(agreement)
+    return metrics, "error" not in metrics and passed
+
+
+def _tolerance_figures(diff: torch.Tensor, magnitude: torch.Tensor, scratch: torch.Tensor,
+                       tolerance: Tolerance) -> tuple[dict, bool]:
+    """max rel, the smallest atol (rtol) that would have passed with the other held at its setting, and whether
+    every element is within atol + rtol * |eager|. `magnitude` (|eager|) and `scratch` are overwritten. Clamping
+    at 0 after the max gives the max of the clamped values (NaN propagates through both)."""
+    bound = torch.mul(magnitude, tolerance.rtol, out=scratch).add_(tolerance.atol)
+    passed = bool(torch.le(diff, bound).all())
+    slack = torch.sub(diff, torch.mul(magnitude, tolerance.rtol, out=scratch), out=scratch)
+    required_atol = slack.max().clamp_min(0).item()
+    floor = magnitude.clamp_min_(1e-12)
+    max_rel = torch.div(diff, floor, out=scratch).max().item()
+    required_rtol = torch.sub(diff, tolerance.atol, out=scratch).div_(floor).max().clamp_min(0).item()
+    return {"max_rel": max_rel, "required_atol": required_atol, "required_rtol": required_rtol}, passed
+
+
+def _float64_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A float64 tensor of the same values and layout (the sums' order follows it) that the caller does not
+    share (.double() returns a float64 tensor as it is)."""
+    return tensor.to(torch.float64, copy=True)
+
+
+def _cosine_in_place(x: torch.Tensor, y: torch.Tensor) -> float:
+    """F.cosine_similarity(x.flatten(), y.flatten(), dim=0, eps=1e-12), its very steps (each divided by its
+    norm, multiplied, summed) done in place: x and y are overwritten."""
+    x, y = x.flatten(), y.flatten()  # views of contiguous buffers, copies in eager's element order otherwise
+    x.div_(torch.linalg.vector_norm(x, 2, dim=0, keepdim=True).clamp_min_(1e-12))
+    y.div_(torch.linalg.vector_norm(y, 2, dim=0, keepdim=True).clamp_min_(1e-12))
+    return x.mul_(y).sum(0).item()
+
+
+def _median_in_place(values: torch.Tensor) -> float:
+    """torch.median of values without NaN (the lower median) by a partition in place: `values` is reordered."""
+    array = values.flatten().numpy()
+    middle = (array.size - 1) // 2
+    array.partition(middle)
+    return float(array[middle])
 
 
 def topk_agreement(reference: torch.Tensor, candidate: torch.Tensor, k: int) -> float | None:

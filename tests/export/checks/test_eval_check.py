@@ -49,3 +49,13 @@ def test_healthy_module_passes_and_is_frozen():
     reference = prepare_for_export(module, torch.rand(3, 4))
     assert reference.shape == (3, 4)
     assert not module.training and not any(p.requires_grad for p in module.parameters())
+
+
+def test_the_reference_is_one_of_the_two_passes_that_prove_it_repeatable():
+    module = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    example = torch.rand(3, 4)
+    passes = []
+    module.register_forward_hook(lambda _module, _inputs, output: passes.append(output))
+    reference = prepare_for_export(module, example)
+    assert len(passes) == 2 and reference is passes[0]
+    assert torch.equal(reference, module(example))
