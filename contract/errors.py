@@ -8,6 +8,8 @@ beside runtime/ and handlers/.
 
 from __future__ import annotations
 
+from enum import Enum
+
 EXIT_ERROR = 1
 EXIT_PARITY = 3
 EXIT_INTEGRITY = 4
@@ -27,3 +29,22 @@ class VisionExportError(Exception):
     """Root of every user-facing error."""
 
     exit_code = EXIT_ERROR
+
+
+class ImageProblem(Enum):
+    """What is wrong with an image the decoder refuses (handlers/ answers each with its HTTP status)."""
+
+    NOT_AN_IMAGE = "not an image"  # PIL cannot identify the bytes
+    UNSUPPORTED_FORMAT = "unsupported format"  # PIL reads it, but it is not in runtime.images.ACCEPTED_FORMATS
+    TOO_LARGE = "too large"  # over MAX_PIXELS or MAX_SIDE (a decompression bomb included)
+    TOO_SMALL = "too small"  # under MIN_SIDE
+    CORRUPT = "corrupt"  # PIL failed while parsing or decoding it
+
+
+class ImageError(VisionExportError):
+    """An image the decoder refuses: `problem` says what is wrong with it, the message what to do about it."""
+
+    def __init__(self, problem: ImageProblem, message: str):
+        super().__init__(message)
+        self.problem = problem
+        self.message = message

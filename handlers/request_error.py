@@ -2,14 +2,14 @@
 {"code": status, "error": reason} for that row only (TorchServe: handlers/image_classifier.py; KServe:
 serving/kserve/app.py).
 
-runtime/ says what is wrong with an image (runtime.images.ImageError and its ImageProblem); the status each
-problem gets is decided here, in the request core's room.
+runtime.images says what is wrong with an image (contract.errors.ImageError and its ImageProblem, kept on the bottom
+floor so that servers answering bad bodies import no torch); the status each problem gets is decided here, in the
+request core's room.
 """
 
 from __future__ import annotations
 
-from contract.errors import VisionExportError
-from runtime.images import ImageError, ImageProblem
+from contract.errors import ImageError, ImageProblem, VisionExportError
 
 IMAGE_STATUS = {  # the HTTP status each refused image is answered with
     ImageProblem.NOT_AN_IMAGE: 415,  # Unsupported Media Type

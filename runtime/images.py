@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import logging
 import warnings
-from enum import Enum
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF  # the functions weights.transforms() itself calls
 from torchvision.transforms.v2 import functional as F2
 
-from contract.errors import VisionExportError
+from contract.errors import ImageError, ImageProblem
 from contract.records import ImageContract, ResizeRule
 
 # Limits checked from the header before decoding, so a small file cannot expand into gigabytes.
@@ -42,25 +41,6 @@ DRAFT_FORMATS = ("JPEG", "MPO")  # libjpeg's DCT scaling: JPEG only
 DRAFT_FACTOR = 2
 EXIF_ORIENTATION = 0x0112
 TURNED_SIDEWAYS = (5, 6, 7, 8)  # orientations that swap width and height
-
-
-class ImageProblem(Enum):
-    """What is wrong with an image the decoder refuses (handlers/ answers each with its HTTP status)."""
-
-    NOT_AN_IMAGE = "not an image"  # PIL cannot identify the bytes
-    UNSUPPORTED_FORMAT = "unsupported format"  # PIL reads it, but it is not in ACCEPTED_FORMATS
-    TOO_LARGE = "too large"  # over MAX_PIXELS or MAX_SIDE (a decompression bomb included)
-    TOO_SMALL = "too small"  # under MIN_SIDE
-    CORRUPT = "corrupt"  # PIL failed while parsing or decoding it
-
-
-class ImageError(VisionExportError):
-    """An image the decoder refuses: `problem` says what is wrong with it, the message what to do about it."""
-
-    def __init__(self, problem: ImageProblem, message: str):
-        super().__init__(message)
-        self.problem = problem
-        self.message = message
 
 
 def decode_upright(data: bytes, draft_floor: int | None = None) -> Image.Image:
