@@ -110,8 +110,9 @@ def agrees_with_hey(server: Prometheus, url: str, body: Path, content_type: str,
                     seconds: int = 10, concurrency: int = 2, proxy_outside: bool = False) -> tuple[float, float]:
     """(Prometheus' p99, hey's p99) of one load run; asserts they agree within the bucket's width. The query's
     window spans the whole run and the scrape before it, so both count the same requests. proxy_outside: the
-    engine's HTTP proxy is not ours (Ray Serve's) and our histogram starts behind it, so the proxy's share of
-    each request (hey's median less ours) is allowed on top of the bucket's width."""
+    engine's front is not ours (TorchServe's Java frontend, Ray Serve's proxy) and our histogram starts behind it:
+    there the histogram may be lower than what the client waited (the front's queueing on a busy CPU is not in it:
+    docs/observability.md), never higher than it by more than the bucket's width."""
     times = hey_times(url, body, content_type, seconds, concurrency)
     end = time.time()
     time.sleep(2 * SCRAPE_S + 0.5)  # the last scrape of the run is in
@@ -119,9 +120,12 @@ def agrees_with_hey(server: Prometheus, url: str, body: Path, content_type: str,
     hey, estimate = percentile(times, 0.99), server.scalar(quantile_query(0.99, model, window), at=end)
     width = max(bucket_width(hey), bucket_width(estimate))
     proxy = max(0.0, percentile(times, 0.5) - server.scalar(quantile_query(0.5, model, window), at=end))
-    allowed = width + (proxy if proxy_outside else 0.0)
-    assert abs(estimate - hey) <= allowed, (f"Prometheus p99 {estimate:.4f} s, hey's {hey:.4f} s, bucket "
-                                            f"{width:.4f} s, proxy's share {proxy:.4f} s")
+    said = (f"Prometheus p99 {estimate:.4f} s, hey's {hey:.4f} s, bucket {width:.4f} s, the front's median share "
+            f"{proxy:.4f} s")
+    if proxy_outside:  # the front's tail is the client's alone: the histogram may be lower, never higher
+        assert estimate <= hey + width, said
+    else:
+        assert abs(estimate - hey) <= width, said
     return estimate, hey
 
 
