@@ -33,5 +33,12 @@ class RequestError(VisionExportError):
         """The answer to an image the decoder refused: its problem's status, its message unchanged."""
         return cls(IMAGE_STATUS[error.problem], error.message)
 
+    @classmethod
+    def server_failure(cls, rid: str | None) -> "RequestError":
+        """A 500 that names where the reason is (the log, under the request's id), never the exception's text: it may
+        name files, addresses or a worker's state."""
+        return cls(500, "the server failed to answer this request; its log has the reason"
+                        + (f" under request id {rid}" if rid else ""))
+
     def as_response(self) -> dict:
         return {"code": self.code, "error": self.message}

@@ -60,9 +60,7 @@ async def failure_response(request, error: Exception) -> JSONResponse:
     under the id the answer carries."""
     rid = signals.request_id_of(request) or request_id(None)
     logger.error("request %s failed: %s: %s", rid or "(no id)", type(error).__name__, error, exc_info=error)
-    body = RequestError(500, "the server failed to answer this request; its log has the reason"
-                             + (f" under request id {rid}" if rid else ""))
-    return JSONResponse(status_code=500, content=with_request_id(body.as_response(), rid))
+    return JSONResponse(status_code=500, content=with_request_id(RequestError.server_failure(rid).as_response(), rid))
 
 
 def photos_in(request) -> int:

@@ -92,9 +92,7 @@ class RayDeployment:
             return await self.predict(request, rid, timer)
         except Exception as error:  # logged here with its id; the client is told where to look, not what it was
             logger.exception("request %s failed: %s", rid, error)
-            failed = RequestError(500, f"the server failed to answer this request; its log has the reason under "
-                                       f"request id {rid}")
-            return as_response(self.outcome(failed, rid, timer))
+            return as_response(self.outcome(RequestError.server_failure(rid), rid, timer))
 
     async def predict(self, request: Request, rid: str, timer: metrics.Timer) -> JSONResponse:
         try:
