@@ -63,7 +63,8 @@ start_signals() {
   models="$(sed -n 's/^load_models=//p' "$served_config" | tr ',' '\n' | cut -d= -f1 | tr '\n' ' ')"
   # shellcheck disable=SC2086  # one argument per model
   (cd "$ROOT" && exec "$PYTHON" -m serving.signals --host 0.0.0.0 --port "$SIGNALS_PORT" \
-    --management "http://127.0.0.1:$(management_port)" --models $models "${keys[@]}") &
+    --management "http://127.0.0.1:$(management_port)" --models $models "${keys[@]}" \
+    --access-log "$LOG_LOCATION/access_log.log") &
   signals=$!
 }
 # What `python -m serving rollout` needs in the run dir to reach this TorchServe and read why a version would not

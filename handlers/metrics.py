@@ -3,6 +3,7 @@ KServe and Ray: what the request core and the engine adapters record, and what e
 serves (docs/observability.md).
 
     vision_request_duration_seconds{model,version,form,code}   histogram: a request, arrival to answer
+    vision_front_request_duration_seconds{model,code}          histogram: what the client waited, at the engine's front
     vision_stage_duration_seconds{model,version,form,stage}    histogram: decode, preprocess, queue, inference, encode
     vision_batch_size{model,version,form}                      histogram: rows per batch the model ran
     vision_requests_in_flight{model}                           gauge: requests arrived and not yet answered
@@ -35,6 +36,7 @@ SIGNALS_ENV = "VISION_SIGNALS"  # "off": no metrics recorded, no request ids mad
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 STAGES = ("decode", "preprocess", "queue", "inference", "encode")
 UNVERSIONED = "1"  # the version label of an archive that records none
+UNKNOWN_MODEL = "unknown"  # the model label of a request naming no model served: a client's typo is no new series
 
 # Buckets, in seconds, for this product's latencies: a request takes from a few ms (a small classifier on a GPU,
 # Lite0 int8 on a CPU core) through tens of ms (ResNet-50 on two CPU cores) to seconds (a 12 MP photo through a
@@ -51,6 +53,11 @@ BATCH_LABELS = ("model", "version", "form")
 
 REQUEST_SECONDS = Histogram("vision_request_duration_seconds", "Time from a request's arrival to its answer",
                             REQUEST_LABELS, buckets=LATENCY_BUCKETS)
+# The engine's front door (serving/front.py): TorchServe's Java frontend and Ray Serve's proxy queue a request before
+# our code sees it, and record its whole time themselves; on KServe our middleware is the front. Model as served.
+FRONT_SECONDS = Histogram("vision_front_request_duration_seconds",
+                          "Time from a request's arrival at the engine's front door to its answer", ("model", "code"),
+                          buckets=LATENCY_BUCKETS)
 STAGE_SECONDS = Histogram("vision_stage_duration_seconds", "Time a batch spent in one stage of the request core",
                           (*BATCH_LABELS, "stage"), buckets=STAGE_BUCKETS)
 BATCH_SIZE = Histogram("vision_batch_size", "Rows in each batch the model ran", BATCH_LABELS, buckets=BATCH_BUCKETS)
@@ -91,6 +98,12 @@ def observe_request(served: ServedModel, code: int, seconds: float) -> None:
     REQUEST_SECONDS.labels(**served.labels(), code=str(code)).observe(seconds)
     if code >= 400:
         FAILURES.labels(**served.labels(), code=str(code)).inc()
+
+
+def observe_front(model: str, code: int, seconds: float) -> None:
+    """One prediction as the engine's front door timed it (the name it is served under)."""
+    if ON:
+        FRONT_SECONDS.labels(model=model, code=str(code)).observe(seconds)
 
 
 def observe_batch(served: ServedModel, rows: int, stage_ms: Mapping[str, float]) -> None:

@@ -122,11 +122,19 @@ def choose_models(model_store: Path, requested: list[str] | None) -> tuple[str, 
     return tuple(requested or present)
 
 
+_CHOSEN: set[int] = set()  # the ports free_port gave this process: the OS may offer a released one again at once
+
+
 def free_port() -> int:
-    """A loopback port nobody holds right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    """A loopback port nobody holds right now (the OS picks it), never one this process was given before: a server's
+    ports are chosen one after another before any is bound, and must all differ."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((HOST, 0))
+            port = sock.getsockname()[1]
+        if port not in _CHOSEN:
+            _CHOSEN.add(port)
+            return port
 
 
 def archive_config(archive: Path) -> dict:

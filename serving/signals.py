@@ -5,7 +5,7 @@ carry them (TorchServe's metrics API has no histograms of ours): GET /metrics, /
     python -m serving.signals --port 8083 --management http://127.0.0.1:8081 --models resnet50
         TorchServe's signals beside it: ready when every model has a READY worker whose process is alive
         (TorchServe's own describe keeps a dead worker READY until it notices); with --watch PID it ends when
-        TorchServe's launcher does
+        TorchServe's launcher does; with --access-log FILE it records each prediction's time at the frontend
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from handlers import metrics
 from serving.bounds import BoundedHandler, BoundedHTTPServer
+from serving.front import FrontFollower
 from serving.processes import alive
 
 logger = logging.getLogger("serving.signals")
@@ -142,6 +143,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--models", nargs="+", required=True)
     parser.add_argument("--key-file", type=Path, default=None, help="TorchServe's key_file.json (token auth on)")
     parser.add_argument("--watch", type=int, default=None, help="exit once the process of this id has exited")
+    parser.add_argument("--access-log", type=Path, default=None,
+                        help="TorchServe's access log: each prediction's time at its frontend (serving/front.py)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
 
@@ -158,6 +161,8 @@ def main(argv: list[str]) -> int:
         return 1
     logger.info("signals of %s on http://%s:%d (%s, %s, %s)", ", ".join(args.models), args.host, args.port, METRICS,
                 LIVE, READY)
+    if args.access_log is not None:
+        FrontFollower(args.access_log, "torchserve", args.models).start()
     try:
         while args.watch is None or alive(args.watch):
             time.sleep(WATCH_S)

@@ -62,9 +62,11 @@ class RequestSignals:
             try:
                 await self.app(scope, receive, answer)
             finally:
-                served = self.served_of(model)
+                seconds, served = timer.seconds(), self.served_of(model)
+                # KServe's front is this middleware; a name nobody serves is no label of its own
+                metrics.observe_front(model if served is not None else metrics.UNKNOWN_MODEL, status[0], seconds)
                 if served is not None:
-                    metrics.observe_request(served, status[0], timer.seconds())
+                    metrics.observe_request(served, status[0], seconds)
 
 
 def request_id_of(request) -> str:

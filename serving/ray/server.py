@@ -56,7 +56,7 @@ def deploy(settings: RaySettings) -> None:
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
     # up before the models: live at once, ready once every application runs (a client that saw the first answer
     # must find the health address there already)
-    signals.start(settings.host, settings.signals_port, list(settings.models), folder)
+    signals.start(settings.host, settings.signals_port, list(settings.models), folder, settings.temp_dir())
     logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
                 settings.signals_url, settings.signals_url)
     for name in settings.models:

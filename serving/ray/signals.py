@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from handlers.metrics import MULTIPROC_ENV
+from serving.front import FrontFollower
 from serving.ports import Port, PortInUse, refusal
 from serving.signals import metrics_env, serve_signals
 
 RUNNING, HEALTHY = "RUNNING", "HEALTHY"
+PROXY_LOGS = "session_latest/logs/serve/proxy_*.log"  # under Ray's temp dir: a line per request, its proxy's time
 
 
 def metrics_folder(run_dir) -> Path:
@@ -43,10 +45,14 @@ def readiness(models: list[str]):
     return why_not
 
 
-def start(host: str, port: int, models: list[str], folder: Path):
-    """The signals server; PortInUse where its port was taken since the engine checked it (serving/ports.py): the
-    metrics address the engine prints must be this server's."""
+def start(host: str, port: int, models: list[str], folder: Path, temp_dir: Path):
+    """The signals server, and the follower of Serve's proxy logs under Ray's temp dir (serving/front.py: a cluster
+    this command joined keeps its logs elsewhere, and its front goes unrecorded here); PortInUse where its port was
+    taken since the engine checked it (serving/ports.py): the metrics address the engine prints must be this
+    server's."""
     try:
-        return serve_signals(host, port, readiness(models), folder)
+        server = serve_signals(host, port, readiness(models), folder)
     except OSError as error:
         raise PortInUse(refusal(Port("--signals-port", host, port), error)) from None
+    FrontFollower(temp_dir / PROXY_LOGS, "ray", models).start()
+    return server

@@ -33,6 +33,7 @@ from serving.torchserve.logs import FRONTEND_LOG, WORKER_LOG, exit_reason, load_
 if TYPE_CHECKING:
     import requests
 
+ACCESS_LOG = "access_log.log"  # TorchServe's line per request, its frontend's time in it (log4j2.xml)
 SIGNALS_PID = "signals.pgid"  # the signals server beside TorchServe (serving/signals.py)
 SIGNALS_LOG = "signals.log"
 # Its settings' ports, each set by the flag of its name (inference_port: --inference-port), checked before start.
@@ -174,7 +175,8 @@ def start_signals(settings: ServerSettings, server: int) -> subprocess.Popen:
     """Our signals server (serving/signals.py) beside TorchServe, in a session of its own (a process cannot join
     another session's group): it ends by itself within a second of TorchServe's launcher (--watch)."""
     command = [sys.executable, "-m", "serving.signals", "--host", settings.host, "--port", str(settings.signals_port),
-               "--management", settings.management_url, "--watch", str(server), "--models", *settings.served_models()]
+               "--management", settings.management_url, "--watch", str(server), "--models", *settings.served_models(),
+               "--access-log", str((settings.log_dir / ACCESS_LOG).absolute())]
     if settings.token_auth:
         command += ["--key-file", str(settings.key_file)]
     with open(settings.log_dir / SIGNALS_LOG, "ab") as output:

@@ -148,10 +148,11 @@ def test_signals_ids_metrics_scraped_by_prometheus_and_health(settings, tmp_path
     assert error.status_code == 415 and error.json()["request_id"] == "ray-bad-4712"
     assert requests.get(f"{settings.signals_url}/health/ready", timeout=30).json() == {"ready": True}
     with prometheus({"ray": f"{settings.signals_url}/metrics"}, tmp_path / "prometheus") as server:
-        agrees_with_hey(server, settings.predictions_url("resnet18"), CAT, "image/jpeg", "resnet18", concurrency=1,
-                        proxy_outside=True)  # Serve's proxy is Ray's: our histogram starts in the replica
+        # the client's wait from Serve's proxy log: our replica's timer starts behind the proxy
+        agrees_with_hey(server, settings.predictions_url("resnet18"), CAT, "image/jpeg", "resnet18", concurrency=1)
     text = requests.get(f"{settings.signals_url}/metrics", timeout=10).text
     assert 'code="415"' in text and "vision_stage_duration_seconds_bucket" in text
+    assert 'vision_front_request_duration_seconds_count{code="415",model="resnet18"}' in text
     assert 'stage="queue"' in text  # each request's wait for its batch, recorded by the replica's batcher
 
 
