@@ -161,6 +161,8 @@ def registry(folder: Path | None = None) -> CollectorRegistry:
         return REGISTRY
     collected = CollectorRegistry()
     multiprocess_mode.MultiProcessCollector(collected, path=str(folder))
+    if multiprocess_dir() is None:  # a process serving others' folder records the front itself (Ray's server)
+        collected.register(FRONT_SECONDS)
     return collected
 
 

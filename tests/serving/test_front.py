@@ -61,6 +61,10 @@ def test_the_follower_reads_what_is_written_after_it_starts_and_after_a_roll_ove
     log.write_text(TORCHSERVE[0] + "\n")
     assert follower.poll() == 1
     assert count("resnet18", "200") == before + 3
+    others = tmp_path / "replicas"  # Ray's server serves its replicas' folder and follows the proxy itself
+    others.mkdir()
+    assert f'vision_front_request_duration_seconds_count{{code="200",model="resnet18"}} {before + 3}' in \
+        metrics.exposition(others).decode()
 
 
 def test_a_name_nobody_serves_is_no_series_of_its_own(tmp_path):
