@@ -13,6 +13,7 @@ from pathlib import Path
 from contract.records import CLASSIFICATION, Manifest
 from export.package.archive import archive_files
 from handlers.policy import ServingPolicy
+from serving.torchserve.config import INFERENCE_PORT, MANAGEMENT_PORT, METRICS_PORT
 
 CORES = os.cpu_count() or 1
 NAIVE = "naive"
@@ -117,10 +118,10 @@ def task_refusals(names: list[str], manifest: Manifest) -> list[str]:
     return [f"{name}: {configuration(name).classifier_only}" for name in names if configuration(name).classifier_only]
 
 
-NAIVE_CONFIG = """# TorchServe with its defaults, on loopback only (the naive baseline of python -m measure bench)
-inference_address=http://127.0.0.1:8080
-management_address=http://127.0.0.1:8081
-metrics_address=http://127.0.0.1:8082
+NAIVE_CONFIG = f"""# TorchServe with its defaults, on loopback only (the naive baseline of python -m measure bench)
+inference_address=http://127.0.0.1:{INFERENCE_PORT}
+management_address=http://127.0.0.1:{MANAGEMENT_PORT}
+metrics_address=http://127.0.0.1:{METRICS_PORT}
 grpc_inference_address=127.0.0.1
 grpc_management_address=127.0.0.1
 enable_envvars_config=true
