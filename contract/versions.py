@@ -27,7 +27,8 @@ from contract.files import atomic_write_text
 
 KEEP_VERSIONS = 3  # versions of a name the store keeps (the newest ones); `--keep-versions` changes it
 VERSION_HEADER = "X-Model-Version"  # every engine's answers carry it, beside the JSON's "version"
-UNVERSIONED = "unversioned"  # what an archive made before versions answers
+UNVERSIONED = "unversioned"  # what an archive made before versions answers, logs and labels its metrics with
+UNVERSIONED_ARCHIVE = "1.0"  # what torch-model-archiver calls such an archive (its default), TorchServe's version
 REFUSED_FOLDER = "refused"  # in the model store: the candidates rollouts refused, apart from the kept versions
 KEEP_REFUSED = 3  # refused candidates of a name kept there to look at (the newest ones)
 DEFAULTS_FILE = "model-versions.json"  # in the run dir: {name: "vN"}, the version each name serves by default

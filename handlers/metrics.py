@@ -31,11 +31,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import multiprocess as multiprocess_mode
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from contract.versions import UNVERSIONED  # the version label of an archive that records none
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own switch to multiprocess mode
 SIGNALS_ENV = "VISION_SIGNALS"  # "off": no metrics recorded, no request ids made (measured cost: docs/observability.md)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 STAGES = ("decode", "preprocess", "queue", "inference", "encode")
-UNVERSIONED = "1"  # the version label of an archive that records none
 UNKNOWN_MODEL = "unknown"  # the model label of a request naming no model served: a client's typo is no new series
 
 # Buckets, in seconds, for this product's latencies: a request takes from a few ms (a small classifier on a GPU,

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.versions import UNVERSIONED_ARCHIVE
 from handlers.policy import POLICIES_PROPERTY, policies_line
 from serving.settings import ServingSettings, free_port, torchserve_version
 
@@ -29,7 +30,7 @@ METRICS_PORT = 8082
 SIGNALS_PORT = 8083  # our metrics and health beside TorchServe (serving/signals.py)
 GRPC_INFERENCE_PORT = 7070
 GRPC_MANAGEMENT_PORT = 7071
-MODEL_VERSION = "1.0"  # what `python -m export` archives
+MODEL_VERSION = UNVERSIONED_ARCHIVE  # the version TorchServe is told an archive without one has
 RUN_CONFIG = "config.properties"
 KEY_FILE = "key_file.json"  # TorchServe writes it in its working folder (our run dir) when tokens are on
 
