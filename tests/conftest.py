@@ -54,7 +54,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 # The heaviest scopes (a module, or a SHARED_BY_GROUP group), heaviest first: handed out first, so that the run
 # does not end with one worker alone on a long module (the docker image's build and runs, then the shared server,
-# the detectors' exports and servers, ...: docs/testing.md).
+# the detectors' exports and servers, ...).
 HEAVIEST_FIRST = ("tests/docker/test_image.py", "resnet18_server", "tests/e2e/test_detection.py", "lite0_int8_export",
                   "tests/e2e/test_zoo.py", "tests/docker/test_entrypoint.py",
                   "resnet18_inprocess_bench", "tests/e2e/test_kserve.py", "tests/e2e/test_ray_two_node.py",
