@@ -17,14 +17,15 @@ import hashlib
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from contract.files import atomic_write_text
-from handlers.core import ImageCore
 from handlers.start_phases import StartPhases
-from handlers.tasks import open_core
+
+if TYPE_CHECKING:
+    from handlers.core import ImageCore
 
 GPU = "gpu"  # a ServingPolicy's device that is not the CPU
 UNPACKED_MARK = ".unpacked-from"  # in an unpacked folder: the digest of the archive it holds
@@ -82,6 +83,7 @@ def open_archive(source: str | Path, device: str = "cpu", policy=None, settings:
     ServingPolicy; None: the in-process one), serving the form this machine chooses; `settings`: the handler
     section when the engine has read it already (TorchServe), else the archive's own. `options`: the core's
     (from_folder: threads, machine, measure, kind, form)."""
+    from handlers.tasks import open_core  # here: a process that only unpacks (KServe's front) needs no torch
     phases = StartPhases.begin()
     source = Path(source)
     with phases.timed("archive"):

@@ -9,9 +9,10 @@ worker that died and could not be started again stops the server, exit 1.
 
 from __future__ import annotations
 
-import functools
+import importlib
 import logging
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,32 +31,35 @@ if TYPE_CHECKING:
 logger = logging.getLogger("serving.kserve")
 PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
 DOCS_PATH = "/docs"  # KServe's own place for its OpenAPI page
+SERVER_IMPORTS = ("handlers.kserve_model", "serving.kserve.app")  # kserve and torch: imported while workers start
 
 
 def model_of(name: str, settings: KServeSettings, archive: Path | None = None, unpacked: Path | None = None
              ) -> KServeModel:
     """The model under its policy as the run config holds it (its archive's pins applied where it was resolved);
-    another version's archive, unpacked in a folder of its own, under the same policy (serving/kserve/versions.py)."""
+    another version's archive, unpacked in a folder of its own, under the same policy (serving/kserve/versions.py).
+    Its worker processes are spawned first: this process's own imports (kserve, torch) run while they start."""
     from handlers import opening
-    from handlers.kserve_model import KServeModel
     policy = settings.policies[name]
     folder = opening.unpacked(archive or settings.archive(name), unpacked or settings.unpacked(name))
-    workers = functools.partial(WorkerPool.open, name) if policy.workers > 1 else None
-    model = KServeModel(name, folder, policy, opening.device_of(policy.device),
-                        opening.model_config(folder).get("handler"), workers)
+    device, handler = opening.device_of(policy.device), opening.model_config(folder).get("handler")
+    pool = WorkerPool.open(name, folder, device, handler, policy) if policy.workers > 1 else None
+    from handlers.kserve_model import KServeModel
+    model = KServeModel(name, folder, policy, device, handler, (lambda *_: pool) if pool else None)
     model.load()
     return model
 
 
 def serve(settings: KServeSettings) -> int:
-    from kserve import ModelServer
-
-    from serving.kserve import app, versions
     taken = bind_error(settings.host, settings.http_port)  # taken since the engine checked it
     if taken is not None:
         logger.error("cannot serve on %s:%d: %s", settings.host, settings.http_port, taken)
         return PORT_TAKEN
+    threading.Thread(target=lambda: [importlib.import_module(name) for name in SERVER_IMPORTS], daemon=True).start()
     models = [model_of(name, settings) for name in settings.models]
+    from kserve import ModelServer
+
+    from serving.kserve import app, versions
     for name, policy in settings.policies.items():
         logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
     app.install(settings.host)
