@@ -35,9 +35,10 @@ from handlers.policy import this_machine_resources
 from handlers.request import ImageRequest
 from handlers.request_body import image_of, requested_topk
 from handlers.request_error import RequestError
-from runtime import ArtifactRunError, RunOptions, open_artifact, verify_artifact
+from handlers.start_phases import StartPhases
+from runtime import ArtifactRunError, IntegrityError, RunOptions, open_artifact, verify_artifact
 from runtime.base import Backend
-from runtime.form_choice import Choice, choose
+from runtime.form_choice import Choice, choose, forget, taken_backend
 from runtime.gpu_decode import NvjpegDecoder
 from runtime.images import ImageError, decode_upright, draft_floor, preprocess
 from runtime.machine import MachineProfile, this_machine_profile
@@ -117,6 +118,7 @@ class ImageCore:
         self.threads = threads
         self.policy = policy  # the serving policy it runs under (from_folder); None: its caller chose the threads
         self.choice = choice  # how from_folder chose the record on this machine (None: the caller chose)
+        self.phases: StartPhases | None = None  # how from_folder's start went; its first answer completes it
         self.version = label_of(manifest.model_version)  # every answer names it (contract/versions.py)
         self.contract = self.input_contract(manifest)
         self.draft_floor = self.decode_floor(config)  # None: every pixel decoded
@@ -154,7 +156,8 @@ class ImageCore:
     def from_folder(cls, folder: str | Path, device: str = "cpu", settings: dict | None = None,
                     threads: int | None = None, machine: MachineProfile | None = None,
                     policy: ServingPolicy | None = None, measure: bool = False,
-                    kind: str | None = None, form: str | None = None) -> "ImageCore":
+                    kind: str | None = None, form: str | None = None,
+                    phases: StartPhases | None = None) -> "ImageCore":
         """Serve the form this machine chooses among the export's gated candidates (runtime.form_choice.choose;
         `machine`: a simulated profile, for tests), after checking its sha256. `settings` is model-config.yaml's
         handler section; `policy` the serving policy the engine resolved (its threads run the model); without
@@ -162,32 +165,54 @@ class ImageCore:
         the engines ask): among the candidates this machine meets, the first of the declared order within a
         margin of the fastest, measured under the policy; without it, the first candidate this machine meets.
         `form`: that gated form, refused unless this machine may serve it (a test re-running the form a server
-        named in its answer); `kind`: any artifact the manifest records, gated or not (a benchmark's row)."""
-        folder = Path(folder)
-        manifest = Manifest.read(folder)
+        named in its answer); `kind`: any artifact the manifest records, gated or not (a benchmark's row).
+        `phases`: where the start's phases are timed (handlers/start_phases.py; begun here without one)."""
+        folder, phases = Path(folder), phases or StartPhases.begin()
+        with phases.timed("archive"):
+            manifest = Manifest.read(folder)
         machine = machine or this_machine_profile(str(device))
         policy = policy or in_process_policy(settings, threads)
-        choice = None if kind else choose(folder, manifest, machine, policy.threads_per_worker, policy.batch_size,
-                                          str(device), REBUILD, measure, form)
+        with phases.timed("choice"):
+            choice = None if kind else choose(folder, manifest, machine, policy.threads_per_worker,
+                                              policy.batch_size, str(device), REBUILD, measure, form)
         record = manifest.artifacts[kind or choice.kind]
-        verify_artifact(folder, record, REBUILD)
-        cls.check_task(manifest)  # another task's archive, or one without an image contract, is refused here
-        config = HandlerConfig.from_dict(settings)
-        labels = labels_of(folder, manifest)
+        with phases.timed("archive"):
+            verified(folder, record, choice)
+            cls.check_task(manifest)  # another task's archive, or one without an image contract, is refused here
+            config = HandlerConfig.from_dict(settings)
+            labels = labels_of(folder, manifest)
         threads = policy.threads_per_worker
         # torch's own pool runs the tensor work (softmax, a GPU decoder's resize) even when ONNX Runtime runs the
         # model; left at every core it competes with the other workers' inference, so it is pinned to the
         # worker's share (measured: docs/benchmarks.md).
         torch.set_num_threads(threads)
         precision = run_precision(record, config, device)
-        backend = open_artifact(record.format, folder / record.path,
-                                RunOptions(device=str(device), threads=threads, precision=precision), name=record.kind)
+        with phases.timed("form_opened"):
+            backend, warm = opened_backend(folder, record, RunOptions(device=str(device), threads=threads,
+                                                                      precision=precision), choice)
         core = cls(manifest, record, backend, labels, config, str(device), threads, choice, policy)
+        with phases.timed("warm_up"):
+            if not warm:
+                core.warm_up()
+        core.phases = phases
+        phases.opened(manifest.model.name, core.version)
         logger.info(choice.line() if choice else f"serving {kind}, the artifact the caller named")
         logger.info("serving policy: %s", policy.reason)
         logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: %s, decode %s",
                     manifest.model.name, record.kind, device, threads, precision, core.input_line(), core.decode_mode())
         return core
+
+    def warm_up(self) -> None:
+        """One call of the form at batch 1 on a blank input (the call choosing the form measures), so that the
+        first client does not pay the runtime's first-call work. A failure is logged and the worker still starts:
+        its requests are answered with the reason (predict), and readiness waits for a real answer anyway."""
+        shape = self.manifest.input.handler_input()
+        if shape is None:
+            return
+        try:
+            self.backend(torch.zeros((1, *shape)))
+        except ArtifactRunError as error:
+            logger.error("warm-up of %s failed (its requests will say why): %s", self.record.kind, error)
 
     def describe(self) -> dict:
         """The model description engines show: what is served here, on which machine profile, and why; the
@@ -239,8 +264,10 @@ class ImageCore:
     def run_batch(self, rows: Sequence[ImageRequest]) -> BatchResult:
         """Answer each request: one whose image or options cannot be read, or whose image cannot be decoded,
         gets its own RequestError, the others are answered."""
-        times = StageTimes()
+        times, start = StageTimes(), time.perf_counter()
         answers = self.answer_prepared(self.prepare_requests(rows, times), times)
+        if self.phases and any(not isinstance(answer, RequestError) for answer in answers):
+            self.phases.answered(time.perf_counter() - start)  # the start's last phase: its first real answer
         logger.info(times.line(len(rows)))
         signals.log_batch(self.served, list(zip(rows, answers)), times.ms)
         return BatchResult(answers, times)
@@ -313,6 +340,27 @@ def internal_error(stage: str, error: Exception) -> RequestError:
     """A 500 for this row with the reason; logged with its traceback (called inside the except block)."""
     logger.exception("unexpected failure %s a request", stage)
     return RequestError(500, f"internal error while {stage}: {type(error).__name__}: {error}")
+
+
+def verified(folder: Path, record: ArtifactRecord, choice: Choice | None) -> None:
+    """The served form's sha256 checked before any of its code runs; a form chosen from an earlier start's
+    measurement that fails it is forgotten there too (runtime/form_choice.py), so nothing stale is kept."""
+    try:
+        verify_artifact(folder, record, REBUILD)
+    except IntegrityError:
+        if choice is not None:
+            forget(choice)
+        raise
+
+
+def opened_backend(folder: Path, record: ArtifactRecord, options: RunOptions,
+                   choice: Choice | None) -> tuple[Backend, bool]:
+    """(the form's backend, whether it has run already): the one the choice measured in this process when it ran
+    under these options, else the form opened now."""
+    kept = taken_backend(choice, options)
+    if kept is not None:
+        return kept, True
+    return open_artifact(record.format, folder / record.path, options, name=record.kind), False
 
 
 def labels_of(folder: Path, manifest: Manifest) -> dict[int, str]:

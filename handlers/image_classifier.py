@@ -23,11 +23,11 @@ from contract.errors import VisionExportError
 from contract.versions import VERSION_HEADER
 from handlers import metrics, signals
 from handlers.core import ImageCore
+from handlers.opening import GPU, device_of, open_archive
 from handlers.policy import worker_policy
 from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
 from handlers.routes import WorkerRoutes
-from handlers.tasks import open_core
 from runtime import IntegrityError
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ def select_device(system_properties: dict, cuda_available: Callable[[], bool] | 
     """cuda:{gpu_id} when TorchServe assigned a GPU and CUDA works here; CPU otherwise."""
     gpu_id = system_properties.get("gpu_id")
     if gpu_id is not None and (cuda_available or torch.cuda.is_available)():
-        return torch.device(f"cuda:{int(gpu_id)}")
-    return torch.device("cpu")
+        return torch.device(device_of(GPU, int(gpu_id)))
+    return torch.device(device_of("cpu"))
 
 
 class TorchServeHandler:
@@ -70,8 +70,8 @@ class TorchServeHandler:
         config = getattr(context, "model_yaml_config", None) or {}
         policy, source = worker_policy(context.model_name, config)
         logger.info("serving policy of %s from %s", context.model_name, source)
-        return open_core(Path(properties.get("model_dir", ".")), device=str(select_device(properties)),
-                         settings=config.get("handler"), policy=policy)
+        return open_archive(Path(properties.get("model_dir", ".")), str(select_device(properties)), policy,
+                            settings=config.get("handler"))  # TorchServe unpacked it and read its config
 
     def handle(self, data: list, context) -> list:
         if _header(context, 0, DESCRIBE_HEADER) == "True":

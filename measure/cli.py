@@ -28,6 +28,7 @@ COMMANDS = {
     "attack": ("measure.reliability.attack", "main",
                "hostile reads against a running server (length -1, oversized, chunked, slow, many connections): "
                "its memory and a normal request's answer"),
+    "start": ("measure.start", "main", "a start phase by phase, until the first real answer, per engine"),
     "gpu-check": ("measure.gpu.check", "main", "the GPU path proven on a CUDA machine (make gpu-check)"),
     "ray-two-node": ("measure.distributed.two_node", "main",
                      "a Ray node killed under load on a two-node Ray Serve cluster (pip install '.[ray]' first)"),

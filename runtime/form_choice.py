@@ -15,11 +15,15 @@ with what it needs to run and to be fast). Here the machine chooses among them:
 
 What is fastest depends on the model as well as the machine (on an AMX Xeon OpenVINO's bf16 is twice its int8 for
 ResNet-50 while int8 leads for EfficientNet-Lite0's depthwise convolutions: docs/hardware-choice.md), so no order
-declared at export can be right everywhere. A measurement is kept on disk, keyed by the candidates' files, the CPU
-and the setting, so restarts and the other workers serve the same choice without measuring again; a lock makes the
-first worker measure alone while the others wait for its result. VISION_EXPORT_FORM_CHOICE=remeasure measures
-again and replaces what was kept. Every candidate is checked against the manifest's sha256 (runtime.integrity
-verify_artifact) before any of its code runs.
+declared at export can be right everywhere. A measurement is kept in the user's cache folder (CACHE_DIR), keyed by
+the candidates' sha256, the machine (its CPU, flags, cores, device and runtime versions) and the setting, so every
+later start on this machine (a restart, another run dir, the other workers, a replaced worker) serves the same
+choice without measuring again, and a change of either content or machine measures afresh; a lock makes the first
+worker measure alone while the others wait for its result. VISION_EXPORT_FORM_CHOICE=remeasure measures again and
+replaces what was kept. Every candidate is checked against the manifest's sha256 (runtime.integrity
+verify_artifact) before any of its code runs, and the served one again before it serves (handlers/core.py); a kept
+choice whose form fails that check is forgotten (forget). The measuring worker serves the backend it measured
+(taken_backend) instead of opening it twice.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +57,10 @@ MARGIN = 0.10  # a candidate less than this much faster than an earlier one in t
 WARMUP_CALLS = 3
 MEASURE_SECONDS = 0.6  # per candidate: enough for a stable median at batch 1 on the forms measured here
 CHOICE_ENV = "VISION_EXPORT_FORM_CHOICE"  # declared | remeasure (unset: measure once, then keep)
-CACHE_DIR = Path(tempfile.gettempdir()) / "vision-export-form-choices"
+# Not the temporary folder: TorchServe points TMPDIR at each run dir, where a kept choice would not outlive the run.
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vision-export" / "form-choices"
+FALLBACK_CACHE_DIR = Path(tempfile.gettempdir()) / "vision-export-form-choices"  # where the user's is not writable
+RUNTIMES = ("torch", "onnxruntime", "openvino")  # a new version may change which form is fastest
 
 
 class FormChoiceError(ContractError):
@@ -83,6 +91,9 @@ class MeasuredChoice(Choice):
 
     measured: dict[str, float] = field(default_factory=dict)  # kind -> images/s at the policy's setting
     how: str = "declared order"
+    key: str = ""  # where the measurement is kept (forget)
+    # the served form's backend as measured in this process, with its RunOptions, until the core takes it
+    opened: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def line(self) -> str:
         if not self.measured:
@@ -198,17 +209,37 @@ def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, t
         return None
     shape = (batch, *handler_input)
     key = _key(manifest, met, machine, threads, shape, device)
-    with _locked(key):
-        measured = None if mode == "remeasure" else _kept(key)
+    opened: dict[str, tuple[RunOptions, Any]] = {}
+    with _locked(key) as cache:
+        measured = None if mode == "remeasure" else _kept(cache / f"{key}.json")
         if measured is None:
-            measured = {kind: _rate(folder, manifest, kind, threads, shape, device, rebuild) for kind in met}
-            atomic_write_text(CACHE_DIR / f"{key}.json", json.dumps(measured))
+            measured = {kind: _rate(folder, manifest, kind, threads, shape, device, rebuild, opened) for kind in met}
+            atomic_write_text(cache / f"{key}.json", json.dumps(measured))
             how = "measured at this worker's start"
         else:
             how = "as measured at an earlier start on this machine"
     kind = within_margin(met, measured)
+    kept = dict(zip(("options", "backend"), opened[kind])) if kind in opened else {}
     return MeasuredChoice(kind, machine, skipped, measured,
-                          f"{how}; the first of the declared order within {MARGIN:.0%} of the fastest")
+                          f"{how}; the first of the declared order within {MARGIN:.0%} of the fastest", key, kept)
+
+
+def taken_backend(choice: Choice | None, options: RunOptions) -> Any:
+    """The backend the choice measured for its served form in this process, handed over once, when it ran under
+    `options` (the core's device, threads and precision); None otherwise."""
+    opened = choice.opened if isinstance(choice, MeasuredChoice) else {}
+    if opened.get("options") != options:
+        return None
+    backend = opened.pop("backend", None)
+    opened.clear()
+    return backend
+
+
+def forget(choice: Choice) -> None:
+    """Drop a kept measurement (its served form failed its sha256 check): the next start measures afresh."""
+    if isinstance(choice, MeasuredChoice) and choice.key:
+        for folder in (CACHE_DIR, FALLBACK_CACHE_DIR):
+            (folder / f"{choice.key}.json").unlink(missing_ok=True)
 
 
 def within_margin(declared: list[str], rates: dict[str, float]) -> str:
@@ -218,13 +249,15 @@ def within_margin(declared: list[str], rates: dict[str, float]) -> str:
 
 
 def _rate(folder: Path, manifest: Manifest, kind: str, threads: int, shape: tuple[int, ...], device: str,
-          rebuild: str) -> float:
+          rebuild: str, opened: dict[str, tuple[RunOptions, Any]]) -> float:
+    """kind's images/s; its backend, with its options, kept in `opened` for the core to serve if it is chosen."""
     record = manifest.artifacts[kind]
     verify_artifact(folder, record, rebuild)  # before any of its code runs
-    backend = open_artifact(record.format, folder / record.path,
-                            RunOptions(device=device, threads=threads, precision=record.run_precision), name=kind)
+    options = RunOptions(device=device, threads=threads, precision=record.run_precision)
+    backend = open_artifact(record.format, folder / record.path, options, name=kind)
     batch = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     milliseconds = time_runs(lambda: backend(batch), WARMUP_CALLS, 3, min_seconds=MEASURE_SECONDS)
+    opened[kind] = (options, backend)
     return round(shape[0] * 1000 / float(statistics.median(milliseconds)), 1)
 
 
@@ -233,26 +266,56 @@ def _key(manifest: Manifest, met: list[str], machine: MachineProfile, threads: i
     """Each candidate by its kind and its file's sha256: kinds that run one file in two precisions (an int8 IR with
     its remainder in f32 or bf16) share the file, not the measurement."""
     facts = [f"{kind} {manifest.artifacts[kind].sha256}" for kind in met] + sorted(machine.flags) + [
-        str(threads), str(shape), device, str(os.cpu_count())]
+        str(threads), str(shape), device, str(os.cpu_count()), machine.name, _cpu_model(),
+        *(f"{name} {_version(name)}" for name in RUNTIMES)]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:24]
 
 
-def _kept(key: str) -> dict[str, float] | None:
+def _cpu_model() -> str:
     try:
-        kept = json.loads((CACHE_DIR / f"{key}.json").read_text())
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown CPU"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _kept(path: Path) -> dict[str, float] | None:
+    try:
+        kept = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return {str(kind): float(rate) for kind, rate in kept.items()} if isinstance(kept, dict) else None
 
 
 @contextmanager
-def _locked(key: str) -> Iterator[None]:
-    """One worker measures at a time (the others would share its cores and skew its figures) and the rest read
-    what it kept."""
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_DIR / f"{key}.lock", "w") as lock:
+def _locked(key: str) -> Iterator[Path]:
+    """The cache folder, held: one worker measures at a time (the others would share its cores and skew its
+    figures) and the rest read what it kept."""
+    folder = _cache_folder()
+    with open(folder / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield
+            yield folder
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _cache_folder() -> Path:
+    """CACHE_DIR, or the temporary folder's where the user's cache cannot be written (a read-only home)."""
+    try:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        why = "" if os.access(CACHE_DIR, os.W_OK) else "not writable"
+    except OSError as error:
+        why = str(error)
+    if not why:
+        return CACHE_DIR
+    logger.warning("%s: %s; form choices are kept in %s instead", CACHE_DIR, why, FALLBACK_CACHE_DIR)
+    FALLBACK_CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    return FALLBACK_CACHE_DIR

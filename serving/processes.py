@@ -237,6 +237,9 @@ def serve_until_stopped(process: subprocess.Popen, stop: Callable[[], object], n
         return 0
 
 
+POLL_INTERVAL_S = 0.2  # between tries for a first answer: a start is seen ready within it (a try costs a request)
+
+
 class NoAnswer(VisionExportError):
     """The deadline passed without an accepted answer; `last` says what the server answered (or why not)."""
 
@@ -246,7 +249,7 @@ class NoAnswer(VisionExportError):
 
 
 def poll_for_answer(post: Callable[[], requests.Response], check: Callable[[], None], deadline: float,
-                    accept: Callable[[object], bool] = lambda response: True, interval: float = 1.0,
+                    accept: Callable[[object], bool] = lambda response: True, interval: float = POLL_INTERVAL_S,
                     retry_on: tuple = ()):
     """Call post() until it answers 200 and accept(response), before the deadline: that response. check() runs
     before each try and raises when waiting is pointless (the server exited, a model cannot load); a connection

@@ -35,6 +35,7 @@ from contract.policy import Machine, PolicyChoices, ServingPolicy, add_policy_op
 from contract.records import MANIFEST_NAME, Manifest
 from contract.versions import label_of
 from handlers.core import STAGES
+from handlers.opening import device_of
 from serving.batch.decoding import decode_batch
 from serving.batch.inputs import SHARD_SIZE, Photo, Shard, names_hash, photo_items, read_inputs, shards
 from serving.batch.output import SCHEMA, RunRecord, fsync_folder, prepare_out, write_part
@@ -264,7 +265,7 @@ def dataset(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_
         fn_constructor_kwargs={
             "model_path": str(model_path.absolute()),
             "policy": policy.to_dict(),
-            "device": "cuda" if on_gpu else "cpu",
+            "device": device_of(policy.device),
         },
     )
 

@@ -1,4 +1,4 @@
-"""The model's side of a batch run: a Scorer opens the export's request core (handlers/tasks.py open_core, as every
+"""The model's side of a batch run: a Scorer opens the export's request core (handlers/opening.py, as every
 engine does: the sha256 check, the form chosen for this machine, the serving policy's threads) and turns a batch of
 photos into output rows: the endpoint's JSON answer, or the endpoint's error for that photo (a file that cannot be
 read, a body the decoder refuses), row by row, never an exception for one bad photo.
@@ -15,28 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import zipfile
 from pathlib import Path
 
 from contract.policy import ServingPolicy
 from contract.records import Manifest
 from handlers.core import STAGES, StageTimes
+from handlers.opening import open_archive
 from handlers.request_body import ImageRequest
 from handlers.request_error import RequestError
-from handlers.tasks import open_core
 from serving.batch.decoding import PREPARED_STAGES, read_bodies, unpacked
 from serving.settings import archive_config
 
 ARCHIVE_SUFFIX = ".mar"
-
-
-def model_folder(path: Path, scratch: Path) -> Path:
-    """An export folder as it is; an archive (.mar) unpacked into `scratch`, as the engines unpack it."""
-    if path.is_dir():
-        return path
-    with zipfile.ZipFile(path) as members:
-        members.extractall(scratch)
-    return scratch
 
 
 def handler_settings(path: Path) -> dict | None:
@@ -51,11 +41,9 @@ class Scorer:
     def __init__(self, model_path: str, policy: dict, device: str = "cpu"):
         logging.getLogger("handlers").setLevel(logging.WARNING)  # not a "batch of 1" line per photo
         self.scratch = tempfile.TemporaryDirectory(prefix="batch-model-")
-        path = Path(model_path)
         self.policy = ServingPolicy.from_dict(policy)
-        self.core = open_core(
-            model_folder(path, Path(self.scratch.name)), device, handler_settings(path), policy=self.policy
-        )
+        # an export folder as it is, an archive unpacked as the engines unpack it (handlers/opening.py)
+        self.core = open_archive(model_path, device, self.policy, scratch=self.scratch.name)
         self.manifest: Manifest = self.core.manifest
 
     def __call__(self, batch: dict) -> dict:

@@ -1,7 +1,7 @@
 """The KServe server process: `python -m serving.kserve.worker RUN_DIR/kserve-settings.json` (started by
 server.py). Each archive of the store is unpacked as TorchServe unpacks it (manifest, artifact, labels,
-model-config.yaml, handlers/), opened through the same core after its sha256 check under the policy the run
-config holds for it, and served by KServe's ModelServer: one HTTP process (this one), and the policy's worker
+model-config.yaml, handlers/; once per content: handlers/opening.py), opened through the same core after its sha256
+check under the policy the run config holds for it, and served by KServe's ModelServer: one HTTP process (this one), and the policy's worker
 processes behind each model (serving/kserve/pool.py: each opens its own copy; one worker: the core runs here).
 A model that cannot be served stops the start with the core's reason (logged, exit 1); a taken port, exit 3; a
 worker that died and could not be started again stops the server, exit 1.
@@ -9,63 +9,57 @@ worker that died and could not be started again stops the server, exit 1.
 
 from __future__ import annotations
 
-import functools
+import importlib
 import logging
-import shutil
 import sys
-import zipfile
+import threading
 from pathlib import Path
-
-import yaml
+from typing import TYPE_CHECKING
 
 from contract.errors import VisionExportError
-from handlers.kserve_model import KServeModel
 from handlers.logs import configure_logging
-from serving.kserve import app, versions
 from serving.kserve.config import REFUSAL, KServeSettings
 from serving.kserve.pool import WorkerPool
 from serving.ports import bind_error
 
+if TYPE_CHECKING:
+    from handlers.kserve_model import KServeModel
+
+# The pool's workers are spawned processes that import this module first: kserve (seconds of imports) is imported
+# where it is used, so that they do not import it too.
+
 logger = logging.getLogger("serving.kserve")
 PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
 DOCS_PATH = "/docs"  # KServe's own place for its OpenAPI page
-
-
-def unpack(archive: Path, folder: Path) -> Path:
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    with zipfile.ZipFile(archive) as members:
-        members.extractall(folder)
-    return folder
-
-
-def model_config(folder: Path) -> dict:
-    """The archive's model-config.yaml, what TorchServe hands the core as context.model_yaml_config."""
-    path = folder / "model-config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+SERVER_IMPORTS = ("handlers.kserve_model", "serving.kserve.app")  # kserve and torch: imported while workers start
 
 
 def model_of(name: str, settings: KServeSettings, archive: Path | None = None, unpacked: Path | None = None
              ) -> KServeModel:
     """The model under its policy as the run config holds it (its archive's pins applied where it was resolved);
-    another version's archive, unpacked in a folder of its own, under the same policy (serving/kserve/versions.py)."""
+    another version's archive, unpacked in a folder of its own, under the same policy (serving/kserve/versions.py).
+    Its worker processes are spawned first: this process's own imports (kserve, torch) run while they start."""
+    from handlers import opening
     policy = settings.policies[name]
-    folder = unpack(archive or settings.archive(name), unpacked or settings.unpacked(name))
-    device = "cuda:0" if policy.device == "gpu" else "cpu"
-    workers = functools.partial(WorkerPool.open, name) if policy.workers > 1 else None
-    model = KServeModel(name, folder, policy, device, model_config(folder).get("handler"), workers)
+    folder = opening.unpacked(archive or settings.archive(name), unpacked or settings.unpacked(name))
+    device, handler = opening.device_of(policy.device), opening.model_config(folder).get("handler")
+    pool = WorkerPool.open(name, folder, device, handler, policy) if policy.workers > 1 else None
+    from handlers.kserve_model import KServeModel
+    model = KServeModel(name, folder, policy, device, handler, (lambda *_: pool) if pool else None)
     model.load()
     return model
 
 
 def serve(settings: KServeSettings) -> int:
-    from kserve import ModelServer
     taken = bind_error(settings.host, settings.http_port)  # taken since the engine checked it
     if taken is not None:
         logger.error("cannot serve on %s:%d: %s", settings.host, settings.http_port, taken)
         return PORT_TAKEN
+    threading.Thread(target=lambda: [importlib.import_module(name) for name in SERVER_IMPORTS], daemon=True).start()
     models = [model_of(name, settings) for name in settings.models]
+    from kserve import ModelServer
+
+    from serving.kserve import app, versions
     for name, policy in settings.policies.items():
         logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
     app.install(settings.host)

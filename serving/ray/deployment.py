@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import zipfile
 from pathlib import Path
 
 from ray import serve
@@ -31,13 +30,13 @@ from contract.versions import VERSION_HEADER, split_versioned
 from handlers import metrics
 from handlers.batching import Batcher
 from handlers.logs import SERVED_BY, configure_logging  # SERVED_BY: "NODE_ID REPLICA_ID" here
+from handlers.opening import device_of, open_archive, shared_scratch
 from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
 from handlers.signals import with_request_id
-from handlers.tasks import open_core
+from handlers.start_phases import engine_run_dir
 from serving.bounds import bounded_body
 from serving.ray.routing import LiveRouting
-from serving.settings import archive_config
 
 logger = logging.getLogger("serving.ray")
 
@@ -65,17 +64,12 @@ def application_args(archive: Path, policy: ServingPolicy) -> dict:
 @serve.deployment
 class RayDeployment:
     def __init__(self, archive: str, policy: ServingPolicy):
-        """Unpack the archive into a folder of this replica's own and open its artifact through the core under
-        the model's policy: an archive that fails its sha256 check raises here, and Serve marks the application
+        """Open the archive's artifact through the core under the model's policy (handlers/opening.py, unpacked
+        once per run): an archive that fails its sha256 check raises here, and Serve marks the application
         failed with it."""
         import ray
         configure_logging()
-        self.folder = tempfile.TemporaryDirectory(prefix=f"{Path(archive).stem}-")
-        with zipfile.ZipFile(archive) as members:
-            members.extractall(self.folder.name)
-        handler = archive_config(Path(archive)).get("handler")
-        device = "cuda" if policy.device == "gpu" else "cpu"
-        self.core = open_core(self.folder.name, device, handler, policy=policy)
+        self.core = open_archive(archive, device_of(policy.device), policy, scratch=self.scratch(Path(archive)))
         self.batcher = Batcher(self.core, policy)
         context = serve.get_replica_context()
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
@@ -83,6 +77,15 @@ class RayDeployment:
         if context.app_name == context.deployment:  # NAME's application, not the gate's NAME.vN
             self.routing = LiveRouting(context.app_name, context.replica_id.unique_id)
             self.routing.start()  # Serve runs the constructor on the replica's event loop
+
+    def scratch(self, archive: Path) -> Path:
+        """The run's folder for this archive, unpacked once for every replica on this machine (and by the check
+        before them, serving/ray/server.py); a folder of this replica's own where no run dir is known."""
+        run_dir = engine_run_dir()
+        if run_dir is not None:
+            return shared_scratch(archive, run_dir)
+        self.folder = tempfile.TemporaryDirectory(prefix=f"{archive.stem}-")  # removed with the replica
+        return Path(self.folder.name)
 
     async def __call__(self, request: Request) -> JSONResponse:
         if request.method == "GET" and request.url.path.rstrip("/").endswith(DESCRIPTION_PATH):

@@ -51,6 +51,7 @@ def deploy(settings: RaySettings) -> None:
     ServingError with Serve's reason when it cannot deploy (a replica's constructor failing, e.g. the sha256)."""
     from ray import serve
 
+    from handlers.opening import device_of
     from serving.ray.deployment import application, application_args
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
@@ -65,7 +66,7 @@ def deploy(settings: RaySettings) -> None:
         logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
                     options["autoscaling_config"])
         archive = settings.archive(name).absolute()  # a rollout's default version, else NAME.mar
-        verify_archive(archive, "cuda" if policy.device == "gpu" else "cpu")
+        verify_archive(archive, device_of(policy.device), settings.run_dir.absolute())
         app = application({**application_args(archive, policy), "options": options})
         try:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
@@ -73,32 +74,43 @@ def deploy(settings: RaySettings) -> None:
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
 
 
-def verify_archive(archive: Path, device: str = "cpu") -> None:
+def verify_archive(archive: Path, device: str = "cpu", run_dir: Path | None = None) -> None:
     """Every form the archive may serve on this machine (the gated candidates it meets: the replica measures which
     serves, runtime/form_choice.py) is the file its manifest recorded, companions included (sha256), checked before
     Serve starts a replica: a tampered archive is refused at once with the reason. Each replica checks the form it
     opens again (the request core), but Serve retries a failing replica constructor several times before it gives
-    up (tens of seconds)."""
-    from contract.records import MANIFEST_NAME, Manifest
-    from handlers.core import REBUILD
-    from runtime.form_choice import may_serve_here
-    from runtime.integrity import IntegrityError, artifact_problems
-    from runtime.machine import this_machine_profile
-    with tempfile.TemporaryDirectory(prefix="verify-") as folder, zipfile.ZipFile(archive) as members:
+    up (tens of seconds). With the run dir, the archive is unpacked where its replicas open it (handlers/opening.py),
+    once for all of them."""
+    from contextlib import nullcontext
+
+    from handlers.opening import shared_scratch, unpacked
+    with (tempfile.TemporaryDirectory(prefix="verify-") if run_dir is None else nullcontext()) as temporary:
         try:
-            members.extract(MANIFEST_NAME, folder)
-            manifest = Manifest.read(Path(folder))
-            records = [manifest.artifacts[kind] for kind in may_serve_here(manifest, this_machine_profile(device))]
-        except KeyError as missing:
-            raise ServingError(f"{archive}: not an archive of `python -m export` ({missing.args[0]}); "
+            folder = unpacked(archive, Path(temporary) / "archive" if temporary else shared_scratch(archive, run_dir))
+        except zipfile.BadZipFile as error:
+            raise ServingError(f"{archive}: not an archive of `python -m export` ({error}); "
                                "rebuild it with `python -m export`") from None
-        present = set(members.namelist())
-        for record in records:
-            members.extractall(folder, [path for path in (record.path, *record.companions) if path in present])
-        problems = {f"{archive}: {path}": why for record in records
-                    for path, why in artifact_problems(Path(folder), record).items()}
+        problems = _form_problems(archive, folder, device)
     if problems:
+        from handlers.core import REBUILD
+        from runtime.integrity import IntegrityError
         raise IntegrityError(problems, REBUILD)
+
+
+def _form_problems(archive: Path, folder: Path, device: str) -> dict[str, str]:
+    """{archive: path -> why} of each form the unpacked archive may serve here that is not its recorded file."""
+    from contract.records import Manifest
+    from runtime.form_choice import may_serve_here
+    from runtime.integrity import artifact_problems
+    from runtime.machine import this_machine_profile
+    try:
+        manifest = Manifest.read(folder)
+        records = [manifest.artifacts[kind] for kind in may_serve_here(manifest, this_machine_profile(device))]
+    except KeyError as missing:
+        raise ServingError(f"{archive}: not an archive of `python -m export` ({missing.args[0]}); "
+                           "rebuild it with `python -m export`") from None
+    return {f"{archive}: {path}": why for record in records
+            for path, why in artifact_problems(folder, record).items()}
 
 
 def deployment_failure(name: str) -> str | None:

@@ -4,13 +4,14 @@ workers."""
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 
 import pytest
 
 from handlers.core import REBUILD
 from handlers.tasks import open_core
-from runtime import form_choice
+from runtime import IntegrityError, form_choice
 from runtime.machine import this_machine_profile
 
 
@@ -44,3 +45,65 @@ def test_an_engine_measures_once_and_serves_the_same_choice_after(lite0_int8_exp
     assert core.record.kind == first.kind and core.describe()["choice"]["measured_images_per_s"] == first.measured
     monkeypatch.setenv(form_choice.CHOICE_ENV, "declared")
     assert form_choice.measured_choice(folder, manifest, this_machine_profile(), 1, 1, "cpu", REBUILD) is None
+
+
+@pytest.fixture
+def two_candidates(resnet18_unpacked, resnet18_export, tmp_path):
+    """resnet18's archive with two gated candidates that need nothing (onnx-dynamo, onnx-traced): a choice measured
+    at load, as an archive with an int8 variant gets, without exporting one."""
+    from dataclasses import replace
+
+    from contract.records import MANIFEST_NAME, Manifest
+    from export.package.selection import candidate_entry
+    folder = tmp_path / "model"
+    shutil.copytree(resnet18_unpacked, folder)
+    manifest = Manifest.read(folder)
+    kinds = ["onnx-dynamo", "onnx-traced"]
+    for kind in kinds:
+        if not (folder / manifest.artifacts[kind].path).exists():
+            shutil.copy2(resnet18_export["out"] / manifest.artifacts[kind].path, folder / manifest.artifacts[kind].path)
+    decision = replace(manifest.decision(), gated=[candidate_entry(kind) for kind in kinds])
+    (folder / MANIFEST_NAME).write_text(replace(manifest, serving=decision).to_json())
+    return folder
+
+
+@pytest.mark.slow
+def test_a_kept_choice_serves_again_until_its_form_is_changed(two_candidates, tmp_path, monkeypatch):
+    monkeypatch.setattr(form_choice, "CACHE_DIR", tmp_path / "choices")
+    monkeypatch.delenv(form_choice.CHOICE_ENV, raising=False)
+    first = open_core(two_candidates, threads=1)
+    assert "measured at this worker's start" in first.choice.how and first.phases.seconds["choice"] > 0
+    assert first.choice.opened == {}  # the core took the backend it measured (warm) instead of opening it again
+    kept = list((tmp_path / "choices").glob("*.json"))
+    assert len(kept) == 1
+    again = open_core(two_candidates, threads=1)  # a restart, another worker: read, not measured
+    assert "earlier start" in again.choice.how and again.record.kind == first.record.kind
+    served = two_candidates / first.record.path
+    original = served.read_bytes()
+    served.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
+    with pytest.raises(IntegrityError, match="sha256"):
+        open_core(two_candidates, threads=1)  # never served from the kept choice, and the choice is forgotten
+    assert not kept[0].exists()
+    served.write_bytes(original)
+    assert "measured at this worker's start" in open_core(two_candidates, threads=1).choice.how
+
+
+def test_a_kept_choice_is_keyed_by_the_forms_content_and_the_machine():
+    from dataclasses import replace
+
+    from runtime.machine import MachineProfile
+    manifest = _manifest_with(["a", "b"], {"a": "1" * 64, "b": "2" * 64})
+    amx = MachineProfile("amx", frozenset({"avx2", "avx512f", "amx_tile"}), "cpu")
+    key = form_choice._key(manifest, ["a", "b"], amx, 1, (1, 3, 224, 224), "cpu")
+    assert key == form_choice._key(manifest, ["a", "b"], amx, 1, (1, 3, 224, 224), "cpu")
+    other_machine = MachineProfile("avx2", frozenset({"avx2"}), "cpu")
+    assert key != form_choice._key(manifest, ["a", "b"], other_machine, 1, (1, 3, 224, 224), "cpu")
+    rebuilt = _manifest_with(["a", "b"], {"a": "1" * 64, "b": "3" * 64})
+    assert key != form_choice._key(rebuilt, ["a", "b"], amx, 1, (1, 3, 224, 224), "cpu")
+    assert key != form_choice._key(manifest, ["a", "b"], replace(amx, device="cuda"), 1, (1, 3, 224, 224), "cuda")
+
+
+def _manifest_with(kinds, sha256):
+    """What _key reads of a manifest: each kind's recorded sha256."""
+    from types import SimpleNamespace
+    return SimpleNamespace(artifacts={kind: SimpleNamespace(sha256=sha256[kind]) for kind in kinds})
