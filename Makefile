@@ -13,7 +13,7 @@ PORT ?= 8080
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[serving,dev,ray,openvino]'
+	$(PY) -m pip install --quiet -e '.[serving,dev,ray,openvino,executorch]'
 	# MTCNN's trained face detector (models/mtcnn.py): only its data files are used; its metadata pins torch<2.3
 	$(PY) -m pip install --quiet --no-deps facenet-pytorch==2.6.0
 	touch $@

@@ -95,7 +95,8 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
     built = build_model(run)
     forms = make_forms(run, built.module, sources_to_build(
         options.precision, options.formats is not None,
-        automatic_skip_reason(options.precision, built.weights.kind, entry.input_spec.preprocessing is not None)))
+        automatic_skip_reason(options.precision, built.weights.kind, entry.input_spec.preprocessing is not None)),
+        built.labels)
     checked = check_forms(run, built.module, forms)
     explain_divergence(run, built.module, checked)
     paths = compare_trace_and_script(run, checked)
@@ -160,7 +161,8 @@ def build_model(run: ExportRun) -> BuiltModel:
     return built
 
 
-def make_forms(run: ExportRun, module: torch.nn.Module, sources: tuple[str, ...] = ()) -> dict[str, exporters.Artifact]:
+def make_forms(run: ExportRun, module: torch.nn.Module, sources: tuple[str, ...] = (),
+               labels: list[str] | None = None) -> dict[str, exporters.Artifact]:
     """Every chosen fp32 form, built and structurally checked (kind -> Artifact; refused ones have left); `sources`:
     the off-by-default kinds the variants the tool chose are made from (the OpenVINO IR)."""
     requested = None if run.options.formats is None and not sources else (
@@ -168,6 +170,7 @@ def make_forms(run: ExportRun, module: torch.nn.Module, sources: tuple[str, ...]
     chosen = kinds.chosen_formats(requested, also=run.options.serve)
     ensure_free_space(run.stage, kinds.estimated_bytes(exporters.parameter_bytes(module), chosen))
     context = _verified_context(run, module)
+    context.image, context.labels = run.entry.input_spec.preprocessing, labels
     run.progress.step(formats_line(chosen))
     build_artifacts(context, run.timed, run.refusals, chosen)
     with run.timed("inspect"):

@@ -29,6 +29,7 @@ BACKENDS: dict[str, str] = {
     "torch-export": "runtime.exported_program:ExportedProgramBackend",
     "aoti": "runtime.aoti:AOTInductorBackend",
     "openvino": "runtime.openvino:OpenVinoBackend",
+    "executorch": "runtime.executorch:ExecuTorchBackend",
 }
 
 

@@ -78,6 +78,8 @@ class BuildContext:
     io: GraphIO = field(default_factory=GraphIO)
     built: dict = field(default_factory=dict)
     programs: dict = field(default_factory=dict)  # (spatial_dynamic, device) -> ExportedProgram, made once
+    image: object | None = None  # the model's ImageContract and labels: a device program's input contract names them
+    labels: list[str] | None = None
 
     def program(self, spatial_dynamic: bool, device: str = "cpu") -> torch.export.ExportedProgram:
         """torch.export of the module's torch.export form, with a dynamic batch (and height and width when

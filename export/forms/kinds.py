@@ -18,7 +18,7 @@ from typing import Callable
 
 from contract.records import CLASSIFICATION, DETECTION
 from export.errors import ExportError
-from export.forms import exporters, openvino_ir, torch_export
+from export.forms import executorch, exporters, openvino_ir, torch_export
 from export.forms.tolerances import (
     AOTINDUCTOR_TOLERANCE,
     EXPORTED_PROGRAM_TOLERANCE,
@@ -31,6 +31,7 @@ from runtime.machine import BF16_FLAGS, CPU, CUDA, Needs
 
 # Formats: the runtime backend that opens a kind's file (keys of runtime.base.BACKENDS).
 TORCHSCRIPT, TORCH_EXPORT, AOTI, ONNX, OPENVINO = "torchscript", "torch-export", "aoti", "onnx", "openvino"
+EXECUTORCH = "executorch"
 FP32 = "fp32"  # the precision every fp32 kind computes in; variants name theirs
 
 # Which input sizes a kind accepts (a row's `input_sizes`).
@@ -66,6 +67,7 @@ class ArtifactKind:
     fast_why: str = ""  # the measurement behind fast_on (docs/hardware-choice.md)
     companions: tuple[str, ...] = ()  # files beside file_name that it opens too (an OpenVINO IR's weights)
     task: str = CLASSIFICATION  # variants: the task whose gate judges it (top-1 agreement, or boxes for detection)
+    for_devices: bool = False  # a device program: built only when named, never added by --precision auto for a server
 
     def __post_init__(self):
         if self.input_sizes not in INPUT_SIZES:
@@ -123,6 +125,16 @@ OPENVINO_BF16_WHY = ("without avx512_bf16/amx_bf16 OpenVINO ignores the bf16 hin
 BACKBONE_BF16_RANK = ("just before scripted, its fp32 source: the gated candidates end at the first that runs "
                       "anywhere, so both ship and the load-time measurement weighs them; a detector's box-gated "
                       "variant, built only on a CPU that computes in bf16 (docs/results/2026-11-26-detection-exports/mtcnn.md)")
+# XNNPACK's kernels fuse and sum in their own order, as ONNX Runtime's do: ONNX Runtime's tolerance.
+EXECUTORCH_TOLERANCE = ONNX_TOLERANCE
+# The device programs are built when named: they are for a phone or a board, lowering is one of the slower steps of
+# an export (an int8 program's calibration and lowering take minutes on a small CPU), and on a server the ONNX and
+# OpenVINO forms are the ones measured faster (docs/results/2026-11-28-executorch/). Ranked so that a server that
+# has them measures them at load beside the others: the int8 program after onnx-int8, the fp32 one just after
+# onnx-dynamo (a candidate where onnx-dynamo is not).
+EXECUTORCH_OFF = ("a device program (docs/devices.md): its lowering is slow and a server has faster forms "
+                  "(docs/results/2026-11-28-executorch/); built when named (its int8 comes with it under --precision)")
+EXECUTORCH_WHY = "XNNPACK's CPU kernels through ExecuTorch's runtime; on a CUDA machine other forms serve"
 BACKBONE_BF16_WHY = ("oneDNN runs the bf16 convolutions natively only with avx512_bf16/amx_bf16; elsewhere they are "
                      "emulated, slower than fp32 (docs/results/2026-11-23-precision-ladder/)")
 
@@ -198,6 +210,14 @@ for _kind in (
                        "(docs/results/2026-11-25-openvino-kinds/): built when named (its int8 and bf16 variants come with it under "
                        "--precision)"),
     ArtifactKind(
+        name=EXECUTORCH, file_name="model.pte", companions=("model.executorch.json",), format=EXECUTORCH,
+        exporter="torch.export -> executorch.exir.to_edge_transform_and_lower(XnnpackPartitioner) -> .pte",
+        input_sizes=EXAMPLE_SIZE, serving_rank=12,
+        rank_reason="just after onnx-dynamo: a device program, behind ONNX Runtime fp32 on the CPU measured "
+                    "(docs/results/2026-11-28-executorch/); CPU only",
+        tolerance=EXECUTORCH_TOLERANCE, build=executorch.lower, runs_on=Needs(CPU), fast_why=EXECUTORCH_WHY,
+        off_by_default=EXECUTORCH_OFF, for_devices=True),
+    ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=5,
         rank_reason="after openvino-int8 (slower wherever both were measured), before openvino-bf16 (ahead of it at "
@@ -223,6 +243,14 @@ for _kind in (
         exporter="the openvino IR compiled with INFERENCE_PRECISION_HINT bf16", input_sizes=SOURCE_SIZES,
         serving_rank=8, rank_reason=OPENVINO_BF16_RANK, precision="bf16", run_precision="bf16", sources=("openvino",),
         runs_on=Needs(CPU), fast_on=Needs(CPU, (BF16_FLAGS,)), fast_why=OPENVINO_BF16_WHY),
+    ArtifactKind(
+        name="executorch-int8", file_name="model.int8.pte", companions=("model.int8.executorch.json",),
+        format=EXECUTORCH, exporter="torchao PT2E (XNNPACKQuantizer, per channel) on the calibration images -> "
+        "to_edge_transform_and_lower(XnnpackPartitioner) -> .pte", input_sizes=SOURCE_SIZES, serving_rank=6,
+        rank_reason="after onnx-int8 and before openvino-bf16: a device program, measured at load beside the server "
+                    "int8 forms (docs/results/2026-11-28-executorch/); served only within the accuracy gate",
+        precision="int8", sources=(EXECUTORCH,), runs_on=Needs(CPU), fast_on=Needs(CPU), fast_why=EXECUTORCH_WHY,
+        for_devices=True),
     ArtifactKind(
         name="onnx-fp16", file_name="model.fp16.onnx", format=ONNX, exporter="onnxruntime.transformers.float16",
         input_sizes=SOURCE_SIZES, serving_rank=None,

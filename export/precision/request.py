@@ -144,7 +144,7 @@ def sources_to_build(request: PrecisionRequest, formats_given: bool, skipped: st
     if formats_given or not request.automatic or skipped:
         return ()
     wanted = {source for kind in map(kinds.get, request.variant_kinds) for source in kind.sources
-              if kinds.get(source).off_by_default}
+              if kinds.get(source).off_by_default and not kinds.get(source).for_devices}
     return tuple(sorted(kind for kind in wanted if kinds.get(kind).format != kinds.OPENVINO or _installed("openvino")))
 
 

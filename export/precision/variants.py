@@ -7,6 +7,7 @@ one gates what it made on the held-out images, export.precision.gate):
   onnx-int8      ONNX Runtime static QDQ quantization, with an fp32 fallback of the most damaging nodes
                  (export.precision.onnx_int8)
   openvino-int8  NNCF post-training quantization of the OpenVINO IR (export.precision.openvino_int8)
+  executorch-int8  PT2E int8 of the device program, lowered to XNNPACK (export.precision.executorch_int8)
   scripted-bf16  the scripted TorchScript artifact run under torch.autocast(bfloat16) (fast only on CPUs with
                  native bf16: AVX512-BF16 or AMX), and openvino-bf16 the OpenVINO IR under the bf16 inference
                  precision hint: no new file (export.precision.half)
@@ -31,6 +32,7 @@ from export.forms import kinds
 from export.precision import half
 from export.precision.builder import Variant, VariantContext
 from export.precision.calibration import calibration_set, holdout_set
+from export.precision.executorch_int8 import build_executorch_int8
 from export.precision.gate import AccuracyGateError, GateResult, render_table, report_markdown
 from export.precision.held_out import HeldOut
 from export.precision.onnx_int8 import build_int8
@@ -45,6 +47,7 @@ ACCURACY_FILES = ("accuracy.md", "accuracy.json")
 BUILDERS = {  # kind -> build(context, kind, source) -> Variant
     INT8.name: build_int8,
     "openvino-int8": build_openvino_int8,
+    "executorch-int8": build_executorch_int8,
     "openvino-int8-bf16": half.run_in_precision,
     "openvino-bf16": half.run_in_precision,
     "scripted-bf16": half.run_in_precision,

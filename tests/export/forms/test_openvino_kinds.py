@@ -43,7 +43,8 @@ def export(tmp_path_factory) -> dict:
 
 
 def test_every_int8_row_is_built_by_fp32_int8_where_its_source_is():
-    assert [k.name for k in kinds.variants("int8")] == ["onnx-int8", "openvino-int8", "openvino-int8-bf16"]
+    assert [k.name for k in kinds.variants("int8")] == ["onnx-int8", "openvino-int8", "openvino-int8-bf16",
+                                                        "executorch-int8"]
     assert "openvino" not in kinds.default_formats()  # opt-in: named in --formats, its variants come with it
     assert kinds.chosen_formats(["openvino"]) == ["traced", "onnx-traced", "openvino"]
 
