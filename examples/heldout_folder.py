@@ -32,7 +32,7 @@ from PIL import Image
 
 from contract.files import atomic_write_bytes
 from export.checks.parity import structured_images
-from export.precision.calibration import HOLDOUT_PHOTOS, sample_photo
+from gates.photos import HOLDOUT_PHOTOS, sample_photo
 
 DEFAULT_COUNT = 1000
 DEFAULT_SEED = 7

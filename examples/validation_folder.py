@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 from contract.files import atomic_write_bytes
-from export.checks.phone_photos import sample_photo
+from gates.photos import sample_photo
 
 DEFAULT_CROPS = 12
 DEFAULT_SEED = 0

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from export.checks.phone_photos import sample_photo
+from gates.photos import sample_photo
 
 # skimage.data photograph -> ImageNet labels any of which counts (the three domestic-cat classes are one
 # answer: ImageNet's own annotators confuse them, and chelsea is a tabby-like cat of no clear breed).

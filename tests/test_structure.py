@@ -1,8 +1,9 @@
 """The rooms and the one error family, checked from the source (what a newcomer is told is true).
 
-contract -> models -> runtime -> export -> handlers -> serving -> measure: a room imports only rooms to its left
-(sub-rooms included). contract/, runtime/ and handlers/ travel inside the TorchServe archive, so they import
-nothing but each other (runtime and handlers) or the standard library (the contract). Nobody reads
+contract -> models -> runtime -> gates -> export -> handlers -> serving -> measure: a room imports only rooms to its
+left (sub-rooms included). contract/, runtime/ and handlers/ travel inside the TorchServe archive, so they import
+nothing but each other (runtime and handlers) or the standard library (the contract); gates/, the comparisons export
+and the rollout share, does not travel. Nobody reads
 manifest.json's keys but the contract.
 """
 
@@ -17,7 +18,7 @@ import pytest
 from contract.errors import INTERRUPTIONS, VisionExportError
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("contract", "models", "runtime", "export", "handlers", "serving", "measure")
+ROOMS = ("contract", "models", "runtime", "gates", "export", "handlers", "serving", "measure")
 SHIPPED = ("contract", "runtime", "handlers")  # what every archive carries, each package whole
 MAX_MODULE_LINES = 400
 # Reading manifest.json's keys by hand (outside contract/records.py) is what the contract replaced.

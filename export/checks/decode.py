@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from contract.records import ImageContract, Manifest, ServingDecision
-from export.checks.agreement import CONFIDENT_MARGIN, agreement_metrics, confident_rows
 from export.checks.phone_photos import phone_jpeg, upright_photo
+from gates.topk import CONFIDENT_MARGIN, agreement_metrics, confident_rows
 from runtime import RunOptions, open_artifact
 from runtime.base import Backend
 from runtime.images import decode_upright, draft_floor, preprocess
@@ -51,7 +51,7 @@ class DecodeTolerance:
     # libjpeg's is smallest) and on the benchmark's phone photo (measured: docs/results/2026-11-24-serving-bench-photo-sizes/analysis.md).
     max_mean_levels: float = 2.0
     max_max_levels: float = 96.0
-    # The logits, relative to their spread across classes (export.checks.agreement's measure): int8's bound, well
+    # The logits, relative to their spread across classes (gates.topk's measure): int8's bound, well
     # above what draft decoding measured (docs/results/2026-11-24-serving-bench-photo-sizes/analysis.md; highest for random weights, whose logits barely
     # spread).
     max_relative_logit_error: float = 0.3

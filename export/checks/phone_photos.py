@@ -1,4 +1,4 @@
-"""scikit-image's photographs (installed offline), and phone-like ones made from them at the sizes users send.
+"""Phone-like photos made from scikit-image's photographs (gates.photos) at the sizes users send.
 
 The default calibration and held-out images are crops of the photographs (export.precision.calibration).
 examples/photo_sizes.py writes the phone-like ones as the serving benchmark's bodies; export/checks/decode.py
@@ -10,29 +10,17 @@ Phone-like JPEG: quality 90, 4:2:0 chroma. Same seed, same bytes.
 
 from __future__ import annotations
 
-import functools
 import io
 
 import numpy as np
 from PIL import Image
 
+from gates.photos import sample_photo
+
 EXIF_ORIENTATION = 0x0112
 ROTATED_90_CW = 6  # the viewer turns the stored raster 90 degrees clockwise to show it upright
 JPEG_QUALITY = 90
 GRAIN_STD = 4.0  # in 0..255 levels: a phone sensor's noise after its denoiser, roughly
-
-
-@functools.cache
-def sample_photo(name: str) -> np.ndarray:
-    """scikit-image's photograph `name` as uint8 RGB (H, W, 3), greyscale ones repeated; cached, since each read
-    decodes an image file, and so read-only."""
-    import skimage.data
-    array = getattr(skimage.data, name)()
-    if array.ndim == 2:
-        array = np.stack([array] * 3, axis=-1)
-    array = np.ascontiguousarray(array[..., :3]).astype(np.uint8)
-    array.setflags(write=False)
-    return array
 
 
 def upright_photo(name: str, shown: tuple[int, int], rng: np.random.Generator,

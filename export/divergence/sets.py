@@ -1,5 +1,5 @@
 """A form whose output is a set (a detector's boxes, labels, scores, masks): the output is compared as parity
-compares it (export.checks.detections, the family's SetTolerance), the tensors inside (backbone, FPN, heads)
+compares it (gates.boxes, the family's SetTolerance), the tensors inside (backbone, FPN, heads)
 element-wise as any model's, and the report says which part holds the difference: a layer, a control flow
 that differs (the first module whose output shape differs: what a trace that froze a size or a count looks
 like), or the data-dependent part after the last tensor of a fixed shape (thresholds, NMS, the cap)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from export.checks.detections import Detections, SetComparison, compare_detections
 from export.divergence.compare import Matching, Row
 from export.forms.tolerances import SetTolerance
+from gates.boxes import Detections, SetComparison, compare_detections
 
 ROOT = ""  # the model's own call: its value is the set, compared as a set, never element-wise
 SHOWN_BOXES = 5  # boxes listed of those only on one side

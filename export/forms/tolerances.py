@@ -2,7 +2,7 @@
 
 export.checks.parity holds every fp32 form to its kind's tolerance: an output passes when
 |form - eager| <= atol + rtol * |eager| element-wise. Reduced-precision variants are gated on accuracy instead
-(export.precision.gate).
+(export.precision.gate). A detector's outputs are sets, held to a SetTolerance (gates.boxes).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from contract.records import DETECTION, DetectionLimits
+from gates.boxes import SetTolerance
 
 
 @dataclass(frozen=True)
@@ -19,22 +20,6 @@ class Tolerance:
 
     def describe(self) -> str:
         return f"atol={self.atol:g}, rtol={self.rtol:g}"
-
-
-@dataclass(frozen=True)
-class SetTolerance:
-    """A detector's outputs are sets of boxes (export.checks.detections): matched per label from this box IoU,
-    matched scores within score_atol (and masks from mask_iou), a box left over excused only within `edge` of
-    where the other side stopped keeping boxes (its `limits`)."""
-
-    box_iou: float
-    score_atol: float
-    edge: float
-    mask_iou: float
-    limits: DetectionLimits | None = None
-
-    def describe(self) -> str:
-        return f"box IoU >= {self.box_iou:g}, scores within {self.score_atol:g}"
 
 
 # TorchScript runs the very same ATen kernels as eager, so it should agree to rounding (1e-5). ONNX Runtime fuses

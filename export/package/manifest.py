@@ -23,7 +23,6 @@ from contract.records import (
     OutputRecord,
     ServingDecision,
 )
-from export.checks.detections import MASK_THRESHOLD
 from export.checks.parity import ParityReport
 from export.checks.trace_vs_script import TraceVsScript
 from export.errors import ExportError, IntegrityError
@@ -31,6 +30,7 @@ from export.forms import kinds
 from export.forms.exporters import Artifact
 from export.precision.variants import PrecisionReport
 from export.refusals import EXPORT_LOG, Refusals
+from gates.masks import MASK_THRESHOLD
 from models.registry import BuiltModel, ModelEntry
 from runtime.integrity import file_sha256, mismatch
 

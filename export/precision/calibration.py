@@ -7,13 +7,12 @@ the ranges int8 is calibrated on are those of the tensors it will be served.
 
 Without a folder, a documented default: real photographs that scikit-image ships (`skimage.data`), cut
 into several crops each, plus photo-like generated images (export.checks.parity.structured_images). The
-photographs are split in two named halves, so the held-out images of the accuracy gate are never the
-calibration images. Every set records where each image came from (the manifest lists them).
+photographs are split in two named halves (gates.photos), so the held-out images of the accuracy gate are never
+the calibration images. Every set records where each image came from (the manifest lists them).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import random
 from collections import defaultdict
@@ -23,13 +22,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from export.checks.parity import structured_images
-from export.checks.phone_photos import sample_photo
 from export.errors import ExportError
-from runtime.images import ACCEPTED_FORMATS, ImageContract, ImageError, decode_upright, preprocess
+from gates.photos import (
+    CALIBRATION_PHOTOS,
+    HOLDOUT_PHOTOS,
+    IMAGE_EXTENSIONS,
+    PHOTO_CROPS,
+    crop,
+    is_image_file,
+    png_bytes,
+    sample_photo,
+)
+from runtime.images import ImageContract, ImageError, decode_upright, preprocess
 
 # MinMax calibration ranges settle after a few dozen varied images; 100 keeps the calibration short (measured:
 # docs/results/2026-11-23-precision-ladder/) while covering every class of a small folder several times.
@@ -41,14 +48,6 @@ MAX_VALIDATION_SAMPLES = 1000
 LOADER_BATCH = 16
 SAMPLE_SEED = 0
 
-# scikit-image's bundled photographs (no download), split so that calibration and held-out never share one.
-CALIBRATION_PHOTOS = ("astronaut", "coffee", "hubble_deep_field", "retina", "camera", "coins", "brick", "grass")
-HOLDOUT_PHOTOS = ("chelsea", "rocket", "immunohistochemistry", "clock", "moon", "gravel", "page", "cell")
-# Crops of each photograph as (top, left, height, width) fractions: the whole frame and four overlapping
-# views, so a handful of photographs gives varied framings and scales after the handler's resize.
-PHOTO_CROPS = ((0.0, 0.0, 1.0, 1.0), (0.0, 0.0, 0.6, 0.6), (0.0, 0.4, 0.6, 0.6), (0.4, 0.0, 0.6, 0.6),
-               (0.2, 0.2, 0.6, 0.6))
-IMAGE_EXTENSIONS = tuple(f".{e.lower()}" for e in ACCEPTED_FORMATS if e != "MPO") + (".jpg", ".tif")
 GENERATED_SEEDS = {"calibration": 1000, "holdout": 2000}  # different seeds: different generated images
 
 
@@ -103,10 +102,6 @@ def image_folder(root: Path, contract: ImageContract):
     except (FileNotFoundError, RuntimeError) as error:  # no class folders / no images in them
         raise CalibrationDataError(f"{root}: {error}; expected {root}/<class>/<image> "
                                    f"({', '.join(IMAGE_EXTENSIONS)})") from None
-
-
-def is_image_file(path: str) -> bool:
-    return path.lower().endswith(IMAGE_EXTENSIONS)
 
 
 class _CheckedImageFolder(ImageFolder):
@@ -202,34 +197,22 @@ def _default_images(contract: ImageContract, role: str, count: int) -> ImageSet:
     rows, sources = [], []
     for name in names:
         photo = sample_photo(name)
-        for crop_index, crop in enumerate(PHOTO_CROPS):
+        for crop_index, box in enumerate(PHOTO_CROPS):
             if len(rows) < count:
-                rows.append(preprocess(decode_upright(_png_bytes(_crop(photo, crop))), contract))
-                sources.append(f"skimage.data.{name}() crop {crop_index} {crop}")
+                rows.append(preprocess(decode_upright(png_bytes(crop(photo, box))), contract))
+                sources.append(f"skimage.data.{name}() crop {crop_index} {box}")
     generated = count - len(rows)
     if generated > 0:
         height, width = contract.crop
         seed = GENERATED_SEEDS[role]
         pictures = structured_images(generated, 3, height * 2, width * 2, seed=seed)  # then the handler's path
         for index, picture in enumerate(pictures):
-            encoded = _png_bytes((picture.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8))
+            encoded = png_bytes((picture.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8))
             rows.append(preprocess(decode_upright(encoded), contract))
             sources.append(f"export.checks.parity.structured_images(seed={seed}) #{index}")
     origin = (f"default {role} set: {min(count, len(names) * len(PHOTO_CROPS))} crops of scikit-image photographs "
               f"({', '.join(names)}) and {max(generated, 0)} photo-like generated images")
     return ImageSet(torch.stack(rows), sources, origin)
-
-
-def _crop(photo: np.ndarray, crop: tuple[float, float, float, float]) -> np.ndarray:
-    height, width = photo.shape[:2]
-    top, left, h, w = crop
-    return photo[int(top * height): int((top + h) * height), int(left * width): int((left + w) * width)]
-
-
-def _png_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="PNG", compress_level=1)  # lossless either way; level 1 is fast
-    return buffer.getvalue()
 
 
 # ---------------------------------------------------------------- what an export uses

@@ -1,21 +1,20 @@
 """The box-level gate for a detector's reduced-precision variant: its boxes against fp32 eager's on held-out photos.
 
-Each photo's boxes are matched to fp32's with parity's comparator (export.checks.detections.compare_detections:
+Each photo's boxes are matched to fp32's with parity's comparator (gates.boxes.compare_detections:
 same label, box IoU from the precision's bound, greedy from fp32's best score). Over all photos the gate counts
 recall (fp32's boxes matched), precision (the variant's boxes matched), the matched boxes' mean IoU and the
 largest score difference of a matched pair, and holds each to its bound (export.precision.gate.BOX_TOLERANCE_BY_PRECISION). A failure names the
 photo and how many boxes it lost or added. When fp32 finds no box on any held-out photo the gate cannot judge,
 and says so: a variant it cannot judge is never served.
 
-The metrics are pure functions of two answers per photo (export.checks.detections.Detections), tested on their own.
+The metrics are pure functions of two answers per photo (gates.boxes.Detections), tested on their own.
 """
 
 from __future__ import annotations
 
 from contract.records import DetectionLimits
-from export.checks.detections import Detections, SetComparison, compare_detections
-from export.forms.tolerances import SetTolerance
 from export.precision.gate import BOX_TOLERANCE_BY_PRECISION, BoxGateTolerance, GateResult
+from gates.boxes import Detections, SetComparison, SetTolerance, compare_detections
 
 
 def judge_boxes(kind: str, precision: str, reference: dict[str, Detections], candidate: dict[str, Detections],

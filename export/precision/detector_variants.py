@@ -22,7 +22,6 @@ import torch
 
 from contract.files import atomic_write_text
 from contract.records import DETECTION, DetectionLimits
-from export.checks.detections import Detections
 from export.forms import kinds
 from export.precision.backbone import bf16_backbone, save_scripted
 from export.precision.builder import Variant
@@ -31,6 +30,7 @@ from export.precision.held_out import images_per_s
 from export.precision.request import PrecisionError, PrecisionRequest, automatic_skip_reason, hardware_refusal
 from export.precision.variants import ACCURACY_FILES, PrecisionReport, _removed_on_failure
 from export.refusals import Refusals
+from gates.boxes import Detections
 from runtime import RunOptions, open_artifact
 from runtime.base import Backend
 from runtime.eager import EagerBackend

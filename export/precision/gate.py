@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from export.checks.agreement import CONFIDENT_MARGIN, agreement_metrics
 from export.errors import ExportError
+from gates.topk import CONFIDENT_MARGIN, agreement_metrics
 
 EXIT_ACCURACY_GATE = 5
 GATE_PASSED = "passed"
@@ -78,7 +78,7 @@ class BoxGateTolerance:
 BF16_BOX_TOLERANCE = BoxGateTolerance(box_iou=0.5, min_mean_box_iou=0.9, min_recall=0.98, min_precision=0.98,
                                       max_score_diff=0.02, min_mask_iou=0.9)
 BOX_TOLERANCE_BY_PRECISION = {"bf16": BF16_BOX_TOLERANCE}
-# Top-1 agreement is counted where fp32 is confident (export.checks.agreement.CONFIDENT_MARGIN); on fewer than this
+# Top-1 agreement is counted where fp32 is confident (gates.topk.CONFIDENT_MARGIN); on fewer than this
 # many confident images (e.g. a random-weight model) it is counted on every image.
 MIN_CONFIDENT_IMAGES = 32
 

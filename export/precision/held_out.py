@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from export.checks.agreement import confident_rows
 from export.precision.calibration import ImageSet
 from export.precision.gate import GATE_BATCH, MIN_CONFIDENT_IMAGES, GateResult, judge, label_targets, too_few_confident
+from gates.topk import confident_rows
 from runtime.base import Backend
 from runtime.timing import time_runs
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from export.checks.agreement import agreement_metrics
 from export.precision.gate import TOLERANCE_BY_PRECISION, GateTolerance, judge
+from gates.topk import agreement_metrics
 
 RANKED_OPS = ("Conv", "Gemm", "MatMul", "Add")  # nodes with their own weights or their own quantized inputs
 ACTIVATIONS = ("Relu", "Clip")  # kept explicit (QDQKeepRemovableActivations) so a reverted node keeps its clip

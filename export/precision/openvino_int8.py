@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from export.checks.agreement import agreement_metrics
 from export.errors import ExportError
 from export.forms.openvino_ir import save_ir
 from export.precision.builder import Variant, VariantContext
 from export.precision.gate import INT8_TOLERANCE, gated_top1
 from export.precision.held_out import run_batches
 from export.precision.int8_fallback import MAX_FP32_NODES, RANKING_STRIDE, selection_tolerance
+from gates.topk import agreement_metrics
 from runtime import RunOptions, open_artifact
 from runtime.openvino import INSTALL, import_openvino
 from runtime.signal_stack import keep_signal_stack

@@ -170,6 +170,8 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--image", type=Path, default=EXAMPLE_IMAGE)
     parser.add_argument("--steady", type=float, default=STEADY_S, help="seconds of steady load before the rollout")
     parser.add_argument("--out", type=Path, default=Path("rollout-results"))
+    parser.add_argument("--accept-weak-evidence", action="store_true",
+                        help="passed to `rollout`: random-weight versions carry no evidence for its gate")
     args = parser.parse_args(argv)
     from serving import engine as engines
     run_dir = (args.out / f"run-{args.engine}").absolute()
@@ -189,7 +191,8 @@ def under_load(url: str, args: argparse.Namespace, run_dir: Path) -> tuple[list[
     try:
         time.sleep(args.steady)
         steady_end = time.monotonic()
-        rolled = serving_command("rollout", args.model, str(args.candidate), "--run-dir", str(run_dir))
+        rolled = serving_command("rollout", args.model, str(args.candidate), "--run-dir", str(run_dir),
+                                 *(["--accept-weak-evidence"] if args.accept_weak_evidence else []))
         rollback_start = time.monotonic()
         back = serving_command("rollback", args.model, "--run-dir", str(run_dir))
         end = time.monotonic()

@@ -34,7 +34,7 @@ from serving.rollout.candidate import (
     leave_store,
     prepare,
 )
-from serving.rollout.gate import PHOTO_COUNT, REQUEST_HEADERS, held_out_photos, run_gate
+from serving.rollout.gate import PHOTO_COUNT, REQUEST_HEADERS, GateResult, photos_for, run_gate
 from serving.rollout.switchboard import Switchboard
 from serving.settings import DEFAULT_RUN_DIR, ServingError
 
@@ -60,7 +60,12 @@ def parser_for(command: str) -> argparse.ArgumentParser:
         parser.add_argument("path", type=Path, help="the new version: an archive (.mar) or an export folder")
         parser.add_argument("--force", action="store_true",
                             help="switch even when the versions disagree beyond the thresholds (the table still shows it)")
-        parser.add_argument("--photos", type=int, default=PHOTO_COUNT, help="held-out photos each version answers")
+        parser.add_argument("--photos", type=photo_source, default=PHOTO_COUNT, metavar="N|DIR",
+                            help=f"the photos both versions answer: N of the export's held-out photographs (default "
+                                 f"{PHOTO_COUNT}), or a folder DIR of photos of the model's own domain")
+        parser.add_argument("--accept-weak-evidence", action="store_true",
+                            help="switch even when too few photos carried evidence to judge (e.g. random weights); "
+                                 "said in the rollout's outcome")
         parser.add_argument("--canary", type=float, default=None, metavar="P",
                             help="first P %% of the live requests to the new version, checked again, then all")
         parser.add_argument("--canary-seconds", type=float, default=CANARY_S, metavar="S",
@@ -76,6 +81,10 @@ def parser_for(command: str) -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
                         help=f"the run dir of the running server, as for stop (default: {DEFAULT_RUN_DIR})")
     return parser
+
+
+def photo_source(text: str) -> int | Path:
+    return int(text) if text.isdigit() else Path(text)
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -105,6 +114,7 @@ def switchboard_for(run_dir: Path) -> Switchboard:
 
 def rollout(board: Switchboard, args: argparse.Namespace) -> int:
     check_flags(args)
+    photos = photos_for(args.photos)  # a folder that cannot serve is said before anything is stored or loaded
     name, live = args.name, board.live(args.name)
     task = board.live_manifest(name).task
     with stops_once():
@@ -117,15 +127,19 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
             raise RolloutRefused(f"{name} already serves {live} ({candidate.archive}): nothing to roll out")
         try:  # whatever ends the rollout before the switch (a refusal, an error, a signal) undoes it
             check_task(candidate, task, name)
-            prove(board, args, candidate, live, task)
+            caveats = prove(board, args, candidate, live, task, photos)
         except BaseException as error:
             raise undone(board, name, live, candidate, error, isinstance(error, RolloutRefused)) from None
         switch(board, name, live, candidate)
+    for caveat in caveats:
+        say(f"{name}: {candidate.label} took the traffic {caveat}")
     return 0
 
 
-def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, live: str, task: str) -> None:
-    """The candidate loaded beside the live version and held to the gate, then to --shadow and --canary."""
+def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, live: str, task: str,
+          photos: list[tuple[str, bytes]]) -> list[str]:
+    """The candidate loaded beside the live version and held to the gate, then to --shadow and --canary; what the
+    operator overrode to get there (the rollout's outcome says it)."""
     name = args.name
     say(f"rollout of {name} on {board.engine}: live {live}, candidate {candidate.label} "
         f"({candidate.archive}, content {candidate.manifest.model_version.content[:12]})")  # type: ignore[union-attr]
@@ -138,12 +152,12 @@ def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, li
         return run_gate(task, live, candidate.label, lambda image: board.ask(name, live, image, headers),
                         lambda image: board.ask(name, candidate.label, image, headers), photos)
 
-    photos = held_out_photos(args.photos)
-    judge(args, candidate, live, gate_on(photos), "beyond the thresholds")
+    caveats = judge(args, candidate, live, gate_on(photos), "on its photos", evidence_later=args.shadow is not None)
     if args.shadow is not None:
-        shadow(board, args, candidate, gate_on)
+        caveats += shadow(board, args, candidate, gate_on)
     if args.canary is not None:
         canary(board, args, candidate, lambda: gate_on(photos))
+    return caveats
 
 
 def undone(board: Switchboard, name: str, live: str, candidate: Candidate, error: BaseException,
@@ -207,7 +221,7 @@ def ignoring_stops():
             signal.signal(number, handler)
 
 
-def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_on) -> None:
+def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_on) -> list[str]:
     """The photos of the next N live requests, kept as they arrive (their answers untouched), then sent to both
     versions and held to the gate's agreement. Too few requests within --shadow-seconds, or a disagreement, and the
     candidate unloads while the live version serves on."""
@@ -226,18 +240,34 @@ def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
                              f"{args.shadow_seconds:g} s; {live} serves on, {candidate.label} unloaded (lower --shadow "
                              "or raise --shadow-seconds)")
     gate = gate_on([(f"request {request_id}", photo) for request_id, photo in kept[:count]])
-    judge(args, candidate, live, gate, "on live requests beyond the thresholds")
+    return judge(args, candidate, live, gate, "on live requests")
 
 
-def judge(args: argparse.Namespace, candidate: Candidate, live: str, gate, on: str) -> None:
-    """The gate's table; a failed gate refuses the candidate, the live version serving on, unless --force."""
+def judge(args: argparse.Namespace, candidate: Candidate, live: str, gate: GateResult, on: str,
+          evidence_later: bool = False) -> list[str]:
+    """The gate's table; a gate that fails refuses the candidate, the live version serving on: a disagreement
+    unless --force, too little evidence unless --shadow is still to bring it or --accept-weak-evidence. Returns
+    what was overridden, in words."""
     say(gate.table())
-    if gate.passed:
-        return
-    if not args.force:
-        raise RolloutRefused(f"{candidate.label} disagrees with {live} {on} ({gate.disagreements()}); {live} serves "
-                             f"on, {candidate.label} unloaded (--force switches anyway)")
-    say(f"--force: going on although {candidate.label} disagrees with {live} {on}")
+    if not gate.agrees:
+        if not args.force:
+            raise RolloutRefused(f"{candidate.label} disagrees with {live} {on} beyond the thresholds "
+                                 f"({gate.disagreements()}); {live} serves on, {candidate.label} unloaded (--force "
+                                 "switches anyway)")
+        say(f"--force: going on although {candidate.label} disagrees with {live} {on}")
+        return [f"although it disagreed with {live} {on} (--force)"]
+    if gate.enough_evidence:
+        return []
+    if evidence_later:
+        say(f"{on}, {gate.too_little_evidence()}: the live requests --shadow mirrors must carry it")
+        return []
+    if args.accept_weak_evidence:
+        say(f"--accept-weak-evidence: going on although, {on}, {gate.too_little_evidence()}")
+        return [f"on weak evidence (--accept-weak-evidence): {on}, {gate.too_little_evidence()}"]
+    raise RolloutRefused(f"{candidate.label} cannot be judged against {live} {on}: {gate.too_little_evidence()}; "
+                         f"{live} serves on, {candidate.label} unloaded. Give photos of the model's own domain "
+                         "(--photos DIR), judge it on live traffic (--shadow N), or, if you know its answers need "
+                         "no proof, --accept-weak-evidence")
 
 
 def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, gate_again) -> None:
@@ -258,16 +288,18 @@ def canary(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
                              "them all); raise --canary-seconds or --canary while requests arrive")
     gate = gate_again()
     say(gate.table())
-    if failed or not (gate.passed or args.force):
+    if failed or not (gate.agrees or args.force):
         why = f"{failed} of the {served + failed} requests it was given failed" if failed else gate.disagreements()
         raise RolloutRefused(f"the canary {candidate.label} failed its check ({why}); {live} serves on, "
                              f"{candidate.label} unloaded")
-    say(f"canary: {candidate.label} answered {served} of {name}'s requests, none failed; the gate passed again")
+    say(f"canary: {candidate.label} answered {served} of {name}'s requests, none failed; the versions agree again")
 
 
 def check_flags(args: argparse.Namespace) -> None:
     if args.canary is not None and not 0 < args.canary < 100:
         raise ServingError(f"--canary {args.canary:g}: give a percentage above 0 and below 100 (e.g. --canary 10)")
+    if isinstance(args.photos, int) and args.photos < 1:
+        raise ServingError(f"--photos {args.photos}: give at least 1 photo, or a folder of photos (--photos DIR)")
     if args.shadow is not None and args.shadow < 1:
         raise ServingError(f"--shadow {args.shadow}: give the number of live requests to mirror (e.g. --shadow 20)")
 

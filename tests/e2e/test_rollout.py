@@ -1,6 +1,7 @@
 """A rollout (5 live requests mirrored, then a canary), a refused rollout and a rollback on a real running server of each engine
 (TorchServe, KServe, Ray Serve), under load from 8 real HTTP clients:
-no request fails, every answer names exactly one version (header and JSON alike) and equals that version's
+no request fails, a random-weights version (sure of no photo) is refused for lack of evidence unless the operator
+overrides it, every answer names exactly one version (header and JSON alike) and equals that version's
 archive run in-process on the same photo, a refusal leaves the live version serving, and the store's NAME.mar is
 always the version that takes the traffic. On TorchServe, a rollout stopped by SIGTERM and a canary that answered
 nothing both end as refusals: the candidate unloaded, nothing routed or kept, the store as it was."""
@@ -71,7 +72,9 @@ def tampered_copy(archive: Path, folder: Path) -> Path:
 
 
 # The rollout mirrors live requests to the candidate, then gives it half of them for a while, before the switch.
-MIRROR_AND_CANARY = ("--shadow", "5", "--canary", "50", "--canary-seconds", "5")
+# Random weights are sure of no photo: the operator's override says the gate's photos carried no evidence.
+WEAK = "--accept-weak-evidence"
+MIRROR_AND_CANARY = ("--shadow", "5", "--canary", "50", "--canary-seconds", "5", WEAK)
 
 # One worker of one thread: the candidate loads beside it on the machine's other core.
 ONE_WORKER = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
@@ -92,6 +95,7 @@ def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_pa
             rolled = serving_command("rollout", NAME, str(store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
                                      *MIRROR_AND_CANARY)
             live_after_rollout = live_version(store, NAME)
+            unjudged = serving_command("rollout", NAME, str(store / f"{NAME}.v1.mar"), "--run-dir", str(run_dir))
             refused_at = time.monotonic()
             refused = serving_command("rollout", NAME, str(tampered_copy(store / f"{NAME}.v2.mar", tmp_path)),
                                       "--run-dir", str(run_dir))
@@ -102,11 +106,15 @@ def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_pa
         finally:
             samples = load.stop()
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
-    assert "passed" in rolled.stdout and "v2 is the default" in rolled.stdout, rolled.stdout
+    assert "v2 is the default" in rolled.stdout, rolled.stdout
+    assert "resnet18: v2 took the traffic on weak evidence (--accept-weak-evidence)" in rolled.stdout, rolled.stdout
     mirrored = re.findall(r"^request \S+ +yes ", rolled.stdout, re.MULTILINE)  # the shadow's table: live requests
     assert len(mirrored) == 5, rolled.stdout
     served = re.search(r"canary: v2 answered (\d+) of resnet18's requests, none failed", rolled.stdout)
     assert served and int(served[1]) > 0, rolled.stdout  # a share of the live requests, before the switch
+    assert unjudged.returncode == 1 and "TOO LITTLE EVIDENCE" in unjudged.stdout, unjudged.stdout + unjudged.stderr
+    assert ("v1 cannot be judged against v2 on its photos: only 0 of the 10 photos carried evidence"
+            in unjudged.stderr and "--photos DIR" in unjudged.stderr), unjudged.stderr  # random weights: unsure
     assert refused.returncode != 0 and "modified after export" in refused.stderr, refused.stdout + refused.stderr
     assert back.returncode == 0, back.stdout + back.stderr
     assert read_defaults(run_dir) == {NAME: "v1"}  # a restart serves v1 again
@@ -151,7 +159,7 @@ def test_a_stopped_or_unproven_rollout_leaves_the_server_and_the_store_as_they_w
                 rollout.kill()
         stopped_versions = serving_command("versions", NAME, "--run-dir", str(run_dir))
         unproven = serving_command("rollout", NAME, str(store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
-                                   "--canary", "50", "--canary-seconds", "2")
+                                   "--canary", "50", "--canary-seconds", "2", WEAK)
         served = requests.post(url, data=CAT.read_bytes(), timeout=60)
         refused_versions = serving_command("versions", NAME, "--run-dir", str(run_dir))
     assert rollout.returncode == 130, out + err

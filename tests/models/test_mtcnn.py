@@ -14,7 +14,7 @@ from torchvision.ops import box_iou
 
 import models
 from contract.records import DETECTION
-from export.checks.detections import Detections, SetTolerance, compare_detections
+from gates.boxes import Detections, SetTolerance, compare_detections
 from models import mtcnn, mtcnn_entry
 from models.weights import WeightsError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from export.checks.phone_photos import sample_photo
+from gates.photos import sample_photo
 
 SEED_SIZE = (40, 30)  # width, height: small enough for thousands of decodes a second, over MIN_SIDE
 EXIF_ORIENTATION = 0x0112

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from export.checks.agreement import agreement_metrics
 from export.package.selection import Candidate, decide
 from export.precision.gate import (
     EXIT_ACCURACY_GATE,
@@ -20,6 +19,7 @@ from export.precision.gate import (
 )
 from export.precision.onnx_int8 import choose_activation_type
 from export.precision.request import PrecisionError, parse_precisions
+from gates.topk import agreement_metrics
 
 SIZE = (3, 224, 224)
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from contract.records import Manifest
-from export.checks.detections import Detections
 from export.forms import kinds
 from export.precision.backbone import bf16_backbone
 from export.precision.detections import judge_boxes
 from export.precision.gate import BF16_BOX_TOLERANCE, GATE_PASSED
 from export.precision.request import cpu_has_native_bf16
+from gates.boxes import Detections
 from tests.conftest import export_in_process
 
 pytest.importorskip("facenet_pytorch", reason="pip install --no-deps facenet-pytorch (MTCNN's trained networks)")

@@ -1,9 +1,11 @@
-"""How a candidate's answers agree with a reference's: pure functions of two logit tensors (N, classes) each.
+"""A classifier's comparator: how a candidate's classes agree with a reference's.
 
-The accuracy gate (export.precision.gate) compares a reduced-precision variant with fp32 eager; the decode check
+On logits (agreement_metrics, pure functions of two (N, classes) tensors): the accuracy gate
+(export.precision.gate) compares a reduced-precision variant with fp32 eager; the decode check
 (export.checks.decode) the served artifact on draft-decoded images with itself on exactly decoded ones. Both count
 top-1 agreement where the reference is confident, top-5 agreement and the logit error relative to the reference's
-spread, so a figure reads the same for any model.
+spread, so a figure reads the same for any model. On served answers (compare_ranked): the rollout's two versions'
+ranked labels, the photo's evidence being a reference confident enough for its top-1 to mean something.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from gates.verdict import LIVE_AND_CANDIDATE, Sides, Verdict
 
 # Top-1 agreement is counted where fp32 is confident: its best class ahead of the second by at least 5
 # probability points. Revisited with a real model (EfficientNet-Lite0, measured: docs/results/2026-11-24-int8-efficientnet-lite0/): on
@@ -53,3 +57,22 @@ def confident_rows(reference: torch.Tensor) -> torch.Tensor:
         return torch.ones(reference.shape[0], dtype=torch.bool)
     best_two = reference.softmax(dim=1).topk(2, dim=1).values
     return (best_two[:, 0] - best_two[:, 1]) >= CONFIDENT_MARGIN
+
+
+def compare_ranked(reference: dict, candidate: dict, min_top5_overlap: int, confident_probability: float,
+                   sides: Sides = LIVE_AND_CANDIDATE) -> Verdict:
+    """Two served answers' ranked predictions: they agree when the top-1 is the same and the candidate keeps at
+    least min_top5_overlap of the reference's top-5; the photo is evidence when the reference's top-1 probability
+    reaches confident_probability (below it, the top-1 is a near tie any retraining may flip, or noise)."""
+    ours, theirs = reference["predictions"], candidate["predictions"]
+    if not ours or not theirs:
+        return Verdict(False, f"{sides.reference} names {len(ours)} classes, {sides.candidate} {len(theirs)}",
+                       evidence=bool(ours))
+    ours_top5, theirs_top5 = [p["label"] for p in ours[:5]], [p["label"] for p in theirs[:5]]
+    kept = len(set(ours_top5) & set(theirs_top5))
+    agrees = ours_top5[0] == theirs_top5[0] and kept >= min(min_top5_overlap, len(ours_top5))
+    confidence = float(ours[0].get("probability", 0.0))
+    top1 = (f"top-1 {ours_top5[0]} on both" if ours_top5[0] == theirs_top5[0]
+            else f"top-1 {theirs_top5[0]} on {sides.candidate}, {ours_top5[0]} on {sides.reference}")
+    return Verdict(agrees, f"{top1} ({sides.reference} {confidence:.0%} sure); {sides.candidate} keeps {kept} of "
+                           f"{sides.reference}'s top-5", evidence=confidence >= confident_probability)

@@ -1,12 +1,15 @@
-"""Parity for sets of boxes (export.checks.detections): matched by label and IoU in any order, scores and masks
-held to a tolerance, a box left over excused only at the edge of the other side's cut."""
+"""Boxes compared as sets (gates.boxes, parity's and the rollout's comparator): matched by label and IoU in any
+order, scores and masks held to a tolerance, a box left over excused only at the edge of the other side's cut; two
+served answers compared in the versions' names, a photo where neither finds a box carrying no evidence."""
 
 from __future__ import annotations
 
 import torch
 
-from export.checks.detections import Detections, Limits, compare_detections, cut_score, mask_iou
-from export.forms.tolerances import SetTolerance
+from contract.records import DetectionLimits as Limits
+from gates.boxes import Detections, SetTolerance, compare_detections, compare_served_boxes, cut_score
+from gates.masks import mask_iou
+from gates.verdict import Sides
 
 TOLERANCE = SetTolerance(box_iou=0.9, score_atol=1e-3, edge=1e-3, mask_iou=0.9)
 LIMITS = Limits(score_threshold=0.05, max_detections=100)
@@ -32,7 +35,7 @@ def test_a_moved_box_a_changed_label_or_score_fails_and_says_which():
     result = compare_detections(EAGER, moved, TOLERANCE, LIMITS)
     assert not result.passed and result.matched == 2
     assert result.missing == [{"label": 2, "score": 0.8, "box": [20.0, 20.0, 40.0, 40.0]}]
-    assert result.extra[0]["box"] == [25.0, 25.0, 45.0, 45.0] and "1 of eager's boxes missing" in result.line()
+    assert result.extra[0]["box"] == [25.0, 25.0, 45.0, 45.0] and "the form misses 1 boxes eager finds" in result.line()
     relabelled = boxes((0, 0, 10, 10, 3, 0.9), (20, 20, 40, 40, 2, 0.8), (50, 0, 60, 30, 1, 0.3))
     assert compare_detections(EAGER, relabelled, TOLERANCE, LIMITS).missing[0]["label"] == 1
     rescored = boxes((0, 0, 10, 10, 1, 0.95), (20, 20, 40, 40, 2, 0.8), (50, 0, 60, 30, 1, 0.3))
@@ -80,3 +83,27 @@ def test_a_flat_box_matches_itself():
     assert compare_detections(flat, rounded, TOLERANCE, LIMITS).passed
     moved = boxes((6, 5, 6, 20, 1, 0.7), (0, 0, 10, 10, 2, 0.6))
     assert not compare_detections(flat, moved, TOLERANCE, LIMITS).passed
+
+
+def served(*found: tuple[list[float], int, float]) -> dict:
+    return {"detections": [{"box": box, "index": index, "label": str(index), "score": score}
+                           for box, index, score in found]}
+
+
+def test_two_served_answers_are_compared_in_the_versions_names():
+    versions, live = Sides("v2", "v3"), served(([10, 10, 50, 50], 1, 0.9), ([60, 60, 90, 90], 2, 0.8))
+    assert compare_served_boxes(live, served(([10, 10, 50, 50.5], 1, 0.91), ([60, 60, 90, 90], 2, 0.8)), 0.9, 0.05).agrees
+    fewer = compare_served_boxes(live, served(([10, 10, 50, 50], 1, 0.9)), 0.9, 0.05, versions)
+    assert not fewer.agrees and fewer.evidence
+    assert fewer.how == "v3 finds 1 boxes, v2 2, 1 matched: v3 misses 1 boxes v2 finds (highest score 0.800)"
+    many = compare_served_boxes(live, served(*[([x, 10, x + 5, 15], 1, 0.5) for x in range(0, 300, 10)],
+                                             ([10, 10, 50, 50], 1, 0.9), ([60, 60, 90, 90], 2, 0.8)), 0.9, 0.05, versions)
+    assert not many.agrees and "v3 finds 30 boxes v2 does not (highest score 0.500)" in many.how
+    assert "eager" not in many.how
+
+
+def test_two_answers_without_a_box_agree_on_nothing():
+    nothing = compare_served_boxes(served(), served(), 0.9, 0.05)
+    assert nothing.agrees and not nothing.evidence  # vacuous: no evidence either way
+    collapsed = compare_served_boxes(served(([10, 10, 50, 50], 1, 0.99)), served(), 0.9, 0.05)
+    assert not collapsed.agrees and collapsed.evidence  # the live version finds a face the candidate does not
