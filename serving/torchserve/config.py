@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from handlers.policy import POLICIES_PROPERTY, policies_line
-from serving.settings import ServingSettings, free_port, torchserve_version
+from serving.settings import KEY_FILE, ServingSettings, free_port, torchserve_version  # noqa: F401
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PACKAGE_DIR / "config.properties"
@@ -31,7 +31,6 @@ GRPC_INFERENCE_PORT = 7070
 GRPC_MANAGEMENT_PORT = 7071
 MODEL_VERSION = "1.0"  # what `python -m export` archives
 RUN_CONFIG = "config.properties"
-KEY_FILE = "key_file.json"  # TorchServe writes it in its working folder (our run dir) when tokens are on
 
 
 @dataclass
@@ -44,7 +43,6 @@ class ServerSettings(ServingSettings):
     grpc_inference_port: int = GRPC_INFERENCE_PORT
     grpc_management_port: int = GRPC_MANAGEMENT_PORT
     config: Path = DEFAULT_CONFIG
-    token_auth: bool = False  # TorchServe's token authorisation: keys in run_dir/key_file.json
     model_version: str = MODEL_VERSION
     response_timeout_s: int = MODEL_RESPONSE_TIMEOUT_S
 
@@ -63,10 +61,6 @@ class ServerSettings(ServingSettings):
     @property
     def signals_url(self) -> str:
         return f"http://{self.host}:{self.signals_port}"
-
-    @property
-    def key_file(self) -> Path:
-        return self.run_dir.absolute() / KEY_FILE
 
     def served_models(self) -> tuple[str, ...]:
         return tuple(self.models) or (self.model_name,)
