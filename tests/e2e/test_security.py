@@ -277,21 +277,63 @@ def ray_serve(resnet18_export, tmp_path_factory):
                                 reason="tests: one replica")
     settings = RaySettings(resnet18_export["model_store"], (resnet18_export["model_name"],), http_port=free_port(),
                            run_dir=tmp_path_factory.mktemp("ray-bounds"), policy=one_replica,
-                           signals_port=free_port())
-    with RayServe(settings).running(CAT):
+                           signals_port=free_port(), token_auth=True)
+    with RayServe(settings).running(CAT):  # its readiness probe sent the inference key
         yield settings
+
+
+def test_ray_with_token_auth_answers_only_the_key_and_its_cluster_only_the_token(ray_serve, resnet18_export):
+    from serving.ray.cluster import RAY_TOKEN_FILE
+    url, photo = ray_serve.predictions_url(resnet18_export["model_name"]), CAT.read_bytes()
+    jpeg = {"Content-Type": "image/jpeg"}
+    for headers in ({}, auth_headers(ray_serve, "management")):
+        refused = requests.post(url, data=photo, headers={**jpeg, **headers}, timeout=60)
+        assert refused.status_code == 401 and "send the inference key" in refused.json()["error"], refused.text
+    assert requests.get(f"{url}/description", timeout=60).status_code == 401
+    keyed = requests.post(url, data=photo, headers={**jpeg, **auth_headers(ray_serve)}, timeout=300)
+    assert keyed.status_code == 200, keyed.text
+    for path in ("/metrics", "/health/live", "/health/ready"):
+        assert requests.get(ray_serve.signals_url + path, timeout=60).status_code == 200, path
+    address = ray_serve.address_file.read_text()
+    assert drives_the_cluster(address, {"RAY_AUTH_MODE": "token",
+                                        "RAY_AUTH_TOKEN_PATH": str(ray_serve.run_dir / RAY_TOKEN_FILE)})
+    assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "disabled"})  # anonymous: the router is out of reach
+    assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
+    assert keys_not_in_the_log(ray_serve.key_file, ray_serve.log_file)
+
+
+def drives_the_cluster(address: str, auth_env: dict) -> bool:
+    """Whether a Ray driver with this authentication reaches the cluster at address and finds Serve's actors
+    (the rollout's router lives among them); a refusal is seen in Ray's first InvalidAuthToken line."""
+    script = ("import ray; ray.init(address=%r, namespace='serve', logging_level='ERROR'); "
+              "print('DRIVES', len(ray.util.list_named_actors(all_namespaces=True)) > 0, flush=True)" % address)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **auth_env,
+           "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in driver.stdout:
+            if "InvalidAuthToken" in line or line.startswith("DRIVES"):
+                return line.strip() == "DRIVES True"
+        return False
+    finally:
+        driver.kill()
+        driver.wait(timeout=30)
 
 
 def test_rays_ingress_refuses_a_body_over_the_limit_and_still_answers_a_photo(ray_serve, resnet18_export):
     url, name = ray_serve.predictions_url(resnet18_export["model_name"]), resnet18_export["model_name"]
-    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", f"Content-Length: {64 * MAX_BODY_BYTES}\r\n")
+    keyed = auth_headers(ray_serve)
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", f"Content-Length: {64 * MAX_BODY_BYTES}\r\n",
+                            headers=keyed)
     assert status == 413 and "MiB" in body, body
     chunk = b"x" * 2**20
     parts = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n" for _ in range(2 * MAX_BODY_BYTES // len(chunk)))
-    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", "Transfer-Encoding: chunked\r\n", parts)
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", "Transfer-Encoding: chunked\r\n", parts,
+                            keyed)
     assert status == 413 and "MiB" in body, body
     photo = CAT.read_bytes()
-    one = requests.post(url, data=photo, headers={"Content-Type": "image/jpeg"}, timeout=300)
+    one = requests.post(url, data=photo, headers={"Content-Type": "image/jpeg", **keyed}, timeout=300)
     assert one.status_code == 200, one.text
     assert_same_answer(one.json(), expected_answer(resnet18_export["archive"], photo))
 
