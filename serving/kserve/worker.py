@@ -21,6 +21,7 @@ import yaml
 from contract.errors import VisionExportError
 from handlers.kserve_model import KServeModel
 from handlers.logs import configure_logging
+from runtime.integrity import verify_archive_signature
 from serving.kserve import app, versions
 from serving.kserve.config import REFUSAL, KServeSettings
 from serving.kserve.pool import WorkerPool
@@ -51,6 +52,7 @@ def model_of(name: str, settings: KServeSettings, archive: Path | None = None, u
     """The model under its policy as the run config holds it (its archive's pins applied where it was resolved);
     another version's archive, unpacked in a folder of its own, under the same policy (serving/kserve/versions.py)."""
     policy = settings.policies[name]
+    verify_archive_signature(archive or settings.archive(name))  # who made it, where a key is set
     folder = unpack(archive or settings.archive(name), unpacked or settings.unpacked(name))
     device = "cuda:0" if policy.device == "gpu" else "cpu"
     workers = functools.partial(WorkerPool.open, name) if policy.workers > 1 else None

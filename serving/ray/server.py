@@ -92,8 +92,9 @@ def verify_archive(archive: Path, device: str = "cpu") -> None:
     from contract.records import MANIFEST_NAME, Manifest
     from handlers.core import REBUILD
     from runtime.form_choice import may_serve_here
-    from runtime.integrity import IntegrityError, artifact_problems
+    from runtime.integrity import IntegrityError, artifact_problems, verify_archive_signature
     from runtime.machine import this_machine_profile
+    verify_archive_signature(archive)  # who made it, where a key is set
     with tempfile.TemporaryDirectory(prefix="verify-") as folder, zipfile.ZipFile(archive) as members:
         try:
             members.extract(MANIFEST_NAME, folder)
