@@ -32,18 +32,20 @@ class KeysNotWritten(ServingError):
 
 
 def switched_on(flag: bool, environ: dict) -> bool:
-    """Whether tokens are checked: --token-auth, or TorchServe's own switch in the environment (the container's)."""
-    return flag or environ.get(TOKEN_SWITCH_ENV, "").strip().lower() == "false"
+    """Whether tokens are checked: --token-auth, TorchServe's own switch in the environment (the container's), or
+    keys of your own given in KEYS_ENV."""
+    return flag or environ.get(TOKEN_SWITCH_ENV, "").strip().lower() == "false" or bool(environ.get(KEYS_ENV))
 
 
 def write_keys(path: Path) -> Path:
     """path as the key file of this start: the file KEYS_ENV names, linked, when one is given (a mounted secret,
     a volume's keys); else new keys, readable by this user only."""
-    path.unlink(missing_ok=True)  # a previous run's keys would not open this run's server
     given = os.environ.get(KEYS_ENV)
     if given:
         read_keys(Path(given))  # a given file that holds no keys stops the start, naming it
-        path.symlink_to(Path(given).absolute())
+        if Path(given).absolute() != path.absolute():
+            path.unlink(missing_ok=True)
+            path.symlink_to(Path(given).absolute())
         return path
     keys = {api: {"key": secrets.token_urlsafe(KEY_BYTES)} for api in (INFERENCE, MANAGEMENT)}
     return write_secret(path, json.dumps(keys))

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from serving.auth import TOKEN_HELP, auth_headers, curl_header, key_env, key_notes
+from serving.auth import TOKEN_HELP, KeysNotWritten, auth_headers, curl_header, key_env, key_notes
 from serving.engine import Engine, register
 from serving.kserve.config import HTTP_PORT, REFUSAL, KServeSettings
 from serving.ports import Port
@@ -33,6 +33,7 @@ class KServe(Engine):
     description = ("KServe's own ModelServer, our request core in it.\nToken authorisation: --token-auth (or "
                    "TS_DISABLE_TOKEN_AUTHORIZATION=false), keys in RUN_DIR/key_file.json (docs/security.md).")
     settings_type = KServeSettings
+    retry_on = (KeysNotWritten,)  # a probe before the key file is there is tried again
     # The server process stops its inference workers itself on SIGTERM, and starts a new one in place of a worker
     # that died while it still runs (serving/kserve/pool.py).
     leader_stops_workers = True

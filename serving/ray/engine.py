@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from serving.auth import TOKEN_HELP, auth_headers, curl_header, key_env, key_notes
+from serving.auth import TOKEN_HELP, KeysNotWritten, auth_headers, curl_header, key_env, key_notes
 from serving.engine import Engine, register
 from serving.ports import Port
 from serving.ray.cluster import RAY_TOKEN_FILE, cluster_auth_env
@@ -37,6 +37,7 @@ class RayServe(Engine):
                    "running cluster (--address).\nIts HTTP proxy binds --host (loopback by default). --token-auth: "
                    "keys in RUN_DIR/key_file.json, and Ray's own token authentication (docs/security.md).")
     settings_type = RaySettings
+    retry_on = (KeysNotWritten,)  # a probe before the key file is there is tried again
     extra_actions = {"serve-config": "write the Serve config (serve deploy, a RayService's serveConfigV2) of the "
                                      "store's archives with this machine's serving policy to --out"}
     # The server process removes its applications and ends its Ray node on SIGTERM; signalled beside it, the

@@ -30,6 +30,7 @@ def test_a_given_key_file_is_used_as_it_is_and_one_without_keys_stops_the_start(
     given.write_text(json.dumps({"inference": {"key": "in"}, "management": {"key": "man"}}))
     monkeypatch.setenv(auth.KEYS_ENV, str(given))
     assert auth.read_keys(auth.write_keys(tmp_path / "key_file.json")) == {"inference": "in", "management": "man"}
+    assert auth.read_keys(auth.write_keys(given)) == {"inference": "in", "management": "man"}  # itself: kept
     given.write_text(json.dumps({"inference": {"key": "in"}}))
     with pytest.raises(auth.ServingError, match="has no management key"):
         auth.write_keys(tmp_path / "key_file.json")
@@ -37,9 +38,9 @@ def test_a_given_key_file_is_used_as_it_is_and_one_without_keys_stops_the_start(
 
 @pytest.mark.parametrize("flag, environ, on", [
     (False, {}, False), (True, {}, True), (False, {auth.TOKEN_SWITCH_ENV: "FALSE"}, True),
-    (False, {auth.TOKEN_SWITCH_ENV: "true"}, False),
+    (False, {auth.TOKEN_SWITCH_ENV: "true"}, False), (False, {auth.KEYS_ENV: "/keys/key_file.json"}, True),
 ])
-def test_one_switch_the_flag_or_torchserves_environment_variable(flag, environ, on):
+def test_one_switch_the_flag_torchserves_variable_or_keys_of_your_own(flag, environ, on):
     assert auth.switched_on(flag, environ) is on
 
 
