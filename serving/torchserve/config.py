@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from handlers.policy import POLICIES_PROPERTY, policies_line
-from runtime.integrity import verify_archive_signature
 from serving.settings import KEY_FILE, ServingSettings, free_port, torchserve_version  # noqa: F401
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -118,6 +117,7 @@ def run_config_text(settings: ServerSettings) -> str:
     is replaced by the one written here)."""
     policies = settings.model_policies()
     archives = {name: settings.archive(name) for name in policies}  # a rollout's default version, else NAME.mar
+    from runtime.integrity import verify_archive_signature  # here: runtime's imports (torch) stay out of --help
     for archive in archives.values():
         verify_archive_signature(archive)  # its handler runs in TorchServe: refused before, where a key is set
     models = {name: {torchserve_version(archives[name]) or settings.model_version: {
