@@ -85,6 +85,8 @@ record_environment() {
     ln -sfn "$(absolute "$LOG_LOCATION")" "$RUN_DIR/logs"
   fi
 }
+# Token authorisation, the image's default (TS_DISABLE_TOKEN_AUTHORIZATION=false): one switch for both engines.
+tokens_on() { [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]]; }
 management_port() { local address="${TS_MANAGEMENT_ADDRESS:-http://127.0.0.1:8081}"; echo "${address##*:}"; }
 stop_signals() {
   if [[ -n "$signals" ]]; then kill -TERM "$signals" 2>/dev/null || true; wait "$signals" 2>/dev/null || true; signals=""; fi
@@ -186,8 +188,16 @@ if [[ ! -f "$MODEL_STORE/$MODEL.mar" ]]; then
 fi
 
 if [[ "$ENGINE" == kserve ]]; then
-  log "serving every archive of $MODEL_STORE with KServe's ModelServer on $KSERVE_HOST:$KSERVE_HTTP_PORT" \
-      "(no token authorisation: the mesh or ingress guards it, docs/scaling.md)"
+  log "serving every archive of $MODEL_STORE with KServe's ModelServer on $KSERVE_HOST:$KSERVE_HTTP_PORT"
+  if tokens_on; then  # `python -m serving` reads the same switch; the keys are made once, kept in KEYS_DIR
+    mkdir -p "$KEYS_DIR"
+    if [[ ! -s "$KEYS_DIR/key_file.json" ]]; then
+      (cd "$ROOT" && env -u VISION_EXPORT_KEY_FILE "$PYTHON" -c \
+        'import sys, pathlib, serving.auth as a; a.write_keys(pathlib.Path(sys.argv[1]))' "$KEYS_DIR/key_file.json")
+    fi
+    export VISION_EXPORT_KEY_FILE="$KEYS_DIR/key_file.json"
+    log "token authorisation on: keys (inference, management) in $KEYS_DIR/key_file.json; anonymous requests are refused"
+  fi
   serving=true
   status=0
   run bash -c 'cd "$1" && shift && exec "$@"' _ "$ROOT" "$PYTHON" -m serving --engine kserve \
@@ -210,8 +220,7 @@ served_config="$RUN_DIR/config.properties"
 (cd "$ROOT" && "$PYTHON" -m serving config --config "$TS_CONFIG" --model-store "$MODEL_STORE" --run-dir "$RUN_DIR" \
   --out "$served_config") >&2
 tokens=false
-if [[ "${TS_DISABLE_TOKEN_AUTHORIZATION:-}" == [Ff][Aa][Ll][Ss][Ee] ]] \
-   || grep -qx 'disable_token_authorization=false' "$served_config"; then
+if tokens_on || grep -qx 'disable_token_authorization=false' "$served_config"; then
   tokens=true
 fi
 record_environment

@@ -7,15 +7,20 @@ set -euo pipefail
 # With ENGINE=kserve: our readiness (serving/kserve/signals.py: every model has a live inference worker), then
 # KServe's own for MODEL; a model is ready only once the archive's artifact passed its sha256 check and opened.
 if [[ "${ENGINE:-torchserve}" == kserve ]]; then
-  exec "${PYTHON:-python}" - "http://127.0.0.1:${KSERVE_HTTP_PORT:-8080}" "${MODEL:-resnet50}" <<'KSERVE'
+  exec "${PYTHON:-python}" - "http://127.0.0.1:${KSERVE_HTTP_PORT:-8080}" "${MODEL:-resnet50}" \
+    "${TS_KEYS_DIR:-${HOME:-/tmp}/.torchserve}/key_file.json" <<'KSERVE'
 import json
 import sys
 import urllib.request
+from pathlib import Path
 
-base, model = sys.argv[1], sys.argv[2]
+base, model, key_file = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+headers = {}
+if key_file.is_file():  # token authorisation is on: the model's readiness asks for the inference key
+    headers["Authorization"] = "Bearer " + json.loads(key_file.read_text())["inference"]["key"]
 for path in ("/health/ready", f"/v2/models/{model}/ready"):
     try:
-        with urllib.request.urlopen(base + path, timeout=5) as response:
+        with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=5) as response:
             answer = json.load(response)
     except Exception as error:  # connection refused, 503 while loading, bad JSON: all unhealthy, said why
         sys.exit(f"unhealthy: {base}{path}: {error}")

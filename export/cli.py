@@ -11,6 +11,7 @@ from contract.policy import EXPORT_PINS, add_policy_options
 from contract.records import DECODE_MODES
 from contract.versions import KEEP_VERSIONS
 from export.forms import exporters, kinds
+from runtime.integrity import SIGN_KEY_ENV, VERIFY_KEY_ENV
 
 KEEP_HELP = ("versions of NAME the model store keeps (NAME.vN.mar, the newest, and always the live one, NAME.mar, "
              "and the one before it; only the first export of NAME makes NAME.mar, later ones go live with "
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     module.add_argument("--model-store", type=Path, default=None,
                         help="also write NAME.mar there (only for image classifiers that take 1x3xHxW in [0, 1])")
     module.add_argument("--keep-versions", type=int, default=KEEP_VERSIONS, help=KEEP_HELP)
+    _sign_option(module)
     module.add_argument("--labels", type=Path, default=None, metavar="FILE",
                         help="class names of the outputs: a JSON list, JSON {\"0\": name, ...}, or one name per line "
                              "(default: answers name each class by its index)")
@@ -138,11 +140,18 @@ def _device_option(sub) -> None:
                           "TorchScript on that GPU); eager stays on CPU as the reference (default: cpu)")
 
 
+def _sign_option(sub) -> None:
+    sub.add_argument("--sign-key", type=Path, default=None, metavar="PEM",
+                     help=f"sign the archive with this Ed25519 private key (default: ${SIGN_KEY_ENV}, if set); "
+                          f"servers with the public key in ${VERIFY_KEY_ENV} refuse archives it did not sign")
+
+
 def _archive_options(sub) -> None:
     sub.add_argument("--model-store", type=Path, default=Path("model-store"),
                      help="where ARCH.mar is written (default: model-store)")
     sub.add_argument("--no-archive", action="store_true", help="skip the TorchServe archive")
     sub.add_argument("--keep-versions", type=int, default=KEEP_VERSIONS, help=KEEP_HELP)
+    _sign_option(sub)
     sub.add_argument("--name", default=None,
                      help="archive and URL name: NAME.mar, /predictions/NAME (default: the arch, e.g. resnet50); "
                           "exporting another model into the same store never overwrites it")

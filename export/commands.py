@@ -49,7 +49,7 @@ def family_command(args) -> int:
     if own:
         progress.step(f"your model: {own.description}")
     archive = None if args.no_archive else ArchiveRequest(args.model_store, args.name or entry.name, overrides,
-                                                          keep_versions=args.keep_versions)
+                                                          keep_versions=args.keep_versions, sign_key=args.sign_key)
     result = export_model(entry, _options(args, out, device, archive), progress)
     _print_resize_line(result.trace_vs_script, progress)
     _print_serving(result, progress)
@@ -70,7 +70,8 @@ def module_command(args) -> int:
     if found.task is None:
         progress.warn(f"exported but not served: {found.why}; {NOT_SERVED}"
                       + ("; no archive is written to --model-store" if args.model_store else ""))
-    archive = (ArchiveRequest(args.model_store, args.name or entry.name, keep_versions=args.keep_versions)
+    archive = (ArchiveRequest(args.model_store, args.name or entry.name, keep_versions=args.keep_versions,
+                              sign_key=args.sign_key)
                if args.model_store and found.task else None)
     result = export_model(entry, _options(args, out, device, archive), progress)
     _print_serving(result, progress)

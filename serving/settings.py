@@ -22,6 +22,7 @@ EXAMPLE_IMAGE = PROJECT_ROOT / "examples" / "cat.jpg"
 HOST = "127.0.0.1"
 DEFAULT_RUN_DIR = Path(".serving")  # logs, each engine's pid file and what the engine writes for itself
 DEFAULT_MODEL_STORE = Path("model-store")
+KEY_FILE = "key_file.json"  # with tokens on, the inference and management keys, in the run dir (serving/auth.py)
 
 READY_TIMEOUT_S = 240  # start until every model has answered a real prediction (a cold start plus model loads)
 STOP_TIMEOUT_S = 60  # SIGTERM to SIGKILL
@@ -49,6 +50,11 @@ class ServingSettings:
     flags: PolicyChoices = NOTHING_CHOSEN  # the command's --workers ...: resolved with each archive's pins
     # Each served model's policy as resolved for this start: what the run config carries, read as it is.
     policies: dict[str, ServingPolicy] = field(default_factory=dict)
+    token_auth: bool = False  # callers send a key of KEY_FILE (serving/auth.py), on every engine
+
+    @property
+    def key_file(self) -> Path:
+        return self.run_dir.absolute() / KEY_FILE
 
     def resolve_policies(self, machine: Machine | None = None) -> dict[str, ServingPolicy]:
         """Each served model's policy, resolved (resolve_policy: this machine, its archive's pins, the command's

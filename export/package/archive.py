@@ -38,6 +38,7 @@ from contract.versions import (
 from export.atomic import ensure_writable_dir
 from export.errors import ExportError
 from export.package.selection import redecide
+from runtime.integrity import SIGN_KEY_ENV, sign_archive
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HANDLER_ENTRY = PROJECT_ROOT / "handlers" / "torchserve_entry.py"
@@ -64,6 +65,12 @@ class ArchiveRequest:
     # Only a rollout sets this: the archive is its candidate, written as the next version and nothing else (no
     # plain archive even for a name without one, no version pruned) until it takes the traffic.
     candidate: bool = False
+    # The Ed25519 private key (PEM) that signs the archive (runtime/integrity.py); None: SIGN_KEY_ENV's, if set.
+    sign_key: Path | None = None
+
+    def signing_key(self) -> Path | None:
+        given = self.sign_key or os.environ.get(SIGN_KEY_ENV)
+        return Path(given) if given else None
 
 
 def model_config_yaml(overrides: dict | None = None) -> str:
@@ -146,6 +153,8 @@ def prepare_archive(export_dir: Path, manifest: Manifest, request: ArchiveReques
     scratch = tempfile.TemporaryDirectory(dir=request.model_store, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
     try:
         built = _run_archiver(Path(export_dir), archived, name, request.overrides, Path(scratch.name))
+        if request.signing_key():
+            sign_archive(built, request.signing_key())  # over every file, the handler's code included
     except BaseException:
         scratch.cleanup()
         raise

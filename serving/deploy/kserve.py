@@ -57,7 +57,7 @@ def kserve_config_properties(model_name: str, mar_name: str, device: str, ts_ver
         "# TorchServe config for KServe's pytorch (TorchServe) runtime, written by `python -m serving deploy kserve`.",
         *(f"# Serving policy of the pod: {line}" for line in policy.lines()),
         f"inference_address=http://0.0.0.0:{KSERVE_PORT}",
-        f"management_address=http://0.0.0.0:{KSERVE_PORT + 1}",
+        f"management_address=http://127.0.0.1:{KSERVE_PORT + 1}",  # the pod's own processes only: never a Service
         "metrics_address=http://0.0.0.0:8082",
         "grpc_inference_port=7070",
         "grpc_management_port=7071",

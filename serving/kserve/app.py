@@ -41,7 +41,7 @@ from handlers.metrics import ServedModel
 from handlers.request_error import RequestError
 from handlers.signals import request_id, with_request_id
 from serving.bounds import BodyLimit
-from serving.kserve import signals, versions
+from serving.kserve import auth, signals, versions
 
 logger = logging.getLogger("serving.kserve")
 
@@ -90,6 +90,7 @@ class OurRESTServer(RESTServer):
     def _add_middlewares(self, app) -> None:
         super()._add_middlewares(app)
         app.add_middleware(BodyLimit)  # inside RequestSignals: a refused body is answered with its id and counted
+        app.add_middleware(auth.TokenAuth)  # outside BodyLimit: a caller without its key is refused unread
         app.add_middleware(signals.RequestSignals, served_of=self.served_of)  # the outermost: sees every answer
 
     def served_of(self, name: str):

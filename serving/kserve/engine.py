@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from serving.auth import TOKEN_HELP, KeysNotWritten, auth_headers, curl_header, key_env, key_notes
 from serving.engine import Engine, register
 from serving.kserve.config import HTTP_PORT, REFUSAL, KServeSettings
 from serving.ports import Port
-from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
+from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, policies_text
 from serving.signals import metrics_env
 
 if TYPE_CHECKING:
@@ -29,9 +30,10 @@ LOG_TAIL_LINES = 5
 class KServe(Engine):
     name = "kserve"
     title = "the KServe server"
-    description = ("KServe's own ModelServer, our request core in it.\nIt has no token authorisation: in a cluster "
-                   "the mesh or ingress guards it (docs/scaling.md).")
+    description = ("KServe's own ModelServer, our request core in it.\nToken authorisation: --token-auth (or "
+                   "TS_DISABLE_TOKEN_AUTHORIZATION=false), keys in RUN_DIR/key_file.json (docs/security.md).")
     settings_type = KServeSettings
+    retry_on = (KeysNotWritten,)  # a probe before the key file is there is tried again
     # The server process stops its inference workers itself on SIGTERM, and starts a new one in place of a worker
     # that died while it still runs (serving/kserve/pool.py).
     leader_stops_workers = True
@@ -42,24 +44,21 @@ class KServe(Engine):
         parser.add_argument("--host", default=HOST, help="address to bind (default: loopback; 0.0.0.0 in a container)")
         parser.add_argument("--inference-port", "--http-port", dest="http_port", type=int, default=HTTP_PORT,
                             help=f"KServe's HTTP port: v1, v2, health and metrics (default {HTTP_PORT})")
-        parser.add_argument("--token-auth", action="store_true", help=argparse.SUPPRESS)  # refused with the reason
+        parser.add_argument("--token-auth", action="store_true", help=TOKEN_HELP)
 
     @classmethod
     def own_settings(cls, args: argparse.Namespace) -> dict:
-        if args.token_auth:
-            raise ServingError("--token-auth is TorchServe's: KServe's ModelServer has no token authorisation (in a "
-                               "cluster the mesh or ingress guards it, docs/scaling.md); leave it out or use the "
-                               "torchserve engine")
-        return {"host": args.host, "http_port": args.http_port}
+        return {"host": args.host, "http_port": args.http_port, "token_auth": args.token_auth}
 
     def launch(self) -> subprocess.Popen:
         """`python -m serving.kserve.worker SETTINGS_FILE`: the settings travel as a file, each model's policy
         resolved."""
         self.settings.log_file.unlink(missing_ok=True)
+        keys = key_env(self.settings)  # tokens on or off is settled here, before the run config records it
         config = self.settings.write()
         return self.popen([sys.executable, "-m", "serving.kserve.worker", str(config)], self.settings.log_file,
                           {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **metrics_env(self.settings.run_dir),
-                           **self.settings.extra_env})
+                           **self.settings.extra_env, **keys})
 
     def ports(self) -> list[Port]:
         """Its one HTTP port (v1, v2, health and metrics); its gRPC server is off."""
@@ -68,7 +67,7 @@ class KServe(Engine):
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         import requests
         url, body = self.settings.predict_url(model), v1_body(image)
-        return url, lambda: requests.post(url, json=body, timeout=PROBE_TIMEOUT_S)
+        return url, lambda: requests.post(url, json=body, timeout=PROBE_TIMEOUT_S, headers=self.request_headers())
 
     def answer_of(self, response: requests.Response) -> dict:
         return response.json()["predictions"][0]
@@ -97,11 +96,17 @@ class KServe(Engine):
 
     def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:
         return (f'echo "{{\\"instances\\": [{{\\"image\\": {{\\"b64\\": \\"$(base64 -w0 {image})\\"}}}}]}}" | '
-                f'curl -sS -X POST {self.settings.predict_url(model)} -H "Content-Type: application/json" '
-                "--data-binary @-")
+                f'curl -sS -X POST {self.settings.predict_url(model)} -H "Content-Type: application/json"'
+                f"{curl_header(self.settings)} --data-binary @-")
 
     def metrics_url(self) -> str:
         return f"{self.settings.url}/metrics"
+
+    def request_headers(self) -> dict:
+        return auth_headers(self.settings)
+
+    def notes(self) -> list[str]:
+        return key_notes(self.settings)
 
 
 def v1_body(image: Path) -> dict:

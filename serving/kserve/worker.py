@@ -41,6 +41,8 @@ def model_of(name: str, settings: KServeSettings, archive: Path | None = None, u
     Its worker processes are spawned first: this process's own imports (kserve, torch) run while they start."""
     from handlers import opening
     policy = settings.policies[name]
+    from runtime.integrity import verify_archive_signature  # here: the pool's spawned workers import this module
+    verify_archive_signature(archive or settings.archive(name))  # who made it, where a key is set
     folder = opening.unpacked(archive or settings.archive(name), unpacked or settings.unpacked(name))
     device, handler = opening.device_of(policy.device), opening.model_config(folder).get("handler")
     pool = WorkerPool.open(name, folder, device, handler, policy) if policy.workers > 1 else None

@@ -8,7 +8,7 @@ import os
 # Ray's authentication mode. With RAY_AUTH_MODE unset, Ray decides per process: a local ray.init() turns token
 # auth on and saves a token (~/.ray/auth_token), after which `ray start` turns it on too, while a driver that
 # connects by address stays off and is refused ("InvalidAuthToken"). Setting it once here, unless the user chose
-# a mode, keeps them agreeing: off, as before Ray made tokens a default; clusters are guarded by their network
-# (docs/scaling.md).
+# a mode, keeps them agreeing: off without --token-auth, which hands every process of a server the token mode and
+# the cluster's token instead (cluster.py cluster_auth_env; docs/security.md).
 RAY_AUTH_MODE = "disabled"
 os.environ.setdefault("RAY_AUTH_MODE", RAY_AUTH_MODE)

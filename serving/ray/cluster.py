@@ -3,27 +3,57 @@
 stay in its session, so they are found and ended by session id and nothing else on the machine is touched.
 
 Ray's own ports (GCS, raylet, object manager, workers) listen on every interface: they are the cluster's
-internal traffic and have no authentication (docs/scaling.md). Serve's HTTP proxy binds the configured host.
+internal traffic. With token authorisation on (cluster_auth_env) every Ray process of ours runs in Ray's token
+mode, so only a holder of the cluster's token joins the cluster or drives it (the rollout's router, captured
+photos); off, they have no authentication (docs/scaling.md). Serve's HTTP proxy binds the configured host.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from serving.auth import write_secret
 from serving.ray.config import OBJECT_STORE_BYTES
 from serving.settings import HOST, PROJECT_ROOT, ServingError, free_port
 
 PROC = Path("/proc")
+RAY_TOKEN_FILE = "ray-auth-token"  # our own head node's cluster token, in the run dir (mode 0600, new each start)
+# Ray's own: its mode, and where a process finds the cluster's token (else ~/.ray/auth_token).
+AUTH_MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
 NODE_UP_TIMEOUT_S = 60  # `ray start` until its GCS answers (several processes start, on a slow shared machine)
 NODE_STOP_TIMEOUT_S = 20  # SIGTERM to SIGKILL for a node's processes
 # A node's agents do not stop on SIGTERM (they wait to notice their raylet's end): they hold no state, and are
 # killed at once when their node is ended.
 AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def cluster_auth_env(run_dir: Path, joining: bool) -> dict:
+    """The environment that puts every Ray process of a server of ours (its head node, its driver, its replicas)
+    in Ray's token mode: with a head node of our own, a new token in RUN_DIR/RAY_TOKEN_FILE (another node joins
+    with it: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=...); joining a cluster, the token its owner gave
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), or a ServingError saying so."""
+    if joining:
+        if not (os.environ.get(TOKEN_ENV) or os.environ.get(TOKEN_PATH_ENV) or DEFAULT_TOKEN.is_file()):
+            raise ServingError(f"--token-auth on a running cluster needs its Ray token: set {TOKEN_PATH_ENV} to "
+                               f"the file that holds it (or {TOKEN_ENV}, or put it in {DEFAULT_TOKEN})")
+        return {AUTH_MODE_ENV: "token"}
+    path = write_secret(Path(run_dir).absolute() / RAY_TOKEN_FILE, secrets.token_hex(32))  # Ray's own tokens' size
+    return {AUTH_MODE_ENV: "token", TOKEN_PATH_ENV: str(path)}
+
+
+def join_own_cluster(run_dir: Path) -> None:
+    """This process (a driver: the rollout's switchboard) in the token mode of the server whose run dir it reads,
+    when that server made a cluster token."""
+    path = Path(run_dir).absolute() / RAY_TOKEN_FILE
+    if path.is_file():
+        os.environ.update({AUTH_MODE_ENV: "token", TOKEN_PATH_ENV: str(path)})
 
 
 def node_command(temp_dir: Path, num_cpus: int, head_port: int | None = None, address: str | None = None,

@@ -35,6 +35,7 @@ from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
 from handlers.signals import with_request_id
 from handlers.start_phases import engine_run_dir
+from serving.auth import refused_response
 from serving.bounds import bounded_body
 from serving.ray.routing import LiveRouting
 
@@ -88,6 +89,8 @@ class RayDeployment:
         return Path(self.folder.name)
 
     async def __call__(self, request: Request) -> JSONResponse:
+        if (refused := refused_response(request.headers.get("authorization"))) is not None:
+            return refused  # token authorisation on and not the inference key (serving/auth.py)
         if request.method == "GET" and request.url.path.rstrip("/").endswith(DESCRIPTION_PATH):
             return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
         timer, rid = metrics.Timer(), request_id_of(request.headers)

@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from serving.auth import TOKEN_HELP, KeysNotWritten, auth_headers, curl_header, key_env, key_notes
 from serving.engine import Engine, register
 from serving.ports import Port
+from serving.ray.cluster import RAY_TOKEN_FILE, cluster_auth_env
 from serving.ray.config import HTTP_PORT, REFUSAL, SIGNALS_PORT, RaySettings, deployment_options
 from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
 
@@ -32,9 +34,10 @@ class RayServe(Engine):
     name = "ray"
     title = "the Ray Serve server"
     description = ("Ray Serve, our request core as one application per archive; a Ray head node of its own, or a "
-                   "running cluster (--address).\nIts HTTP proxy binds --host (loopback by default); Ray's own "
-                   "ports have no authentication (docs/scaling.md).")
+                   "running cluster (--address).\nIts HTTP proxy binds --host (loopback by default). --token-auth: "
+                   "keys in RUN_DIR/key_file.json, and Ray's own token authentication (docs/security.md).")
     settings_type = RaySettings
+    retry_on = (KeysNotWritten,)  # a probe before the key file is there is tried again
     extra_actions = {"serve-config": "write the Serve config (serve deploy, a RayService's serveConfigV2) of the "
                                      "store's archives with this machine's serving policy to --out"}
     # The server process removes its applications and ends its Ray node on SIGTERM; signalled beside it, the
@@ -52,6 +55,8 @@ class RayServe(Engine):
         parser.add_argument("--address", default=None, help="a running Ray cluster's GCS address HOST:PORT to "
                             "deploy on (default: start a head node of our own, ended by stop); where Serve runs "
                             "there already, --http-port must be its proxy's port (Serve keeps its first options)")
+        parser.add_argument("--token-auth", action="store_true", help=TOKEN_HELP + "; the cluster runs in Ray's "
+                            "token mode (its token in RUN_DIR/ray-auth-token, or the running cluster's)")
         parser.add_argument("--out", type=Path, default=None, help="where `serve-config` writes the Serve config")
         parser.add_argument("--cluster-model-store", type=Path, default=None, help="the archives' folder on the "
                             "cluster's nodes, for `serve-config` (default: --model-store's absolute path)")
@@ -59,7 +64,7 @@ class RayServe(Engine):
     @classmethod
     def own_settings(cls, args: argparse.Namespace) -> dict:
         return {"host": args.host, "http_port": args.http_port, "address": args.address,
-                "signals_port": args.signals_port}
+                "signals_port": args.signals_port, "token_auth": args.token_auth}
 
     def run_extra_action(self, action: str, args: argparse.Namespace) -> int:
         """serve-config: for clusters that deploy with Ray's own tools (serve deploy, KubeRay)."""
@@ -82,10 +87,13 @@ class RayServe(Engine):
         if importlib.util.find_spec("ray") is None:
             raise ServingError(f"Ray is not installed in {sys.prefix}: {INSTALL}")
         self.settings.log_file.unlink(missing_ok=True)
+        keys = key_env(self.settings)  # tokens on or off is settled here, before the run config records it
+        if keys:
+            keys.update(cluster_auth_env(self.settings.run_dir, joining=self.settings.address is not None))
         config = self.settings.write()
         return self.popen([sys.executable, "-m", "serving.ray.server", str(config)], self.settings.log_file,
                           {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RAY_USAGE_STATS_ENABLED": "0",
-                           **self.settings.extra_env})
+                           **self.settings.extra_env, **keys})
 
     def ports(self) -> list[Port]:
         """Our signals server's (the server process binds it here); with a head node of our own, Serve's HTTP
@@ -97,7 +105,7 @@ class RayServe(Engine):
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         import requests
         url, body = self.settings.predictions_url(model), Path(image).read_bytes()
-        return url, lambda: requests.post(url, data=body, timeout=PROBE_TIMEOUT_S)
+        return url, lambda: requests.post(url, data=body, timeout=PROBE_TIMEOUT_S, headers=self.request_headers())
 
     def log_text(self) -> str:
         log_file = self.settings.log_file
@@ -126,10 +134,16 @@ class RayServe(Engine):
     def notes(self) -> list[str]:
         address = self.settings.address_file
         if self.settings.address or not address.is_file():
-            return []
+            return key_notes(self.settings)
         port = address.read_text().rsplit(":", 1)[1]
-        return [f"Ray head node: {address.read_text()}; another node joins with `ray start --address "
-                f"ADDRESS:{port}`, ADDRESS this machine's address as that node reaches it (docs/scaling.md)"]
+        token = (f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={self.settings.run_dir.absolute() / RAY_TOKEN_FILE} "
+                 if self.settings.token_auth else "")
+        return [*key_notes(self.settings), f"Ray head node: {address.read_text()}; another node joins with `{token}"
+                f"ray start --address ADDRESS:{port}`, ADDRESS this machine's address as that node reaches it "
+                "(docs/scaling.md)"]
+
+    def request_headers(self) -> dict:
+        return auth_headers(self.settings)
 
     def metrics_url(self) -> str:
         """Ours (serving/ray/signals.py), of the replicas on this machine."""
@@ -139,7 +153,8 @@ class RayServe(Engine):
         return {"predictions": self.settings.predictions_url(model)}
 
     def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:
-        return f"curl -sS -X POST {self.settings.predictions_url(model)} -H 'Content-Type: image/jpeg' --data-binary @{image}"
+        return (f"curl -sS -X POST {self.settings.predictions_url(model)} -H 'Content-Type: image/jpeg'"
+                f"{curl_header(self.settings)} --data-binary @{image}")
 
 
 def replicas_said(policy) -> str:

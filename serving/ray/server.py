@@ -20,6 +20,7 @@ from pathlib import Path
 
 from contract.errors import INTERRUPTIONS, VisionExportError
 from handlers.policy import this_machine_resources
+from serving.auth import KEYS_ENV
 from serving.processes import sigterm_interrupts
 from serving.ray import cluster, signals
 from serving.ray.config import NAMESPACE, REFUSAL, RaySettings, deployment_options, head_cpus
@@ -62,7 +63,7 @@ def deploy(settings: RaySettings) -> None:
                 settings.signals_url, settings.signals_url)
     for name in settings.models:
         policy = settings.policies[name]
-        options = signals.with_metrics_env(deployment_options(policy), folder)
+        options = with_key_file(signals.with_metrics_env(deployment_options(policy), folder), settings)
         logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
                     options["autoscaling_config"])
         archive = settings.archive(name).absolute()  # a rollout's default version, else NAME.mar
@@ -72,6 +73,15 @@ def deploy(settings: RaySettings) -> None:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
+
+
+def with_key_file(options: dict, settings: RaySettings) -> dict:
+    """The deployment's options with its replicas checking callers against the server's key file when token
+    authorisation is on (serving/auth.py), wherever Ray starts them."""
+    if settings.token_auth:
+        options["ray_actor_options"].setdefault("runtime_env", {}).setdefault("env_vars", {})[KEYS_ENV] = \
+            str(settings.key_file)
+    return options
 
 
 def verify_archive(archive: Path, device: str = "cpu", run_dir: Path | None = None) -> None:
@@ -84,6 +94,8 @@ def verify_archive(archive: Path, device: str = "cpu", run_dir: Path | None = No
     from contextlib import nullcontext
 
     from handlers.opening import shared_scratch, unpacked
+    from runtime.integrity import verify_archive_signature
+    verify_archive_signature(archive)  # who made it, where a key is set
     with (tempfile.TemporaryDirectory(prefix="verify-") if run_dir is None else nullcontext()) as temporary:
         try:
             folder = unpacked(archive, Path(temporary) / "archive" if temporary else shared_scratch(archive, run_dir))

@@ -17,6 +17,7 @@ from pathlib import Path
 from contract.errors import VisionExportError
 from contract.records import MANIFEST_NAME, Manifest
 from contract.versions import REFUSED_FOLDER, archive_name, label_of, set_aside
+from runtime.integrity import verify_archive_signature
 from serving.settings import ServingError
 
 
@@ -64,6 +65,7 @@ def prepare(path: Path, name: str, model_store: Path) -> Candidate:
 
 def checked_manifest(archive: Path) -> Manifest:
     """The archive's manifest, once every file it ships is the one its manifest recorded (sha256)."""
+    verify_archive_signature(archive)  # and, where a key is set, once its signature says who made it
     try:
         with zipfile.ZipFile(archive) as members, tempfile.TemporaryDirectory(prefix="rollout-check-") as folder:
             members.extract(MANIFEST_NAME, folder)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import requests
 
+from serving.auth import MANAGEMENT, auth_headers
 from serving.kserve.config import SETTINGS_FILE, KServeSettings
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import LOAD_TIMEOUT_S, Switchboard, answer_of
@@ -36,7 +37,8 @@ class KServeSwitchboard(Switchboard):
         return Path(self.settings.model_store)
 
     def versions(self, method: str, path: str) -> requests.Response:
-        return requests.request(method, f"{self.base}/rollout/{path}", timeout=LOAD_TIMEOUT_S)
+        return requests.request(method, f"{self.base}/rollout/{path}", timeout=LOAD_TIMEOUT_S,
+                                headers=auth_headers(self.settings, MANAGEMENT))
 
     def live(self, name: str) -> str:
         return answer_of(self.versions("GET", name), f"{name}'s versions")["default"]
@@ -59,7 +61,7 @@ class KServeSwitchboard(Switchboard):
             instance["masks"] = headers["X-Masks"]
         target = name if label == self.live(name) else f"{name}.{label}"
         response = requests.post(f"{self.base}/v1/models/{target}:predict", json={"instances": [instance]},
-                                 timeout=REQUEST_TIMEOUT_S)
+                                 timeout=REQUEST_TIMEOUT_S, headers=auth_headers(self.settings))
         return answer_of(response, f"{name} {label}")["predictions"][0]
 
     def set_default(self, name: str, label: str) -> None:

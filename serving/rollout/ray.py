@@ -18,7 +18,10 @@ from pathlib import Path
 import requests
 
 from handlers.metrics import MULTIPROC_ENV
+from serving.auth import auth_headers
+from serving.ray.cluster import join_own_cluster
 from serving.ray.config import ADDRESS_FILE, NAMESPACE, SETTINGS_FILE, RaySettings, deployment_options
+from serving.ray.server import with_key_file
 from serving.ray.signals import with_metrics_env
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import Switchboard, answer_of
@@ -51,6 +54,7 @@ class RaySwitchboard(Switchboard):
             return
         import ray
         address = self.settings.address or (self.run_dir.absolute() / ADDRESS_FILE).read_text().strip()
+        join_own_cluster(self.run_dir)  # the server's cluster token, when it made one (--token-auth)
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
         self.connected = True
 
@@ -63,7 +67,8 @@ class RaySwitchboard(Switchboard):
         return f"{self.settings.url}{GATE_PREFIX}/{name}/{label}"
 
     def live(self, name: str) -> str:
-        response = requests.get(f"{self.settings.predictions_url(name)}/description", timeout=REQUEST_TIMEOUT_S)
+        response = requests.get(f"{self.settings.predictions_url(name)}/description", timeout=REQUEST_TIMEOUT_S,
+                                headers=auth_headers(self.settings))
         return answer_of(response, f"{name}'s description")["version"]
 
     def loaded(self, name: str) -> list[str]:
@@ -82,7 +87,7 @@ class RaySwitchboard(Switchboard):
         from serving.ray.server import deployment_failure
         self.connect()
         policy = self.settings.policies[name]
-        options = with_metrics_env(deployment_options(policy), self.metrics_folder())
+        options = with_key_file(with_metrics_env(deployment_options(policy), self.metrics_folder()), self.settings)
         if beside:  # one replica for the gate, on no CPU of its own: the live replicas hold the node's CPUs
             options["ray_actor_options"]["num_cpus"] = 0
             options["autoscaling_config"].update(min_replicas=1, initial_replicas=1, max_replicas=1)
@@ -106,8 +111,8 @@ class RaySwitchboard(Switchboard):
             raise
 
     def ask(self, name: str, label: str, image: bytes, headers: dict) -> dict:
-        response = requests.post(self.url(name, label), data=image, headers={"Content-Type": "image/png", **headers},
-                                 timeout=REQUEST_TIMEOUT_S)
+        response = requests.post(self.url(name, label), data=image, timeout=REQUEST_TIMEOUT_S,
+                                 headers={"Content-Type": "image/png", **headers, **auth_headers(self.settings)})
         return answer_of(response, f"{name} {label}")
 
     def set_default(self, name: str, label: str) -> None:

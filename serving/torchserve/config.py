@@ -11,7 +11,7 @@ from pathlib import Path
 
 from contract.versions import UNVERSIONED_ARCHIVE
 from handlers.policy import POLICIES_PROPERTY, policies_line
-from serving.settings import ServingSettings, free_port, torchserve_version
+from serving.settings import KEY_FILE, ServingSettings, free_port, torchserve_version  # noqa: F401
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PACKAGE_DIR / "config.properties"
@@ -32,7 +32,6 @@ GRPC_INFERENCE_PORT = 7070
 GRPC_MANAGEMENT_PORT = 7071
 MODEL_VERSION = UNVERSIONED_ARCHIVE  # the version TorchServe is told an archive without one has
 RUN_CONFIG = "config.properties"
-KEY_FILE = "key_file.json"  # TorchServe writes it in its working folder (our run dir) when tokens are on
 
 
 @dataclass
@@ -45,7 +44,6 @@ class ServerSettings(ServingSettings):
     grpc_inference_port: int = GRPC_INFERENCE_PORT
     grpc_management_port: int = GRPC_MANAGEMENT_PORT
     config: Path = DEFAULT_CONFIG
-    token_auth: bool = False  # TorchServe's token authorisation: keys in run_dir/key_file.json
     model_version: str = MODEL_VERSION
     response_timeout_s: int = MODEL_RESPONSE_TIMEOUT_S
 
@@ -64,10 +62,6 @@ class ServerSettings(ServingSettings):
     @property
     def signals_url(self) -> str:
         return f"http://{self.host}:{self.signals_port}"
-
-    @property
-    def key_file(self) -> Path:
-        return self.run_dir.absolute() / KEY_FILE
 
     def served_models(self) -> tuple[str, ...]:
         return tuple(self.models) or (self.model_name,)
@@ -124,6 +118,9 @@ def run_config_text(settings: ServerSettings) -> str:
     is replaced by the one written here)."""
     policies = settings.model_policies()
     archives = {name: settings.archive(name) for name in policies}  # a rollout's default version, else NAME.mar
+    from runtime.integrity import verify_archive_signature  # here: runtime's imports (torch) stay out of --help
+    for archive in archives.values():
+        verify_archive_signature(archive)  # its handler runs in TorchServe: refused before, where a key is set
     models = {name: {torchserve_version(archives[name]) or settings.model_version: {
         "defaultVersion": True, "marName": archives[name].name,
         **policy.model_config(), "responseTimeout": settings.response_timeout_s}} for name, policy in policies.items()}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 from handlers.metrics import MULTIPROC_ENV
 from handlers.policy import RUN_CONFIG_ENV
+from serving.auth import KeysNotWritten, auth_headers
 from serving.engine import Engine, await_prediction, register
 from serving.ports import Port
 from serving.processes import read_pgid, stop_group
@@ -41,10 +41,6 @@ PORT_SETTINGS = ("inference_port", "management_port", "metrics_port", "signals_p
                  "grpc_management_port")
 SIGNALS_STOP_S = 10
 SOCKET_PATH_MAX = 100  # sun_path holds 107 bytes; leave room for ".ts.sock.NNNNN"
-
-
-class KeysNotWritten(ServingError):
-    """Token authorisation is on and TorchServe has not (yet) written a readable key file."""
 
 
 @register
@@ -241,21 +237,6 @@ def server_env(settings: ServerSettings, run_config: Path) -> dict:
         "TEMP": str(java_temp_dir(run_dir)),
         **settings.extra_env,
     }
-
-
-def auth_headers(settings: ServerSettings, api: str = "inference") -> dict:
-    """{"Authorization": "Bearer <key>"} for the inference or management API when token auth is on; {} when off."""
-    if not settings.token_auth:
-        return {}
-    try:
-        keys = json.loads(settings.key_file.read_text())
-    except FileNotFoundError as error:
-        raise KeysNotWritten(f"token authorisation is on but TorchServe has not written {settings.key_file}") from error
-    except json.JSONDecodeError as error:  # TorchServe writes it in place: caught mid-write, or damaged
-        raise KeysNotWritten(f"{settings.key_file} is not JSON ({error})") from error
-    if api not in keys or "key" not in keys[api]:
-        raise ServingError(f"{settings.key_file} has no {api} key (it holds {', '.join(keys)})")
-    return {"Authorization": f"Bearer {keys[api]['key']}"}
 
 
 def post_image(url: str, body: bytes, headers: dict) -> requests.Response:

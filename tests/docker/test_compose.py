@@ -107,12 +107,22 @@ def test_build_args_are_arguments_the_dockerfile_declares(services):
     assert passed <= declared, f"compose passes {passed - declared}, which docker/Dockerfile never reads"
 
 
-def test_ports_inference_and_metrics_published_management_on_loopback(services):
+def test_only_inference_is_published_beyond_this_host_and_management_nowhere(services):
     bindings = port_bindings(services[GPU_SERVICE])
-    by_target = {target: [(ip, published) for ip, published, t in bindings if t == target] for target in (8080, 8081, 8082)}
+    by_target = {target: [(ip, published) for ip, published, t in bindings if t == target]
+                 for target in (8080, 8081, 8082, 8083, 8090)}
     assert by_target[8080] == [("", 8080)] or by_target[8080] == [("0.0.0.0", 8080)], by_target[8080]
-    assert by_target[8082] == [("", 8082)] or by_target[8082] == [("0.0.0.0", 8082)], by_target[8082]
-    assert by_target[8081] == [("127.0.0.1", 8081)], f"management must be published on 127.0.0.1 only: {by_target[8081]}"
+    for target in (8082, 8083, 8090):  # metrics, health, the page: this host only
+        assert by_target[target] == [("127.0.0.1", target)], by_target[target]
+    assert by_target[8081] == [], f"management must not be published (rollouts run in the container): {by_target[8081]}"
+
+
+def test_token_authorisation_is_on_and_the_keys_live_in_a_volume(services):
+    service = services[GPU_SERVICE]
+    assert service["environment"]["TS_DISABLE_TOKEN_AUTHORIZATION"] == "false"
+    keys_dir = image_env()["TS_KEYS_DIR"]
+    targets = [v.split(":")[1] if isinstance(v, str) else v["target"] for v in service["volumes"]]
+    assert keys_dir in targets, f"the image's TS_KEYS_DIR ({keys_dir}) must be a volume: {service['volumes']}"
 
 
 def test_model_store_is_the_repository_folder(services):
@@ -177,11 +187,10 @@ def test_the_shell_chooses_engine_model_store_and_ports():
     # What tests/docker/test_image.py and users set: ENGINE=kserve docker compose up, a store elsewhere, loopback ports.
     cpu = compose_config("--profile", CPU_PROFILE, ENGINE="kserve", MODEL="resnet18", MODEL_STORE_DIR="/srv/models",
                          INFERENCE_PORT="127.0.0.1:18080", METRICS_PORT="127.0.0.1:18082",
-                         MANAGEMENT_PORT="18081", PAGE_PORT="127.0.0.1:18090",
+                         PAGE_PORT="127.0.0.1:18090",
                          SIGNALS_PORT="127.0.0.1:18083")["services"][CPU_SERVICE]
     assert cpu["environment"]["ENGINE"] == "kserve" and cpu["environment"]["MODEL"] == "resnet18"
-    assert sorted(port_bindings(cpu)) == [("127.0.0.1", 18080, 8080), ("127.0.0.1", 18081, 8081),
-                                          ("127.0.0.1", 18082, 8082), ("127.0.0.1", 18083, 8083),
-                                          ("127.0.0.1", 18090, 8090)]
+    assert sorted(port_bindings(cpu)) == [("127.0.0.1", 18080, 8080), ("127.0.0.1", 18082, 8082),
+                                          ("127.0.0.1", 18083, 8083), ("127.0.0.1", 18090, 8090)]
     volumes = [v.split(":")[:2] if isinstance(v, str) else [v["source"], v["target"]] for v in cpu["volumes"]]
     assert ["/srv/models", image_env()["MODEL_STORE"]] in volumes, volumes

@@ -36,7 +36,8 @@ BASE_IMAGE_SCRIPT = ROOT / "docker" / "base-image.sh"
 BASE_IMAGE = "debian:bookworm-slim"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGES = PYPROJECT["tool"]["setuptools"]["packages"]
-PORTS = {"inference": 8080, "management": 8081, "metrics": 8082}
+PORTS = {"inference": 8080, "metrics": 8082}  # what the container serves to others
+MANAGEMENT_ADDRESS = "http://127.0.0.1:8081"  # the container's own processes only: rollouts run inside it
 PYTHON_VERSION = "3.11"
 JAVA_PACKAGE = "openjdk-17-jre-headless"
 SHELLS = ("bash", "sh")
@@ -56,6 +57,8 @@ PIP_CACHE = "/root/.cache/pip"
 # Build arguments or variables that would put a secret into the image's history or environment.
 SECRET_NAMES = re.compile(r"CERT|CA_BUNDLE|TOKEN|PASSWORD|SECRET|API_KEY", re.IGNORECASE)
 PUBLIC_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# Switches named like secrets that hold none: TorchServe's token authorisation switch (its keys are made at start).
+NOT_SECRETS = {"TS_DISABLE_TOKEN_AUTHORIZATION"}
 SHELL_CONTROL_OPERATORS = {"&&", "||", ";", "|", "(", ")", "&"}
 
 
@@ -241,7 +244,7 @@ def secret_problems(stages: list[Stage]) -> list[str]:
                     [(instruction.value.split("=")[0].strip(), "")]
                 # The image's own public bundle (Debian's ca-certificates) may be named; nothing else of the kind.
                 problems += [f"{keyword} {name}: a secret in the image's history" for name, value in pairs
-                             if SECRET_NAMES.search(name) and value != PUBLIC_BUNDLE]
+                             if SECRET_NAMES.search(name) and value != PUBLIC_BUNDLE and name not in NOT_SECRETS]
         for instruction in stage.all("COPY") + stage.all("ADD"):
             problems += [f"{instruction.keyword} {word}: a certificate in a layer" for word in instruction.words()
                          if word.endswith((".pem", ".crt"))]
@@ -361,6 +364,11 @@ def port_problems(stages: list[Stage]) -> list[str]:
         name = f"TS_{api.upper()}_ADDRESS"
         if env.get(name) != f"http://0.0.0.0:{port}":
             problems.append(f"{name}={env.get(name)}: bind http://0.0.0.0:{port} so a published port reaches it")
+    if env.get("TS_MANAGEMENT_ADDRESS") != MANAGEMENT_ADDRESS or 8081 in exposed:
+        problems.append(f"TS_MANAGEMENT_ADDRESS={env.get('TS_MANAGEMENT_ADDRESS')}: management binds "
+                        f"{MANAGEMENT_ADDRESS}, never EXPOSEd")
+    if env.get("TS_DISABLE_TOKEN_AUTHORIZATION") != "false":
+        problems.append("TS_DISABLE_TOKEN_AUTHORIZATION is not false: token authorisation must be on by default")
     return problems
 
 
@@ -492,8 +500,10 @@ DOCKERFILE_DEFECTS = [
     ("entrypoint", 'ENTRYPOINT ["/app/docker/entrypoint.sh"]', 'ENTRYPOINT ["/app/entrypoint.sh"]', "not the image"),
     ("healthcheck", 'CMD ["/app/docker/healthcheck.sh"]', 'CMD ["curl", "-f", "http://127.0.0.1:8080/ping"]', "/ping"),
     ("healthcheck", 'CMD ["/app/docker/healthcheck.sh"]', 'CMD ["/app/healthcheck.sh"]', "not the image"),
-    ("ports", "EXPOSE 8080 8081 8082", "EXPOSE 8080 8082", "8081"),
-    ("ports", "TS_MANAGEMENT_ADDRESS=http://0.0.0.0:8081", "TS_MANAGEMENT_ADDRESS=http://127.0.0.1:8081", "0.0.0.0"),
+    ("ports", "EXPOSE 8080 8082", "EXPOSE 8080", "8082"),
+    ("ports", "EXPOSE 8080 8082", "EXPOSE 8080 8081 8082", "never EXPOSEd"),
+    ("ports", "TS_MANAGEMENT_ADDRESS=http://127.0.0.1:8081", "TS_MANAGEMENT_ADDRESS=http://0.0.0.0:8081", "0.0.0.0"),
+    ("ports", "TS_DISABLE_TOKEN_AUTHORIZATION=false", "TS_DISABLE_TOKEN_AUTHORIZATION=true", "on by default"),
     ("paths", "MODEL_STORE=/home/app/model-store", "MODEL_STORE=model-store", "MODEL_STORE"),
 ]
 

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from handlers.policy import machine_policy, this_machine_resources
+from serving.auth import read_keys
 from serving.kserve import server as kserve
 from serving.kserve.config import KServeSettings
 from serving.rollout.candidate import checked_manifest
@@ -269,11 +270,15 @@ def test_with_token_authorisation_the_entrypoint_serves_and_the_health_check_pas
 
 
 def test_engine_kserve_serves_the_store_with_the_policys_workers_and_stops_on_sigterm(entrypoint, resnet18_export):
+    """With token authorisation on, as the image has it: the keys made once in TS_KEYS_DIR, kept there, never in the
+    console; the entrypoint's health check and a client with the inference key answered, an anonymous one not."""
     port = free_port()
-    server = entrypoint(ENGINE="kserve", KSERVE_HOST="127.0.0.1", KSERVE_HTTP_PORT=str(port))
+    server = entrypoint(ENGINE="kserve", KSERVE_HOST="127.0.0.1", KSERVE_HTTP_PORT=str(port),
+                        TS_DISABLE_TOKEN_AUTHORIZATION="false", PAGE_PORT=str(free_port()))
     copy_archive(resnet18_export, server.model_store)
     server.start()
-    settings = KServeSettings(models=(MODEL,), http_port=port)
+    settings = KServeSettings(models=(MODEL,), http_port=port, run_dir=Path(server.env["TS_KEYS_DIR"]),
+                              token_auth=True)  # its key_file: TS_KEYS_DIR/key_file.json
     photo = server.tmp_path / "photo.jpg"
     photo.write_bytes(jpeg_bytes())
     try:
@@ -281,6 +286,10 @@ def test_engine_kserve_serves_the_store_with_the_policys_workers_and_stops_on_si
     except ServingError as error:
         pytest.fail(f"{error}\n{server.output()}")
     assert_the_archives_answer(answers[MODEL], server.archive)
+    anonymous = requests.post(settings.predict_url(MODEL), json=kserve.v1_body(photo), timeout=60)
+    assert anonymous.status_code == 401, anonymous.text
+    keys = read_keys(settings.key_file)
+    assert not [key for key in keys.values() if key in server.output()]
     health = server.healthcheck()
     assert health.returncode == 0 and "KServe serves resnet18" in health.stdout, health.stdout + health.stderr
     (group,) = [int(line.split()[0]) for line in processes_mentioning("serving.kserve.worker")

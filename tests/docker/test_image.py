@@ -45,6 +45,7 @@ FALLBACK_STORE = "/home/app/.cache/vision-export/model-store"  # docker/entrypoi
 BUILD_TIMEOUT_S = 1500  # a fresh machine: the base from Debian's archive, then about 3 GB of wheels from PyPI
 HEALTHY_TIMEOUT_S = 480  # the first start exports resnet18 (about a minute alone on 2 cores) before serving
 STOP_GRACE_S = 30  # compose.yaml's stop_grace_period
+KEY_FILE = "/home/app/keys/key_file.json"  # the image's TS_KEYS_DIR: compose.yaml's keys volume
 # The starts' exports make two forms, not every one (compose.yaml's EXPORT_ARGS): what these tests look at is the
 # store, the archive's answers and the rollout; every form of resnet18 is tests/e2e's (tests/conftest.py).
 EXPORT_ARGS = "--formats traced,onnx-traced"
@@ -121,7 +122,7 @@ class Compose:
     engine: str = "torchserve"
 
     def __post_init__(self):
-        self.ports = {"inference": free_port(), "management": free_port(), "metrics": free_port()}
+        self.ports = {"inference": free_port(), "metrics": free_port()}  # management is published nowhere
 
     @property
     def env(self) -> dict:
@@ -133,7 +134,6 @@ class Compose:
                 "ENGINE": self.engine, "MODEL": MODEL, "WEIGHTS": "random", "EXPORT_ARGS": EXPORT_ARGS,
                 "MODEL_STORE_DIR": str(self.store),
                 "INFERENCE_PORT": f"127.0.0.1:{self.ports['inference']}",
-                "MANAGEMENT_PORT": str(self.ports["management"]),
                 "METRICS_PORT": f"127.0.0.1:{self.ports['metrics']}"}
 
     def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
@@ -170,8 +170,17 @@ class Compose:
             return f"http://127.0.0.1:{self.ports['inference']}/v1/models/{MODEL}:predict"
         return f"http://127.0.0.1:{self.ports['inference']}/predictions/{MODEL}"
 
+    def headers(self) -> dict:
+        """The inference key (token authorisation is the image's default), read in the container as its operator
+        would: the keys are in its keys volume, never in its log."""
+        keys = json.loads(run([self.docker, "exec", self.container(), "cat", KEY_FILE], 60).stdout)
+        return {"Authorization": "Bearer " + keys["inference"]["key"]}
+
     def predict(self, body: bytes, timeout: float = 120) -> dict:
-        response = requests.post(self.url(), data=body, headers={"Content-Type": "image/jpeg"}, timeout=timeout)
+        anonymous = requests.post(self.url(), data=body, headers={"Content-Type": "image/jpeg"}, timeout=timeout)
+        assert anonymous.status_code in (400, 401), f"an anonymous caller was answered {anonymous.status_code}"
+        response = requests.post(self.url(), data=body, headers={"Content-Type": "image/jpeg", **self.headers()},
+                                 timeout=timeout)
         assert response.status_code == 200, f"{response.status_code}: {response.text[:500]}"
         answer = response.json()
         return answer["predictions"][0] if self.engine == "kserve" else answer
@@ -319,7 +328,7 @@ def test_a_rollout_into_the_running_container_under_load(project, torchserve):
     clients post the photo, then rolled back: no request fails, answers come from v2 once the rollout returned
     and from v1 once the rollback did, each the in-process answer of its own archive on the host."""
     container = torchserve["container"]
-    load = VersionedLoad(project.url(), CAT.read_bytes(), concurrency=ROLLOUT_CLIENTS).start()
+    load = VersionedLoad(project.url(), CAT.read_bytes(), concurrency=ROLLOUT_CLIENTS, headers=project.headers()).start()
     try:
         # Few gate photos, random weights (no evidence): the gate is proven in tests/e2e/; here, the way into the container.
         rolled = serving_in(project, container, "rollout", MODEL, ARTIFACTS, "--photos", "3",
@@ -360,7 +369,7 @@ class Request:
     answer: dict | None = None
 
 
-def load(url: str, clients: int, stop: threading.Event) -> tuple[list[Request], list[threading.Thread]]:
+def load(url: str, clients: int, stop: threading.Event, headers: dict) -> tuple[list[Request], list[threading.Thread]]:
     """`clients` loops of POST cat.jpg, each on its own keep-alive connection, until `stop` is set."""
     requests_made: list[Request] = []
     body = CAT.read_bytes()
@@ -371,7 +380,8 @@ def load(url: str, clients: int, stop: threading.Event) -> tuple[list[Request], 
                 request = Request(time.time())
                 requests_made.append(request)
                 try:
-                    response = session.post(url, data=body, headers={"Content-Type": "image/jpeg"}, timeout=60)
+                    response = session.post(url, data=body, headers={"Content-Type": "image/jpeg", **headers},
+                                            timeout=60)
                     request.status = response.status_code
                     if response.status_code == 200:
                         request.answer = response.json()
@@ -402,7 +412,7 @@ def down_under_load(project: Compose, container: str, archive: Path) -> str:
     logs = subprocess.Popen([project.docker, "logs", "--follow", "--timestamps", container],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stop = threading.Event()
-    made, threads = load(project.url(), clients=4, stop=stop)
+    made, threads = load(project.url(), clients=4, stop=stop, headers=project.headers())
     time.sleep(5)
     answered_before = sum(1 for r in made if r.status == 200)
     start = time.monotonic()

@@ -1,8 +1,9 @@
 """Security posture of a real TorchServe started our way: loopback-only APIs, no model registration from a
 URL, registration limited to the local model store, token authorisation end to end (python -m serving and
 its readiness check, the try-it page in front of it, the benchmark), bounded request and response sizes; and of a
-real KServe server and a real Ray Serve: one body limit with TorchServe's, read no further than it, and on KServe
-a cap on the photos of one request (the other servers' bounds: tests/serving/test_bounds.py)."""
+real KServe server and a real Ray Serve, both with token authorisation on: every port tried anonymously and with
+each key, Ray's cluster refusing a driver without its token, one body limit with TorchServe's, read no further
+than it, and on KServe a cap on the photos of one request (the other servers' bounds: tests/serving/test_bounds.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 import requests
 
 from contract.policy import MAX_BODY_BYTES, MAX_PHOTOS_PER_REQUEST
+from serving.auth import auth_headers, read_keys
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
 from serving.page.server import NO_KEY
@@ -180,17 +182,51 @@ def test_the_page_without_token_auth_serves_anyone_as_the_engine_does(default_se
     assert_same_answer(answer.json(), expected_answer(resnet18_export["archive"], body))
 
 
-# ---------------------------------------------------------------- KServe: the same body limit, and a photo cap
+# ---------------------------------------------------------------- KServe: keys, the same body limit, a photo cap
 @pytest.fixture(scope="module")
 def kserve(resnet18_export, tmp_path_factory) -> KServeSettings:
     settings = KServeSettings(resnet18_export["model_store"], (resnet18_export["model_name"],),
-                              http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve-bounds"))
-    with KServe(settings).running(CAT):
+                              http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve-bounds"), token_auth=True)
+    with KServe(settings).running(CAT):  # its readiness probe sent the inference key
         yield settings
 
 
-def raw_post(url_port: int, path: str, head: str, parts=()) -> tuple[int, str]:
+def test_kserve_with_token_auth_answers_each_route_only_with_its_key(kserve, resnet18_export):
+    name, body = resnet18_export["model_name"], CAT.read_bytes()
+    inference, management = auth_headers(kserve), auth_headers(kserve, "management")
+    v1 = {"instances": [{"image": {"b64": base64.b64encode(body).decode()}}]}
+    predict = lambda headers: requests.post(kserve.predict_url(name), json=v1, headers=headers, timeout=300)  # noqa: E731
+    for headers in ({}, management, {"Authorization": "Bearer " + "x" * 32}):
+        refused = predict(headers)
+        assert refused.status_code == 401 and "send the inference key" in refused.json()["error"], refused.text
+        assert refused.headers["x-request-id"]  # refused inside the request signals: the id, the count
+    keyed = predict(inference)
+    assert keyed.status_code == 200, keyed.text
+    assert_same_answer(keyed.json()["predictions"][0], expected_answer(resnet18_export["archive"], body))
+    for method, path in (("GET", f"/v2/models/{name}"), ("GET", "/docs"), ("POST", f"/v2/models/{name}/infer")):
+        assert requests.request(method, kserve.url + path, timeout=60).status_code == 401, path
+    for method, path in (("GET", f"/rollout/{name}"), ("GET", f"/rollout/{name}/captured"),
+                         ("POST", f"/v2/repository/models/{name}/unload"), ("POST", f"/rollout/{name}/v9")):
+        for headers in ({}, inference):  # the inference key changes no version and reads no photo
+            refused = requests.request(method, kserve.url + path, headers=headers, timeout=60)
+            assert refused.status_code == 401 and "management key" in refused.json()["error"], (path, refused.text)
+    assert requests.get(f"{kserve.url}/rollout/{name}", headers=management, timeout=60).json()["default"]
+    absent = requests.post(f"{kserve.url}/v2/repository/models/absent/unload", headers=management, timeout=60)
+    assert absent.status_code == 404, absent.text  # past the key, KServe's own answer (the served one stays)
+    for path in ("/metrics", "/health/live", "/health/ready"):  # anyone: no model's answer, no internals
+        open_route = requests.get(kserve.url + path, timeout=60)
+        assert open_route.status_code == 200 and "pid" not in open_route.text, path
+    assert keys_not_in_the_log(kserve.key_file, kserve.log_file)
+
+
+def keys_not_in_the_log(key_file: Path, *logs: Path) -> bool:
+    keys = read_keys(key_file).values()
+    return not [key for log in logs for key in keys if key in log.read_text(errors="replace")]
+
+
+def raw_post(url_port: int, path: str, head: str, parts=(), headers: dict | None = None) -> tuple[int, str]:
     """A POST on a raw socket (a declared size the body never reaches, a chunked body): status and body."""
+    head += "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     with socket.create_connection(("127.0.0.1", url_port), timeout=60) as connection:
         connection.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}\r\n"
                            .encode())
@@ -209,21 +245,23 @@ def raw_post(url_port: int, path: str, head: str, parts=()) -> tuple[int, str]:
 def test_kserve_refuses_an_oversized_body_before_reading_it(kserve, resnet18_export):
     path = f"/v1/models/{resnet18_export['model_name']}:predict"
     started = time.monotonic()
-    status, body = raw_post(kserve.http_port, path, f"Content-Length: {64 * MAX_BODY_BYTES}\r\n")
+    status, body = raw_post(kserve.http_port, path, f"Content-Length: {64 * MAX_BODY_BYTES}\r\n",
+                            headers=auth_headers(kserve))
     assert status == 413 and "MiB" in body, body  # answered with none of its 512 MiB sent
     assert time.monotonic() - started < 30
     chunk = b"x" * 2**20
     parts = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n" for _ in range(64))
-    status, body = raw_post(kserve.http_port, path, "Transfer-Encoding: chunked\r\n", parts)
+    status, body = raw_post(kserve.http_port, path, "Transfer-Encoding: chunked\r\n", parts, auth_headers(kserve))
     assert status == 413 and "MiB" in body, body
 
 
 def test_kserve_caps_the_photos_of_one_request_and_still_answers_one(kserve, resnet18_export):
     url, body = kserve.predict_url(resnet18_export["model_name"]), CAT.read_bytes()
     instance = {"image": {"b64": base64.b64encode(body).decode()}}
-    crowded = requests.post(url, json={"instances": [instance] * (MAX_PHOTOS_PER_REQUEST + 1)}, timeout=60)
+    crowded = requests.post(url, json={"instances": [instance] * (MAX_PHOTOS_PER_REQUEST + 1)}, timeout=60,
+                            headers=auth_headers(kserve))
     assert crowded.status_code == 413 and f"at most {MAX_PHOTOS_PER_REQUEST}" in crowded.json()["error"]
-    one = requests.post(url, json={"instances": [instance]}, timeout=300)
+    one = requests.post(url, json={"instances": [instance]}, timeout=300, headers=auth_headers(kserve))
     assert one.status_code == 200, one.text
     assert_same_answer(one.json()["predictions"][0], expected_answer(resnet18_export["archive"], body))
 
@@ -239,21 +277,63 @@ def ray_serve(resnet18_export, tmp_path_factory):
                                 reason="tests: one replica")
     settings = RaySettings(resnet18_export["model_store"], (resnet18_export["model_name"],), http_port=free_port(),
                            run_dir=tmp_path_factory.mktemp("ray-bounds"), policy=one_replica,
-                           signals_port=free_port())
-    with RayServe(settings).running(CAT):
+                           signals_port=free_port(), token_auth=True)
+    with RayServe(settings).running(CAT):  # its readiness probe sent the inference key
         yield settings
+
+
+def test_ray_with_token_auth_answers_only_the_key_and_its_cluster_only_the_token(ray_serve, resnet18_export):
+    from serving.ray.cluster import RAY_TOKEN_FILE
+    url, photo = ray_serve.predictions_url(resnet18_export["model_name"]), CAT.read_bytes()
+    jpeg = {"Content-Type": "image/jpeg"}
+    for headers in ({}, auth_headers(ray_serve, "management")):
+        refused = requests.post(url, data=photo, headers={**jpeg, **headers}, timeout=60)
+        assert refused.status_code == 401 and "send the inference key" in refused.json()["error"], refused.text
+    assert requests.get(f"{url}/description", timeout=60).status_code == 401
+    keyed = requests.post(url, data=photo, headers={**jpeg, **auth_headers(ray_serve)}, timeout=300)
+    assert keyed.status_code == 200, keyed.text
+    for path in ("/metrics", "/health/live", "/health/ready"):
+        assert requests.get(ray_serve.signals_url + path, timeout=60).status_code == 200, path
+    address = ray_serve.address_file.read_text()
+    assert drives_the_cluster(address, {"RAY_AUTH_MODE": "token",
+                                        "RAY_AUTH_TOKEN_PATH": str(ray_serve.run_dir / RAY_TOKEN_FILE)})
+    assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "disabled"})  # anonymous: the router is out of reach
+    assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
+    assert keys_not_in_the_log(ray_serve.key_file, ray_serve.log_file)
+
+
+def drives_the_cluster(address: str, auth_env: dict) -> bool:
+    """Whether a Ray driver with this authentication reaches the cluster at address and finds Serve's actors
+    (the rollout's router lives among them); a refusal is seen in Ray's first InvalidAuthToken line."""
+    script = ("import ray; ray.init(address=%r, namespace='serve', logging_level='ERROR'); "
+              "print('DRIVES', len(ray.util.list_named_actors(all_namespaces=True)) > 0, flush=True)" % address)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **auth_env,
+           "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in driver.stdout:
+            if "InvalidAuthToken" in line or line.startswith("DRIVES"):
+                return line.strip() == "DRIVES True"
+        return False
+    finally:
+        driver.kill()
+        driver.wait(timeout=30)
 
 
 def test_rays_ingress_refuses_a_body_over_the_limit_and_still_answers_a_photo(ray_serve, resnet18_export):
     url, name = ray_serve.predictions_url(resnet18_export["model_name"]), resnet18_export["model_name"]
-    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", f"Content-Length: {64 * MAX_BODY_BYTES}\r\n")
+    keyed = auth_headers(ray_serve)
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", f"Content-Length: {64 * MAX_BODY_BYTES}\r\n",
+                            headers=keyed)
     assert status == 413 and "MiB" in body, body
     chunk = b"x" * 2**20
     parts = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n" for _ in range(2 * MAX_BODY_BYTES // len(chunk)))
-    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", "Transfer-Encoding: chunked\r\n", parts)
+    status, body = raw_post(ray_serve.http_port, f"/predictions/{name}", "Transfer-Encoding: chunked\r\n", parts,
+                            keyed)
     assert status == 413 and "MiB" in body, body
     photo = CAT.read_bytes()
-    one = requests.post(url, data=photo, headers={"Content-Type": "image/jpeg"}, timeout=300)
+    one = requests.post(url, data=photo, headers={"Content-Type": "image/jpeg", **keyed}, timeout=300)
     assert one.status_code == 200, one.text
     assert_same_answer(one.json(), expected_answer(resnet18_export["archive"], photo))
 

@@ -54,8 +54,8 @@ def test_an_unknown_command_lists_every_command(capsys):
 
 @pytest.mark.parametrize("argv, own, others", [
     (["--help"], ["--management-port", "--token-auth", "--config", "{start,stop,config,deploy}"], ["--host"]),
-    (["stop", "--engine", "kserve", "--help"], ["--host", "--http-port", "{start,stop,deploy}"],
-     ["--management-port", "--token-auth"]),
+    (["stop", "--engine", "kserve", "--help"], ["--host", "--http-port", "--token-auth", "{start,stop,deploy}"],
+     ["--management-port"]),
 ])
 def test_each_engines_help_lists_its_own_options_beside_the_shared_ones(argv, own, others, capsys):
     with pytest.raises(SystemExit) as exit:
@@ -90,10 +90,11 @@ def test_a_command_that_moved_says_where(command, now, capsys):
     assert f"`python -m serving {command}` moved: run `{now}`" in capsys.readouterr().err
 
 
-def test_token_auth_is_refused_on_kserve_with_the_reason(tmp_path, capsys):
-    assert cli.main(["--engine", "kserve", "--token-auth", "--model-store", str(tmp_path)]) == 1
-    err = capsys.readouterr().err
-    assert "--token-auth is TorchServe's: KServe's ModelServer has no token authorisation" in err, err
+def test_token_auth_is_one_switch_on_every_engine(capsys):
+    for engine in ("torchserve", "kserve", "ray"):
+        with pytest.raises(SystemExit):
+            cli.main(["--engine", engine, "--help"])
+        assert "--token-auth" in capsys.readouterr().out, engine
 
 
 def test_stop_without_a_server_says_so_whatever_the_engine(tmp_path, capsys):

@@ -1,5 +1,5 @@
 """The KServe engine without a server: the settings the server process reads, its URLs and its curl line
-(refusing --token-auth, choosing the engine and stopping with none running: tests/serving/test_cli.py)."""
+(choosing the engine and stopping with none running: tests/serving/test_cli.py)."""
 
 from __future__ import annotations
 
