@@ -28,6 +28,7 @@ from contract.handler_config import TORCHSERVE_KEYS, HandlerConfig
 from contract.records import MANIFEST_NAME, Manifest
 from contract.versions import (
     KEEP_VERSIONS,
+    UNVERSIONED_ARCHIVE,
     ModelVersion,
     archive_name,
     make_live,
@@ -215,7 +216,7 @@ def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: di
         shutil.copy2(export_dir / path, extra / path)
     config = scratch / "model-config.yaml"
     config.write_text(model_config_yaml(overrides))
-    version = str(manifest.model_version.number) if manifest.model_version else "1.0"
+    version = str(manifest.model_version.number) if manifest.model_version else UNVERSIONED_ARCHIVE
     return archive_files(name, export_dir / manifest.served_record().path, HANDLER_ENTRY, scratch,
                    extra_files=extra, config_file=config, version=version)
 
@@ -236,7 +237,7 @@ def shipped_files(manifest: Manifest) -> list[str]:
 
 
 def archive_files(name: str, serialized_file: Path, handler: Path, out: Path, extra_files: Path | None = None,
-            config_file: Path | None = None, version: str = "1.0") -> Path:
+            config_file: Path | None = None, version: str = UNVERSIONED_ARCHIVE) -> Path:
     """torch-model-archiver: OUT/NAME.mar from the served file, the handler, extra files and model config."""
     # TorchServe's own version of the archive: ours (the number), so that two versions can be registered at once
     command = [sys.executable, "-m", "model_archiver.model_packaging", "--model-name", name, "--version", version,

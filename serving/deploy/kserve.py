@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from contract.policy import MAX_BODY_BYTES, Machine, PolicyChoices, ServingPolicy, resolve_policy
-from contract.versions import label_of
+from contract.versions import UNVERSIONED_ARCHIVE, label_of
 from serving.deploy.common import (
     API_VERSION,
     READINESS_SCRIPT,
@@ -47,7 +47,7 @@ def pod_policy(device: str) -> ServingPolicy:
                           flags=PolicyChoices(batch_size=1, why="KServe's envelope takes one request per call"))
 
 
-def kserve_config_properties(model_name: str, mar_name: str, device: str, ts_version: str = "1.0") -> str:
+def kserve_config_properties(model_name: str, mar_name: str, device: str, ts_version: str = UNVERSIONED_ARCHIVE) -> str:
     """TorchServe's config for KServe: env-var overrides, the v1 envelope, and the model's startup settings
     (pod_policy) under the archive's own TorchServe version."""
     policy = pod_policy(device)
@@ -143,7 +143,7 @@ def write_kserve(out: Path, export_dir: Path, model_store: Path, model_name: str
         (storage / "model-store").mkdir()
         _link_or_copy(archive, storage / "model-store" / archive.name)
         (storage / "config" / "config.properties").write_text(kserve_config_properties(
-            model_name, archive.name, device, torchserve_version(archive) or "1.0"))
+            model_name, archive.name, device, torchserve_version(archive) or UNVERSIONED_ARCHIVE))
         uri = storage_uri.format(model=model_name, device=device, version=version)
         (staging / device / "inferenceservice.yaml").write_text(
             dump_yaml([versioned(inference_service(model_name, device, numbers, uri), version, canary_percent)],
