@@ -20,9 +20,9 @@ def all_good():
 
 
 def test_the_preference_order_comes_from_the_kinds_table():
-    assert PREFERENCE == ("openvino-int8", "openvino-int8-bf16", "onnx-int8", "openvino-bf16", "onnx-dynamo", "openvino",
-                          "onnx-scripted", "aotinductor", "onnx-traced", "exported", "scripted-bf16-backbone", "scripted",
-                          "traced")
+    assert PREFERENCE == ("openvino-int8", "openvino-int8-bf16", "onnx-int8", "executorch-int8", "openvino-bf16",
+                          "onnx-dynamo", "executorch", "openvino", "onnx-scripted", "aotinductor", "onnx-traced",
+                          "exported", "scripted-bf16-backbone", "scripted", "traced")
     ranks = [kinds.get(k).serving_rank for k in PREFERENCE]
     assert ranks == sorted(ranks) and all(kinds.get(k).rank_reason for k in PREFERENCE)
 

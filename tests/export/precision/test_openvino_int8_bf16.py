@@ -39,10 +39,12 @@ def test_int8_makes_it_only_on_a_cpu_that_computes_in_bf16(profile):
     flags = PROFILES[profile].flags
     request = PrecisionRequest(("fp32", "int8"))
     check_hardware(request.precisions, "cpu", flags)  # int8 itself is asked for anywhere, as before
+    # executorch-int8 is asked for everywhere; it is made where its source is (executorch named in --formats)
     if profile in NATIVE_BF16:
-        assert request.kinds_to_build(flags) == ["onnx-int8", "openvino-int8", KIND] and request.left_out(flags) == {}
+        assert request.kinds_to_build(flags) == ["onnx-int8", "openvino-int8", KIND, "executorch-int8"]
+        assert request.left_out(flags) == {}
     else:  # --precision fp32,int8 builds what it built before this kind
-        assert request.kinds_to_build(flags) == ["onnx-int8", "openvino-int8"]
+        assert request.kinds_to_build(flags) == ["onnx-int8", "openvino-int8", "executorch-int8"]
         assert request.left_out(flags)[KIND] == ("it runs its int8 file's remainder in bf16, not fast on this CPU "
                                                  "(needs avx512_bf16 or amx_bf16, which this CPU lacks)")
 
