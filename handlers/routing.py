@@ -79,6 +79,12 @@ def answered(counts: dict) -> bool:
     return counts["asked"] <= counts["served"] + counts["failed"] + counts["declined"]
 
 
+def ended(counts: dict) -> dict:
+    """A canary's counts as its end reads them: a request it holds still is one it did not answer in its time."""
+    in_flight = counts["asked"] - counts["served"] - counts["failed"] - counts["declined"]
+    return {**counts, "failed": counts["failed"] + max(in_flight, 0)}
+
+
 def summed(reports: Sequence[dict]) -> dict[str, int]:
     return {name: sum(report.get(name, 0) for report in reports) for name in OUTCOMES}
 

@@ -32,7 +32,7 @@ from handlers.kserve_model import KServeModel, rows_of
 from handlers.request import REQUEST_ID_HEADER
 from handlers.request_body import image_of
 from handlers.request_error import RequestError
-from handlers.routing import CanaryShare, Capture, Outcome, outcome_of_status
+from handlers.routing import CanaryShare, Capture, Outcome, ended, outcome_of_status
 from serving.kserve.pool import WorkerPool
 
 logger = logging.getLogger("serving.kserve")
@@ -52,7 +52,7 @@ class Canary:
     share: CanaryShare
 
     def report(self) -> dict:
-        return {"label": self.share.label, "percent": self.share.percent, **self.share.counts.as_dict()}
+        return {"label": self.share.label, "percent": self.share.percent, **ended(self.share.counts.as_dict())}
 
     async def answer(self, live, *args, **kwargs):
         """The canary's answer, or live's (an awaitable function of the same arguments) where it did not serve."""

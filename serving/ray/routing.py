@@ -22,7 +22,7 @@ import ray
 
 from handlers.request import ImageRequest
 from handlers.request_body import image_of
-from handlers.routing import CanaryShare, Outcome, outcome_of_status, summed
+from handlers.routing import CanaryShare, Outcome, ended, outcome_of_status, summed
 from serving.ray.config import NAMESPACE  # Serve's: its replicas and the router live there
 
 logger = logging.getLogger("serving.ray")
@@ -105,8 +105,7 @@ class RoutingTable:
         if canary is None:
             return {"label": None, "percent": 0, **summed([])}
         counts = summed([report for report in route.live_reports() if report["canary"] == canary["id"]])
-        counts["failed"] += counts["asked"] - counts["served"] - counts["failed"] - counts["declined"]  # in flight
-        return {"label": canary["label"], "percent": canary["percent"], **counts}
+        return {"label": canary["label"], "percent": canary["percent"], **ended(counts)}
 
     def end(self, name: str) -> int:
         """No canary, no capture for name any more (its replicas learn it at their next poll)."""

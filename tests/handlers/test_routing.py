@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from handlers import routing
-from handlers.routing import CanaryShare, Capture, Outcome, answered, outcome_of_status, summed
+from handlers.routing import CanaryShare, Capture, Outcome, answered, ended, outcome_of_status, summed
 
 
 def share(percent: float = 100) -> CanaryShare:
@@ -83,6 +83,7 @@ def test_counts_are_summed_and_answered_once_every_asked_request_has_an_outcome(
     total = summed([first, second])
     assert total == {"asked": 5, "served": 3, "failed": 1, "declined": 0} and not answered(total)
     assert answered(summed([first]))
+    assert ended(total) == {"asked": 5, "served": 3, "failed": 2, "declined": 0}  # one still held: not answered
 
 
 def test_a_capture_keeps_the_next_photos_up_to_its_count():
