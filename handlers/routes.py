@@ -12,7 +12,8 @@ A worker finds RUN_DIR beside the run config RUN_CONFIG_ENV names, stats the con
 again only when it changed; one of another shape is logged once (per change) and routes nothing, the live version
 answering every request. Only workers of the "live" version act on it: the candidate's never forward nor keep.
 A kept photo is a file of NAME.capture/ named by its arrival and request id; a canary's counts are one file per
-worker in NAME.canary/, which the rollout sums. A forward that fails is counted, and its request answered here.
+worker in NAME.canary/, which the rollout sums. What is forwarded, counted and answered here is the one routing
+policy's (handlers/routing.py): this module is its transport on TorchServe.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ import http.client
 import json
 import logging
 import os
-import random
 import shutil
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -38,13 +38,12 @@ from handlers.policy import RUN_CONFIG_ENV
 from handlers.request import REQUEST_ID_HEADER, ImageRequest
 from handlers.request_body import OPTION_KEYS, TOPK_HEADER, image_of, option, option_header
 from handlers.request_error import RequestError
+from handlers.routing import FORWARD_TIMEOUT_S, OUTCOMES, CanaryShare, Outcome, answered, outcome_of_status, summed
 
 logger = logging.getLogger(__name__)
 
 ROUTES_FOLDER = "routes"  # in the run dir
-FORWARD_TIMEOUT_S = 60.0  # a canary's answer within this, well inside TorchServe's response timeout of the live worker
 FORWARD_THREADS = 4  # a batch's forwards at once
-OUTCOMES = ("asked", "served", "failed", "declined")  # declined: the candidate refused the request itself
 
 
 @dataclass(frozen=True)
@@ -165,12 +164,12 @@ class ModelRoutes:
 
     def counts(self, canary_id: str) -> dict:
         """The canary's counts summed over the workers that routed it."""
-        total = Counter(dict.fromkeys(OUTCOMES, 0))
+        reports = []
         for path in self.counts_dir.glob("[!.]*.json") if self.counts_dir.is_dir() else ():
             counted = json.loads(path.read_text())
             if counted.pop("id", None) == canary_id:
-                total.update(counted)
-        return dict(total)
+                reports.append(counted)
+        return summed(reports)
 
     def clear(self) -> None:
         """No route left: no canary, no capture, nothing kept."""
@@ -202,7 +201,7 @@ class ModelRoutes:
         except OSError as error:
             logger.error("cannot keep live photos in %s for the rollout's shadow: %s", self.capture_dir, error)
 
-    def record(self, canary_id: str, counts: Counter) -> None:
+    def record(self, canary_id: str, counts: dict) -> None:
         try:
             write_private(self.counts_dir / f"{os.getpid()}.json", json.dumps({"id": canary_id, **counts}).encode())
         except FileNotFoundError:  # the canary ended and its counts were read
@@ -225,10 +224,6 @@ def forget_all(run_dir: Path) -> None:
     folder = Path(run_dir) / ROUTES_FOLDER
     if folder.is_dir():
         shutil.rmtree(folder)
-
-
-def answered(counts: dict) -> bool:
-    return counts["asked"] <= counts["served"] + counts["failed"] + counts["declined"]
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -261,8 +256,8 @@ class WorkerRoutes:
         self.version = version
         self._seen: tuple | None = None  # the control file's (inode, mtime, size) when last read
         self._control: Control | None = None
-        self._canary_id = ""
-        self._counts: Counter = Counter()
+        self._share: CanaryShare | None = None
+        self._forwarded: dict[int, str] = {}  # the request id of each row of the batch in hand sent to the canary
         self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
@@ -305,26 +300,37 @@ class WorkerRoutes:
         canary = control.canary
         if canary is None or canary.label == self.version:  # never to itself: its one worker would wait on itself
             return {}
-        chosen = [index for index in photos if random.random() * 100 < canary.percent]
+        if self._share is None or self._share.canary_id != canary.id:
+            self._share = CanaryShare(canary.id, canary.label, canary.percent)
+        chosen = self._share.chosen(list(photos))
         if not chosen:
             return {}
-        if canary.id != self._canary_id:
-            self._canary_id, self._counts = canary.id, Counter(dict.fromkeys(OUTCOMES, 0))
-        self._count("asked", len(chosen))
+        self._share.asked(len(chosen))
+        self._record()
         self._pool = self._pool or ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="canary")
+        self._forwarded = {index: requests[index].request_id for index in chosen}
         return {index: self._pool.submit(forward, canary, requests[index].request_id, *photos[index])
                 for index in chosen}
 
     def collect(self, forwards: dict[int, Future]) -> dict[int, Forwarded]:
-        """The rows the canary answered, by row (the others are the live version's to answer); counted."""
-        outcomes = {index: future.result() for index, future in forwards.items()}
-        self._counts.update(outcome for outcome, _ in outcomes.values())
-        self.files.record(self._canary_id, self._counts)
-        return {index: answer for index, (_, answer) in outcomes.items() if answer is not None}
+        """The rows the canary served, by row (the others are the live version's to answer), counted: a forward
+        not answered by its deadline is the candidate's failure, the worker waits no longer for it."""
+        share, deadline = self._share, time.monotonic() + FORWARD_TIMEOUT_S
+        assert share is not None  # route() made it when it forwarded
+        served = {}
+        for index, future in forwards.items():
+            try:
+                outcome, answer, why = *future.result(max(deadline - time.monotonic(), 0)), ""
+            except FutureTimeout:
+                outcome, answer, why = Outcome.FAILED, None, f"no answer within {FORWARD_TIMEOUT_S:g} s"
+            if share.settle(outcome, self._forwarded.get(index, ""), why) and answer is not None:
+                served[index] = answer
+        self._record()
+        return served
 
-    def _count(self, outcome: str, number: int) -> None:
-        self._counts[outcome] += number
-        self.files.record(self._canary_id, self._counts)
+    def _record(self) -> None:
+        if self._share is not None:
+            self.files.record(self._share.canary_id, self._share.counts.as_dict())
 
 
 def forwardable(request: ImageRequest) -> tuple[bytes, dict[str, str]] | None:
@@ -336,7 +342,7 @@ def forwardable(request: ImageRequest) -> tuple[bytes, dict[str, str]] | None:
         return None
 
 
-def forward(canary: Canary, request_id: str, photo: bytes, options: dict[str, str]) -> tuple[str, Forwarded | None]:
+def forward(canary: Canary, request_id: str, photo: bytes, options: dict[str, str]) -> tuple[Outcome, Forwarded | None]:
     """(outcome, answer) of one request sent to the canary: the photo as the body, its options and id as headers.
     served: a 200 naming the canary's version; declined: the canary refused the request itself (a 4xx the live
     version would give too); failed: anything else."""
@@ -348,15 +354,15 @@ def forward(canary: Canary, request_id: str, photo: bytes, options: dict[str, st
     except urllib.error.HTTPError as error:
         body = error.read()
         logger.warning("the canary %s answered HTTP %d: %s", canary.label, error.code, body[:200])
-        return ("declined" if error.code < 500 and refused_by_handler(body) else "failed"), None
+        return outcome_of_status(error.code, refused_by_handler(body)), None
     except (OSError, http.client.HTTPException, ValueError) as error:  # refused, reset, cut short, timed out, not JSON
         logger.warning("the canary %s did not answer: %s", canary.label, error)
-        return "failed", None
+        return Outcome.FAILED, None
     if version != canary.label or not isinstance(answer, dict) or answer.get("version") != canary.label:
         logger.warning("the canary %s answered as %s (header) / %s (JSON)", canary.label, version,
                        answer.get("version") if isinstance(answer, dict) else None)
-        return "failed", None
-    return "served", Forwarded(answer, version)
+        return Outcome.FAILED, None
+    return Outcome.SERVED, Forwarded(answer, version)
 
 
 def refused_by_handler(body: bytes) -> bool:

@@ -7,8 +7,10 @@ bind (ports()) is checked free before it starts. The command line (serving/cli.p
 measurements drive every engine through this class alone.
 
 A new engine is one module, serving/<package>/engine.py, that subclasses Engine and registers it
-(`@register`): it is found there, offered by `--engine`, stopped by `python -m serving stop`, with no other edit
-(a wheel, unlike a checkout or an editable install, also needs the package in pyproject.toml's packages).
+(`@register`): it is found there, offered by `--engine`, stopped by `python -m serving stop`, rolled out to
+(its switchboard()) and measured (on_free_ports()), with no other edit (a wheel, unlike a checkout or an
+editable install, also needs the package in pyproject.toml's packages). tests/serving/test_engine.py lists what
+every engine provides.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 from contract.errors import VisionExportError
+from contract.policy import ServingPolicy
 from serving.ports import Port, check_ports
 from serving.processes import NoAnswer, group_alive, poll_for_answer, read_pgid, running_until_exit, stop_group
 from serving.settings import (
@@ -37,6 +40,8 @@ from serving.settings import (
 
 if TYPE_CHECKING:
     import requests
+
+    from serving.rollout.switchboard import Switchboard
 
 DEFAULT_ENGINE = "torchserve"
 SERVING_DIR = Path(__file__).resolve().parent
@@ -74,6 +79,19 @@ class Engine(ABC):
 
     def run_extra_action(self, action: str, args: argparse.Namespace) -> int:
         raise ServingError(f"the {self.name} engine has no action {action!r}")
+
+    @classmethod
+    def on_free_ports(cls, model_store: Path, run_dir: Path, models: Sequence[str] = (),
+                      policy: ServingPolicy | None = None) -> ServingSettings:
+        """Settings serving models (every one of the store when none) whose every port is free, the policy given
+        whole when one is: for tests and measurements beside other servers."""
+        raise ServingError(f"the {cls.name} engine cannot choose free ports for itself")
+
+    # ---------------------------------------------------------------- its versions
+    def switchboard(self) -> Switchboard:
+        """What `python -m serving rollout` drives on the server running from this run dir: load a version beside
+        the live one, route a share or keep photos (its transport of handlers/routing.py), switch, unload."""
+        raise ServingError(f"the {self.name} engine cannot roll out versions: restart it on the new archive")
 
     # ---------------------------------------------------------------- its server process
     @abstractmethod

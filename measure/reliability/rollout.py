@@ -27,7 +27,7 @@ from contract.versions import VERSION_HEADER, label_of, record_default
 from measure.command import write_tables
 from measure.loadgen import percentile
 from serving.rollout.candidate import checked_manifest
-from serving.settings import EXAMPLE_IMAGE, PROJECT_ROOT, REQUEST_TIMEOUT_S, ServingSettings, free_port
+from serving.settings import EXAMPLE_IMAGE, PROJECT_ROOT, REQUEST_TIMEOUT_S, ServingSettings
 
 CONCURRENCY = 8
 STEADY_S = 20.0  # steady state measured before the rollout
@@ -135,23 +135,19 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def engine_names() -> tuple[str, ...]:
+    from serving import engine as engines
+    return engines.names()
+
+
 def engine_settings(engine: str, store: Path, run_dir: Path, name: str,
                     policy: ServingPolicy | None = None) -> tuple[ServingSettings, str]:
     """The engine's settings on free loopback ports serving name (policy: given whole, else this machine's), and
     the URL a client posts the photo to."""
-    if engine == "torchserve":
-        from serving.torchserve.config import on_free_ports
-        settings = on_free_ports(store, run_dir)
-        settings.models, settings.policy = (name,), policy
-        return settings, settings.predictions_url(name)
-    if engine == "kserve":
-        from serving.kserve.config import KServeSettings
-        settings = KServeSettings(store, (name,), run_dir=run_dir, policy=policy, http_port=free_port())
-        return settings, settings.predict_url(name)
-    from serving.ray.config import RaySettings
-    settings = RaySettings(store, (name,), run_dir=run_dir, policy=policy, http_port=free_port(),
-                           signals_port=free_port())
-    return settings, settings.predictions_url(name)
+    from serving import engine as engines
+    kind = engines.get(engine)
+    settings = kind.on_free_ports(store, run_dir, (name,), policy)
+    return settings, next(iter(kind(settings).urls(name).values()))  # the URL its readiness probe asks first
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m measure rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=("torchserve", "kserve", "ray"), default="torchserve")
+    parser.add_argument("--engine", choices=engine_names(), default=engine_names()[0])
     parser.add_argument("--model-store", type=Path, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--live", required=True, help="the version serving at the start (vN)")

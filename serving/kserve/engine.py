@@ -10,18 +10,22 @@ import base64
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from contract.policy import ServingPolicy
 from serving.auth import TOKEN_HELP, KeysNotWritten, auth_headers, curl_header, key_env, key_notes
 from serving.engine import Engine, register
 from serving.kserve.config import HTTP_PORT, REFUSAL, KServeSettings
 from serving.ports import Port
-from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, policies_text
+from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, free_port, policies_text
 from serving.signals import metrics_env
 
 if TYPE_CHECKING:
     import requests
+
+    from serving.rollout.switchboard import Switchboard
 
 LOG_TAIL_LINES = 5
 
@@ -93,6 +97,15 @@ class KServe(Engine):
 
     def urls(self, model: str) -> dict[str, str]:
         return {"v1": self.settings.predict_url(model), "v2": self.settings.infer_url(model)}
+
+    @classmethod
+    def on_free_ports(cls, model_store: Path, run_dir: Path, models: Sequence[str] = (),
+                      policy: ServingPolicy | None = None) -> KServeSettings:
+        return KServeSettings(model_store, tuple(models), run_dir=run_dir, policy=policy, http_port=free_port())
+
+    def switchboard(self) -> Switchboard:
+        from serving.rollout.kserve import KServeSwitchboard
+        return KServeSwitchboard(self.settings.run_dir)
 
     def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:
         return (f'echo "{{\\"instances\\": [{{\\"image\\": {{\\"b64\\": \\"$(base64 -w0 {image})\\"}}}}]}}" | '

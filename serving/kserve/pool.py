@@ -10,8 +10,10 @@ worker in one run of six (docs/results/2026-11-25-serving-overhead/analysis.md, 
 A worker gets the batch's rows (image bytes and options, handlers.core.ImageRequest) and answers each row's
 answer dict or its RequestError, as the core in process would. A worker that dies is logged at once and
 replaced (its index kept); the batch it was answering gets a 500 that names it, the others go on. A
-replacement that cannot start (RESTART_TRIES in a row) stops the server: logged, requests waiting for a worker
-answered 503, the server process exits non-zero (serving/kserve/worker.py) rather than hang. On exit (SIGTERM:
+replacement that cannot start (RESTART_TRIES in a row) breaks the pool: logged, requests waiting for a worker
+answered 503; a pool the server serves by (essential) then stops the server, which exits non-zero
+(serving/kserve/worker.py) rather than hang, while a rollout's candidate beside it (not essential) only fails its
+own requests and the live version serves on. On exit (SIGTERM:
 KServe's uvicorn drains its requests, then the process exits), each worker is told to stop and joined; a
 worker whose front is gone (SIGKILL) reads the end of its pipe and exits.
 """
@@ -127,6 +129,7 @@ class WorkerPool:
         self.restarts = Counter()  # replacements, per index
         self.closing = False
         self.broken: str | None = None  # why the pool cannot serve any more
+        self.essential = True  # the server serves by it: its breaking stops the server (a candidate's does not)
         self.TASK: str | None = None
         self.description: dict = {}
 
@@ -281,10 +284,14 @@ class WorkerPool:
                    f"{reason}")
 
     def _fail(self, reason: str) -> None:
-        logger.error("%s; stopping the server", reason)
         with self.lock:
             self.broken = reason
             self.lock.notify_all()
+            essential = self.essential
+        if not essential:
+            logger.error("%s; its requests are refused, the server serves on", reason)
+            return
+        logger.error("%s; stopping the server", reason)
         os.kill(os.getpid(), signal.SIGTERM)  # KServe's uvicorn stops as on any SIGTERM; the exit status says why
 
     # ---------------------------------------------------------------- stopping

@@ -20,7 +20,7 @@ import base64
 import functools
 import ipaddress
 import logging
-import random
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 
@@ -29,8 +29,11 @@ from fastapi import HTTPException, Request
 from contract.errors import VisionExportError
 from contract.versions import archive_name, parse_label
 from handlers.kserve_model import KServeModel, rows_of
+from handlers.request import REQUEST_ID_HEADER
 from handlers.request_body import image_of
 from handlers.request_error import RequestError
+from handlers.routing import CanaryShare, Capture, Outcome, ended, outcome_of_status
+from serving.kserve.pool import WorkerPool
 
 logger = logging.getLogger("serving.kserve")
 
@@ -41,50 +44,40 @@ _state: Versions | None = None
 
 @dataclass
 class Canary:
-    """A version loaded beside the default that answers a share of the name's requests; what it answered is
-    counted. A request it fails on is counted and answered by the live version, as TorchServe's and Ray's canaries
-    do; a bad request is the client's (the live version would refuse it too): refused as it is, not counted."""
+    """A version loaded beside the default that answers a share of the name's requests, as the one routing policy
+    says (handlers/routing.py): what it serves is the client's answer; a request it fails, hangs on or declines is
+    counted and answered by the live version."""
 
-    label: str
     model: KServeModel
-    percent: float
-    served: int = 0
-    failed: int = 0
+    share: CanaryShare
 
     def report(self) -> dict:
-        return {"label": self.label, "percent": self.percent, "served": self.served, "failed": self.failed}
+        return {"label": self.share.label, "percent": self.share.percent, **ended(self.share.counts.as_dict())}
 
     async def answer(self, live, *args, **kwargs):
-        """The canary's answer, or live's (an awaitable function of the same arguments) where the canary failed."""
-        try:
-            answer = await self.model.predict(*args, **kwargs)
-        except RequestError:
-            raise
-        except Exception as error:  # counted, logged, and the client answered all the same
-            self.failed += 1
-            logger.warning("the canary %s failed a request (%s: %s); the live version answers it", self.label,
-                           type(error).__name__, error)
-            return await live(*args, **kwargs)
-        self.served += 1
-        return answer
+        """The canary's answer, or live's (an awaitable function of the same arguments) where it did not serve."""
+        async def forward() -> tuple[Outcome, object]:
+            try:
+                return Outcome.SERVED, await self.model.predict(*args, **kwargs)
+            except RequestError as error:  # the client's bad request (4xx), or the candidate's workers broken (5xx)
+                return outcome_of_status(error.code), None
+        return await self.share.answer(request_id_in(args[1] if len(args) > 1 else kwargs.get("headers")),
+                                       forward, lambda: live(*args, **kwargs))
 
 
-@dataclass
-class Capture:
-    """The photos of a name's next `count` requests, kept as they arrive (what --shadow mirrors to a candidate)."""
+def request_id_in(headers) -> str:
+    return next((value for key, value in (headers or {}).items() if key.lower() == REQUEST_ID_HEADER.lower()), "")
 
-    count: int
-    kept: list[tuple[str, bytes]]
 
-    def keep(self, model: KServeModel, payload, headers) -> None:
-        """The request's photos, parsed apart from its answer: one the request core would refuse is not kept."""
-        try:
-            rows = rows_of(payload, model.core.TASK, headers)
-            photos = [(row.request_id + (f"#{index}" if len(rows) > 1 else ""), image_of(row))
-                      for index, row in enumerate(rows)]
-        except RequestError:
-            return
-        self.kept.extend(photos[: self.count - len(self.kept)])
+def keep_photos(capture: Capture, model: KServeModel, payload, headers) -> None:
+    """The request's photos kept, parsed apart from its answer: one the request core would refuse is not kept."""
+    try:
+        rows = rows_of(payload, model.core.TASK, headers)
+        photos = [(row.request_id + (f"#{index}" if len(rows) > 1 else ""), image_of(row))
+                  for index, row in enumerate(rows)]
+    except RequestError:
+        return
+    capture.keep(photos)
 
 
 class Versions:
@@ -107,10 +100,10 @@ class Versions:
         @functools.wraps(predict)
         async def counting(*args, **kwargs):
             capture = self.captures.get(model.name)
-            if capture is not None and len(capture.kept) < capture.count and args:
-                capture.keep(model, args[0], args[1] if len(args) > 1 else kwargs.get("headers"))
+            if capture is not None and capture.room and args:
+                keep_photos(capture, model, args[0], args[1] if len(args) > 1 else kwargs.get("headers"))
             canary = self.canaries.get(model.name)
-            if canary is not None and canary.model is not model and random.random() * 100 < canary.percent:
+            if canary is not None and canary.model is not model and canary.share.takes():
                 return await canary.answer(live, *args, **kwargs)
             return await live(*args, **kwargs)
 
@@ -140,6 +133,8 @@ class Versions:
             model = await asyncio.get_running_loop().run_in_executor(None, self.make_model, archive, folder, name)
         except VisionExportError as error:
             raise HTTPException(422, f"{name} {label} cannot be served: {error}") from None
+        if isinstance(model.core, WorkerPool):
+            model.core.essential = False  # a candidate whose workers break must not stop the live version's server
         self.loaded.setdefault(name, {})[label] = self.counted(model)
         registry.update(model, f"{name}.{label}")  # asked directly at /v1/models/NAME.vN:predict
         logger.info("%s %s loaded beside %s", name, label, self.default(registry, name))
@@ -148,6 +143,8 @@ class Versions:
         model = self.loaded.get(name, {}).get(label)
         if model is None:
             raise HTTPException(404, f"{name} {label} is not loaded")
+        if isinstance(model.core, WorkerPool):
+            model.core.essential = True  # the server serves by it now
         registry.update(model, name)
         self.canaries.pop(name, None)
         self.captures.pop(name, None)
@@ -165,7 +162,7 @@ class Versions:
         if percent == 0:
             ended = self.canaries.pop(name, None)
             return ended.report() if ended else {}
-        self.canaries[name] = Canary(label, model, percent)
+        self.canaries[name] = Canary(model, CanaryShare(uuid.uuid4().hex, label, percent))
         logger.info("%s: %s takes %s %% of its requests", name, label, percent)
         return self.canaries[name].report()
 
@@ -177,7 +174,7 @@ class Versions:
         if count == 0:
             self.captures.pop(name, None)
         else:
-            self.captures[name] = Capture(count, [])
+            self.captures[name] = Capture(count)
 
     def captured(self, name: str) -> list[dict]:
         capture = self.captures.get(name)

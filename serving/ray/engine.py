@@ -12,18 +12,22 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from contract.policy import ServingPolicy
 from serving.auth import TOKEN_HELP, KeysNotWritten, auth_headers, curl_header, key_env, key_notes
 from serving.engine import Engine, register
 from serving.ports import Port
 from serving.ray.cluster import RAY_TOKEN_FILE, cluster_auth_env
 from serving.ray.config import HTTP_PORT, REFUSAL, SIGNALS_PORT, RaySettings, deployment_options
-from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, policies_text
+from serving.settings import EXAMPLE_IMAGE, HOST, PROBE_TIMEOUT_S, PROJECT_ROOT, ServingError, free_port, policies_text
 
 if TYPE_CHECKING:
     import requests
+
+    from serving.rollout.switchboard import Switchboard
 
 LOG_TAIL_LINES = 5
 INSTALL = "pip install '.[ray]' (Ray Serve, an optional extra)"
@@ -151,6 +155,16 @@ class RayServe(Engine):
 
     def urls(self, model: str) -> dict[str, str]:
         return {"predictions": self.settings.predictions_url(model)}
+
+    @classmethod
+    def on_free_ports(cls, model_store: Path, run_dir: Path, models: Sequence[str] = (),
+                      policy: ServingPolicy | None = None) -> RaySettings:
+        return RaySettings(model_store, tuple(models), run_dir=run_dir, policy=policy, http_port=free_port(),
+                           signals_port=free_port())
+
+    def switchboard(self) -> Switchboard:
+        from serving.rollout.ray import RaySwitchboard
+        return RaySwitchboard(self.settings.run_dir)
 
     def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:
         return (f"curl -sS -X POST {self.settings.predictions_url(model)} -H 'Content-Type: image/jpeg'"

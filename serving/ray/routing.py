@@ -4,7 +4,8 @@ share) and the capture (how many live requests' photos to keep, and those kept).
 (serving/rollout/ray.py) sets it; each live replica, on whatever node, polls it in the background about once a second
 (LiveRouting: never a remote call per request), sends its canary counts with each poll, and sends the photos it
 captures to it without waiting for an answer. A canary request goes from the live replica through a Serve handle
-to the candidate's application, whose replica answers it with the same code as its HTTP route.
+to the candidate's application, whose replica answers it with the same code as its HTTP route. What is forwarded,
+counted and answered by whom is the one routing policy's (handlers/routing.py): this module is its transport on Ray.
 
 Every change bumps the name's epoch; a change is settled once every replica that polled lately has polled again
 having seen it, with no canary request in flight: the switchboard waits for that, so that a canary's counts are
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +22,7 @@ import ray
 
 from handlers.request import ImageRequest
 from handlers.request_body import image_of
+from handlers.routing import CanaryShare, Outcome, ended, outcome_of_status, summed
 from serving.ray.config import NAMESPACE  # Serve's: its replicas and the router live there
 
 logger = logging.getLogger("serving.ray")
@@ -30,7 +31,6 @@ ROUTER_NAME = "vision-rollout-routing"  # the actor's name in Serve's namespace
 POLL_S = 1.0  # how often a live replica asks the router where its requests go
 STALE_S = 5 * POLL_S  # a replica silent for this long is gone: a change does not wait for it
 SETTLE_TIMEOUT_S = 60.0  # a change reaches every live replica, and their canary requests finish, within this
-FORWARD_TIMEOUT_S = 30.0  # a canary request the candidate has not answered by then fails (the live version answers)
 NO_ROUTES = {"epoch": 0, "canary": None, "capture": None}
 
 
@@ -103,11 +103,9 @@ class RoutingTable:
         route = self.names.get(name)
         canary = route.canary if route else None
         if canary is None:
-            return {"label": None, "percent": 0, "served": 0, "failed": 0}
-        counts = [report for report in route.live_reports() if report["canary"] == canary["id"]]
-        return {"label": canary["label"], "percent": canary["percent"],
-                "served": sum(report["served"] for report in counts),
-                "failed": sum(report["failed"] + report["in_flight"] for report in counts)}
+            return {"label": None, "percent": 0, **summed([])}
+        counts = summed([report for report in route.live_reports() if report["canary"] == canary["id"]])
+        return {"label": canary["label"], "percent": canary["percent"], **ended(counts)}
 
     def end(self, name: str) -> int:
         """No canary, no capture for name any more (its replicas learn it at their next poll)."""
@@ -131,13 +129,15 @@ class LiveRouting:
         self.routes: dict = NO_ROUTES
         self.router = None
         self.handles: dict[str, object] = {}  # the candidate's Serve handle, by label
-        self.counts = self.fresh_counts(None)
+        self.share: CanaryShare | None = None  # the canary this replica follows, and its counts
         self.sent = 0  # photos sent to the current capture: no more than its count
         self.task: asyncio.Task | None = None
 
-    @staticmethod
-    def fresh_counts(canary: int | None) -> dict:
-        return {"canary": canary, "served": 0, "failed": 0, "in_flight": 0}
+    def report(self) -> dict:
+        """What the router hears at each poll: the epoch this replica routes by, its canary's counts."""
+        counts = self.share.counts if self.share else None
+        return {"epoch": self.routes["epoch"], "canary": self.share and self.share.canary_id,
+                **(counts.as_dict() if counts else summed([])), "in_flight": counts.in_flight if counts else 0}
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.poll_forever())
@@ -157,39 +157,41 @@ class LiveRouting:
                 self.router = await asyncio.to_thread(ray.get_actor, ROUTER_NAME, NAMESPACE)
             except ValueError:  # no rollout has made the router yet: nothing is routed
                 return
-        report = {"epoch": self.routes["epoch"], **self.counts}
-        routes = await self.router.poll.remote(self.name, self.replica, report)
+        routes = await self.router.poll.remote(self.name, self.replica, self.report())
         canary = routes["canary"]
         if canary and canary["percent"] > 0 and canary["label"] not in self.handles:
             self.handles = {canary["label"]: await asyncio.to_thread(candidate_handle, self.name, canary["label"])}
-        if (canary and canary["id"]) != self.counts["canary"]:
-            self.counts = self.fresh_counts(canary and canary["id"])
+        if canary is None:
+            self.share = None
+        elif self.share is None or self.share.canary_id != canary["id"]:
+            self.share = CanaryShare(canary["id"], canary["label"], canary["percent"])
+        else:
+            self.share.percent = canary["percent"]  # 0 once ended: its counts still go to the router
         if routes["capture"] != self.routes["capture"]:
             self.sent = 0
         self.routes = routes
 
     def canary_handle(self):
         """The candidate's handle when this request is one of the canary's share, else None."""
-        canary = self.routes["canary"]
-        if canary is None or random.random() * 100 >= canary["percent"]:
+        canary, share = self.routes["canary"], self.share
+        if canary is None or share is None or not share.takes():
             return None
         return self.handles.get(canary["label"])
 
     async def forward(self, handle, request: ImageRequest) -> tuple | None:
-        """The candidate's answer to request ((payload, code, headers)), counted; None (counted as failed) when it
-        could not answer: the live version answers instead."""
-        counts = self.counts  # a new canary's counts start afresh; this request stays in its own
-        counts["in_flight"] += 1
-        try:
-            answer = await asyncio.wait_for(awaited(handle.answer.remote(request)), FORWARD_TIMEOUT_S)
-        except Exception as error:
-            logger.warning("canary request %s failed, answered by the live version: %s", request.request_id, error)
-            answer = None
-        finally:
-            counts["in_flight"] -= 1
-        failed = answer is None or answer[1] >= 500  # a client's bad request (4xx) is answered, not failed
-        counts["failed" if failed else "served"] += 1
-        return None if failed else answer
+        """The candidate's answer to request ((payload, code, headers)), counted; None when it did not serve it
+        (failed, hung, declined): the live version answers instead."""
+        share = self.share  # a new canary's counts start afresh; this request stays in its own
+        if share is None:
+            return None
+
+        async def ask() -> tuple[Outcome, tuple]:
+            answer = await awaited(handle.answer.remote(request))
+            return outcome_of_status(answer[1]), answer
+
+        async def live() -> None:
+            return None
+        return await share.answer(request.request_id, ask, live)
 
     def capture(self, request: ImageRequest) -> None:
         """The request's photo sent to the router when a capture is on (not waited for)."""

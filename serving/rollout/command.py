@@ -101,15 +101,7 @@ def switchboard_for(run_dir: Path) -> Switchboard:
     if not running:
         raise ServingError(f"no server running from {Path(run_dir).absolute()}: start one with `{PROG} --detach` "
                            "(--run-dir as here)")
-    name = running[0].name
-    if name == "torchserve":
-        from serving.rollout.torchserve import TorchServeSwitchboard
-        return TorchServeSwitchboard(run_dir)
-    if name == "kserve":
-        from serving.rollout.kserve import KServeSwitchboard
-        return KServeSwitchboard(run_dir)
-    from serving.rollout.ray import RaySwitchboard
-    return RaySwitchboard(run_dir)
+    return running[0].switchboard()
 
 
 def rollout(board: Switchboard, args: argparse.Namespace) -> int:

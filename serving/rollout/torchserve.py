@@ -20,6 +20,7 @@ import requests
 
 from contract.versions import UNVERSIONED
 from handlers.routes import ROUTES_FOLDER, Canary, ModelRoutes
+from handlers.routing import ended
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import DRAIN_GRACE_S, LOAD_TIMEOUT_S, Switchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
@@ -140,9 +141,9 @@ class TorchServeSwitchboard(Switchboard):
     def canary(self, name: str, label: str, percent: float) -> dict:
         routes = self.routes(name)
         if not percent:
-            ended = routes.read()
-            counts = routes.end_canary()
-            return {"label": label, "percent": ended.canary.percent if ended and ended.canary else 0.0,
+            control = routes.read()
+            counts = ended(routes.end_canary())  # a forward still held after the settle counts as failed
+            return {"label": label, "percent": control.canary.percent if control and control.canary else 0.0,
                     "served": counts["served"], "failed": counts["failed"]}
         routes.start_canary(self.live(name), self.canary_route(name, label, percent))
         return {"label": label, "percent": percent, "served": 0, "failed": 0}

@@ -15,9 +15,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from contract.policy import ServingPolicy
 from handlers.metrics import MULTIPROC_ENV
 from handlers.policy import RUN_CONFIG_ENV
 from serving.auth import KeysNotWritten, auth_headers
@@ -32,6 +34,8 @@ from serving.torchserve.logs import FRONTEND_LOG, WORKER_LOG, exit_reason, load_
 
 if TYPE_CHECKING:
     import requests
+
+    from serving.rollout.switchboard import Switchboard
 
 ACCESS_LOG = "access_log.log"  # TorchServe's line per request, its frontend's time in it (log4j2.xml)
 SIGNALS_PID = "signals.pgid"  # the signals server beside TorchServe (serving/signals.py)
@@ -142,6 +146,17 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
 
     def urls(self, model: str) -> dict[str, str]:
         return {"predictions": self.settings.predictions_url(model)}
+
+    @classmethod
+    def on_free_ports(cls, model_store: Path, run_dir: Path, models: Sequence[str] = (),
+                      policy: ServingPolicy | None = None) -> ServerSettings:
+        settings = ts.on_free_ports(model_store, run_dir)
+        settings.models, settings.policy = tuple(models), policy
+        return settings
+
+    def switchboard(self) -> Switchboard:
+        from serving.rollout.torchserve import TorchServeSwitchboard
+        return TorchServeSwitchboard(self.settings.run_dir)
 
     def curl_line(self, model: str | None = None, image: Path = EXAMPLE_IMAGE) -> str:
         try:

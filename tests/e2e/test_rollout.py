@@ -8,6 +8,7 @@ nothing both end as refusals: the candidate unloaded, nothing routed or kept, th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ from export.package.archive import build_archive
 from handlers.routes import ROUTES_FOLDER, ModelRoutes
 from measure.reliability.rollout import VersionedLoad, engine_settings, failures, serving_command
 from serving import engine as engines
+from serving.rollout.candidate import Candidate, checked_manifest
 from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
 
@@ -183,3 +185,59 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
         time.sleep(0.2)
+
+
+# Two workers a version on KServe: the candidate's run in processes of their own, which the test stops and kills.
+TWO_WORKERS = ServingPolicy(workers=2, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
+                            reason="tests: a candidate's workers in processes of their own")
+
+
+def candidate_pids(engine: str, board, settings) -> list[int]:
+    """The process ids of the candidate's (v2's) workers, as the engine describes them."""
+    if engine == "torchserve":
+        return [worker["pid"] for worker in board.described(NAME, "v2")[0]["workers"]]
+    described = requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()
+    return [worker["pid"] for worker in described["workers"]]
+
+
+def canary_while(board, action) -> dict:
+    """A canary of half the live requests for a few seconds, action done to the candidate as it starts; its
+    counts."""
+    board.canary(NAME, "v2", 50)
+    action()
+    time.sleep(8)
+    return board.canary(NAME, "v2", 0)
+
+
+@pytest.mark.parametrize("engine, policy", [("torchserve", ONE_WORKER), ("kserve", TWO_WORKERS)])
+def test_a_candidate_that_hangs_or_crashes_never_fails_a_live_request(engine, policy, versioned_store, tmp_path):
+    """Under load from 8 clients, the canary's candidate stopped (SIGSTOP: it hangs on every request), then
+    killed (SIGKILL: it crashes, its requests fail while it restarts): every live request is answered by v1, the
+    candidate's failures are counted (a rollout would be refused), and the server serves on."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    store = store_copy(versioned_store, tmp_path)
+    settings, url = engine_settings(engine, store, run_dir, NAME, policy)
+    server = engines.get(engine)(settings)
+    with server.running(CAT):
+        board = server.switchboard()
+        archive = store / f"{NAME}.v2.mar"
+        board.load_beside(NAME, Candidate(archive, checked_manifest(archive)))
+        pids = candidate_pids(engine, board, settings)
+        load = VersionedLoad(url, CAT.read_bytes(), kserve_v1=engine == "kserve").start()
+        try:
+            hung = canary_while(board, lambda: [os.kill(pid, signal.SIGSTOP) for pid in pids])
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            crashed = canary_while(board, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            samples = load.stop()
+        board.unload(NAME, "v2")
+    assert hung["failed"] >= 1 and hung["served"] == 0, hung
+    assert crashed["failed"] >= 1, crashed
+    assert samples and not failures(samples), [(s.status, s.error) for s in failures(samples)][:5]
+    assert {s.version for s in samples} == {"v1"}  # the candidate served none of them
+    assert max(s.end - s.start for s in samples) < 45  # a hung forward held a request no longer than its bound

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from ts.context import Context, RequestProcessor
 
 from contract.records import Manifest
 from contract.versions import VERSION_HEADER, ModelVersion
+from handlers import routes
 from handlers.image_classifier import TorchServeHandler
 from handlers.policy import RUN_CONFIG_ENV
 from handlers.request import ImageRequest
@@ -272,3 +274,39 @@ def test_a_forward_that_fails_is_counted_and_answered_by_the_live_version(handle
         counts = files.end_canary(settle_s=5)
         assert (counts["asked"], counts["served"], counts["failed"]) == (1, 0, 1)  # a refused key is a failure too
     assert candidate.asked == 0
+
+
+class Hanging(BaseHTTPRequestHandler):
+    """A candidate that takes every request and never answers (a hung worker)."""
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.server.asked += 1  # type: ignore[attr-defined]
+        self.server.release.wait(60)  # type: ignore[attr-defined]
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.slow
+def test_a_candidate_that_hangs_holds_a_live_request_no_longer_than_the_forward_timeout_and_then_none(
+        handlers, run_config, resnet18_unpacked, monkeypatch):
+    monkeypatch.setattr(routes, "FORWARD_TIMEOUT_S", 1.0)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    server.asked, server.release = 0, threading.Event()  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        files = canary_on(run_config, f"http://127.0.0.1:{server.server_address[1]}/predictions/{NAME}/2", 100, "hang")
+        live, photo = handlers[0], jpeg((10, 200, 60))
+        for _ in range(3):
+            started = time.monotonic()
+            context = context_for(resnet18_unpacked, 1)
+            answer = live.handle([{"body": bytearray(photo)}], context)[0]
+            assert context.get_response_headers(0)[VERSION_HEADER] == answer["version"] == "v1"
+            assert time.monotonic() - started < 30
+        assert server.asked == 1  # the hung candidate failed once: the live version answered the rest itself
+        counts = files.end_canary(settle_s=5)
+        assert (counts["asked"], counts["served"], counts["failed"]) == (1, 0, 1)
+    finally:
+        server.release.set()  # type: ignore[attr-defined]
+        server.shutdown()
+        server.server_close()

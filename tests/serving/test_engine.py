@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,12 @@ from tests.serving.fake_engine import FakeEngine, FakeSettings
 
 CAT = ROOT / "examples" / "cat.jpg"
 NO_PAGE = ("--page-port", "0")  # in the foreground: no try-it page (its default port may be another's)
+# What an engine provides; nothing else of it is asked for. Abstract: every engine writes them. Overridden: the
+# base's default refuses (a fake engine may), every engine this project ships provides them.
+ABSTRACT = {"launch", "ports", "probe", "exit_reason", "log_files", "announcement", "urls", "curl_line"}
+OVERRIDDEN = {"on_free_ports",  # settings on free ports: tests and measure/ start it beside other servers
+              "switchboard"}  # what `python -m serving rollout` drives: versions, and handlers/routing.py's transport
+ATTRIBUTES = {"name", "title", "settings_type"}
 ANSWER = {"model": "a", "artifact": "fake", "predictions": [{"label": "tabby", "index": 281, "probability": 0.5}]}
 
 
@@ -229,3 +236,18 @@ def test_the_log_follower_waits_for_a_file_and_a_whole_line_and_reads_a_file_wri
     log.write_text("new\n")  # the server started again and wrote its log anew (truncated)
     follower.pump()
     assert out.getvalue() == "one\ntwo\nnew\n"
+
+
+def test_every_engine_provides_the_interface_and_the_rollout_asks_it_for_its_switchboard(tmp_path):
+    assert engines.Engine.__abstractmethods__ == ABSTRACT  # this list is the interface: a change updates it
+    for name in engines.names():
+        kind = engines.get(name)
+        assert not kind.__abstractmethods__ and all(getattr(kind, attribute, None) for attribute in ATTRIBUTES)
+        assert [method for method in OVERRIDDEN if getattr(kind, method) == getattr(engines.Engine, method)] == []
+        settings = kind.on_free_ports(tmp_path / "store", tmp_path / name, ("a",))
+        assert isinstance(settings, kind.settings_type) and settings.served_models() == ("a",)
+        with pytest.raises(ServingError, match="run config"):  # no server runs there: its own switchboard says so
+            kind(settings).switchboard()
+    branches = re.compile(r'(==|!=)\s*"(' + "|".join(engines.names()) + r')"')
+    rollout = [*(ROOT / "serving" / "rollout").glob("*.py"), ROOT / "serving" / "engine.py"]
+    assert [path.name for path in rollout if branches.search(path.read_text())] == []  # no branch on a name

@@ -10,7 +10,10 @@ from serving.ray.routing import RoutingTable  # noqa: E402
 
 
 def report(epoch: int, canary=None, served=0, failed=0, in_flight=0) -> dict:
-    return {"epoch": epoch, "canary": canary, "served": served, "failed": failed, "in_flight": in_flight}
+    """What a live replica reports (LiveRouting.report): its canary's counts, those asked but not answered yet
+    in flight."""
+    return {"epoch": epoch, "canary": canary, "asked": served + failed + in_flight, "served": served,
+            "failed": failed, "declined": 0, "in_flight": in_flight}
 
 
 def test_a_canary_is_settled_once_every_replica_follows_it_and_its_counts_are_summed():
@@ -29,7 +32,8 @@ def test_a_canary_is_settled_once_every_replica_follows_it_and_its_counts_are_su
     table.poll("m", "a", report(ended, canary["id"], served=3))
     table.poll("m", "b", report(ended, canary["id"], served=2, failed=1))
     assert table.settled("m", ended)
-    assert table.canary_report("m") == {"label": "v2", "percent": 0, "served": 5, "failed": 1}
+    assert table.canary_report("m") == {"label": "v2", "percent": 0, "asked": 6, "served": 5, "failed": 1,
+                                        "declined": 0}
     table.set_canary("m", "v2", 10)  # a new canary counts afresh
     assert table.canary_report("m")["served"] == 0
 
