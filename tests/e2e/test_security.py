@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -120,9 +121,30 @@ def test_token_authorisation_end_to_end(resnet18_export, tmp_path):
         managed = requests.get(f"{settings.management_url}/models/{name}", timeout=30,
                                headers=server.auth_headers(settings, "management"))
         assert managed.status_code == 200 and managed.json()[0]["workers"]
+        its_grpc_ports_ask_for_the_keys_too(settings, ports[3], ports[4], body, allowed.json(), tmp_path / "grpc")
         the_page_asks_each_caller_for_the_key(settings, resnet18_export, body)
     finally:
         run_serving("stop", "--run-dir", str(run_dir), timeout=120)
+
+
+def its_grpc_ports_ask_for_the_keys_too(settings, inference_port: int, management_port: int, body: bytes,
+                                        answer: dict, stubs_folder: Path) -> None:
+    """TorchServe's gRPC inference and management ports, called as a gRPC client does: refused without the key
+    (and the inference port with the management key), answered with it, the prediction HTTP's."""
+    import grpc
+
+    from tests.torchserve_grpc import compiled, list_models, predict
+    stubs, name = compiled(stubs_folder), settings.model_name
+    inference_key = server.auth_headers(settings)["Authorization"].removeprefix("Bearer ")
+    management_key = server.auth_headers(settings, "management")["Authorization"].removeprefix("Bearer ")
+    for call in (lambda: predict(stubs, inference_port, name, body),
+                 lambda: predict(stubs, inference_port, name, body, management_key),
+                 lambda: list_models(stubs, management_port)):
+        with pytest.raises(grpc.RpcError) as refused:
+            call()
+        assert "Token Authorization failed" in (refused.value.details() or ""), refused.value
+    assert_same_answer(json.loads(predict(stubs, inference_port, name, body, inference_key)), answer)
+    assert name in list_models(stubs, management_port, management_key)
 
 
 @contextlib.contextmanager
