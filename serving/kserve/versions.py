@@ -32,12 +32,13 @@ from handlers.kserve_model import KServeModel, rows_of
 from handlers.request import REQUEST_ID_HEADER
 from handlers.request_body import image_of
 from handlers.request_error import RequestError
-from handlers.routing import CanaryShare, Capture, Outcome, ended, outcome_of_status
+from handlers.routing import FORWARD_TIMEOUT_S, CanaryShare, Capture, Outcome, ended, outcome_of_status
 from serving.kserve.pool import WorkerPool
 
 logger = logging.getLogger("serving.kserve")
 
 ROUTE = "/rollout/{name}"
+SETTLE_POLL_S = 0.05  # how often an ending canary looks whether the requests it holds were answered
 DRAIN_TIMEOUT_S = 120  # the old version's requests in hand are answered within this, or it unloads anyway
 _state: Versions | None = None
 
@@ -150,7 +151,7 @@ class Versions:
         self.captures.pop(name, None)
         logger.info("%s: %s is the default", name, label)
 
-    def canary(self, registry, name: str, label: str, percent: float) -> dict:
+    async def canary(self, registry, name: str, label: str, percent: float) -> dict:
         """percent % of name's requests to that version from now on (0: none); the canary's report."""
         model = self.loaded.get(name, {}).get(label)
         if model is None:
@@ -160,11 +161,21 @@ class Versions:
         if not 0 <= percent < 100:
             raise HTTPException(422, f"percent={percent}: a canary takes more than 0 and less than 100 %")
         if percent == 0:
-            ended = self.canaries.pop(name, None)
-            return ended.report() if ended else {}
+            return await self.end_canary(name)
         self.canaries[name] = Canary(model, CanaryShare(uuid.uuid4().hex, label, percent))
         logger.info("%s: %s takes %s %% of its requests", name, label, percent)
         return self.canaries[name].report()
+
+    async def end_canary(self, name: str) -> dict:
+        """The canary's report once no new request goes to it and those it holds were answered, or their bound
+        passed: a request still held then is one it did not answer in its time (handlers/routing.py)."""
+        ended = self.canaries.pop(name, None)
+        if ended is None:
+            return {}
+        deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
+        while ended.share.counts.in_flight > 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(SETTLE_POLL_S)
+        return ended.report()
 
     def capture(self, name: str, count: int) -> None:
         if name not in self.loaded:
@@ -231,7 +242,7 @@ def add_routes(app, dataplane) -> None:
         return {"default": label}
 
     async def canary(name: str, label: str, percent: float, request: Request) -> dict:
-        return state(request).canary(registry, name, label, percent)
+        return await state(request).canary(registry, name, label, percent)
 
     async def unload(name: str, label: str, request: Request) -> dict:
         await state(request).unload(registry, name, label)

@@ -43,11 +43,11 @@ def test_a_failing_canary_is_counted_and_the_live_version_answers(live, resnet18
     broken = KServeModel(NAME, resnet18_unpacked, ONE_WORKER)  # registered but never loaded: every predict fails
     broken.version = "v2"
     versions.loaded[NAME]["v2"] = versions.counted(broken)
-    versions.canary(registry, NAME, "v2", 99.999)
+    asyncio.run(versions.canary(registry, NAME, "v2", 99.999))
     photo = {"instances": [{"image": {"b64": base64.b64encode(CAT.read_bytes()).decode()}}]}
     answers = predict_all(versions, live, [photo] * 4)
     assert all(answer["predictions"][0]["version"] == live.version for answer in answers)  # the live version's
-    report = versions.canary(registry, NAME, "v2", 0)
+    report = asyncio.run(versions.canary(registry, NAME, "v2", 0))
     assert (report["asked"], report["served"], report["failed"]) == (1, 0, 1), report  # no more after its failure
     with pytest.raises(RequestError):  # a bad request is the client's: refused as it is, by either version
         predict_all(versions, live, [{"instances": []}])
