@@ -12,30 +12,23 @@ import pytest
 import torch
 import torchvision
 
-from contract.records import MANIFEST_NAME, Manifest
 from export.forms import executorch, kinds
 from export.forms.exporters import BuildContext, GraphIO
 from export.precision.request import PrecisionRequest, sources_to_build
 from runtime import RunOptions, open_artifact
 from runtime.integrity import file_sha256
-from tests.conftest import ROOT, export_in_process
-from tests.export.user_models import USER_FILE
+from tests.conftest import ROOT
+from tests.export.user_models import plain_export_with_int8
 
 pytest.importorskip("executorch")
 
-MODEL = f"{USER_FILE}:plain"
-SHAPE = "1,3,32,32"  # an image contract (resize and crop to 32): calibration and the gate need one
 PROGRAMS = {"executorch": ("model.pte", "model.executorch.json"),
             "executorch-int8": ("model.int8.pte", "model.int8.executorch.json")}
 
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("executorch") / "plain"
-    done = export_in_process("module", MODEL, "--input-shape", SHAPE, "--formats", "executorch", "--precision",
-                             "fp32,int8", "--gate", "report", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
-    return {"out": out, "manifest": Manifest.from_json((out / MANIFEST_NAME).read_text()), "stdout": done.stdout}
+    return plain_export_with_int8(tmp_path_factory.mktemp("executorch") / "plain", "executorch")
 
 
 def test_the_device_programs_are_built_when_named_never_for_a_server_by_default():

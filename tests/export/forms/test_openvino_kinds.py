@@ -20,14 +20,13 @@ from export.precision.request import cpu_has_native_bf16
 from runtime import RunOptions, open_artifact
 from runtime.integrity import file_sha256
 from runtime.machine import BF16_FLAGS
-from tests.conftest import ROOT, export_in_process
-from tests.export.user_models import USER_FILE
+from tests.conftest import ROOT
+from tests.export.user_models import PLAIN, PLAIN_SHAPE, plain_export_with_int8
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
-MODEL = f"{USER_FILE}:plain"
-SHAPE = "1,3,32,32"  # an image contract (resize and crop to 32): calibration and the gate need one
+MODEL, SHAPE = PLAIN, PLAIN_SHAPE
 NATIVE_BF16 = cpu_has_native_bf16()
 NO_NATIVE_BF16 = f"this CPU has no native bf16 ({', '.join(BF16_FLAGS)}): openvino-int8-bf16 is not made here"
 INT8_KINDS = {"onnx-int8", "openvino-int8"} | ({"openvino-int8-bf16"} if NATIVE_BF16 else set())
@@ -35,11 +34,7 @@ INT8_KINDS = {"onnx-int8", "openvino-int8"} | ({"openvino-int8-bf16"} if NATIVE_
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("openvino") / "plain"
-    done = export_in_process("module", MODEL, "--input-shape", SHAPE, "--formats", "openvino", "--precision",
-                             "fp32,int8", "--gate", "report", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
-    return {"out": out, "manifest": Manifest.from_json((out / MANIFEST_NAME).read_text()), "stdout": done.stdout}
+    return plain_export_with_int8(tmp_path_factory.mktemp("openvino") / "plain", "openvino")
 
 
 def test_every_int8_row_is_built_by_fp32_int8_where_its_source_is():
