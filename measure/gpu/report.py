@@ -52,6 +52,7 @@ class BenchRow:
 
 @dataclass
 class ServingRow:
+    policy: str  # the serving policy's arm: the machine's own, or a variant beside it
     concurrency: int
     requests: int
     errors: int

@@ -7,7 +7,8 @@ other steps and a reason.
   backends   the handler's backends (runtime/) on cuda:0 against CPU eager: agreement and max difference
   inprocess  eager / TorchScript / the CUDA AOTInductor package, fp32 / fp16, timed with CUDA events after a
              warm-up (medians)
-  serving    the scripted TorchScript with fp16 autocast through TorchServe on the GPU, under load
+  serving    the scripted TorchScript with fp16 autocast through TorchServe on the GPU, under load, with this
+             machine's serving policy and a variant beside it
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ ARCH = "resnet50"  # the model the check exports (random weights)
 DEVICE = "cuda:0"  # what TorchServe's gpu_id 0 becomes in the handler
 BATCHES = (1, 8, 32, 64)
 SERVING_CONCURRENCY = (1, 8, 32)
+ARM_WORKERS, ARM_BATCH, ARM_DELAY_MS = 4, 8, 5  # the serving policy's variant beside the machine's own
 WARMUP_RUNS = 10
 TIMED_RUNS = 30
 AGREEMENT_IMAGES = 256  # 1 disagreement = 0.4 %: fine enough to judge the 99 % target
@@ -236,6 +238,16 @@ def inprocess_step(out: Path, log) -> Step:
 
 # ------------------------------------------------------------------ step 4: TorchServe on the GPU
 
+def serving_arms():
+    """(label, the whole policy or None for this machine's own) of each serving run: the policy every GPU server
+    gets, and beside it more workers with a short batch delay (does one worker's decode, or the batch's wait,
+    bound what a GPU serves?)."""
+    from serving.settings import policy_with
+    return [("this machine's policy", None),
+            (f"{ARM_WORKERS} workers, batch {ARM_BATCH}, {ARM_DELAY_MS} ms",
+             policy_with(workers=ARM_WORKERS, batch_size=ARM_BATCH, max_batch_delay=ARM_DELAY_MS))]
+
+
 def serving_step(out: Path, log) -> Step:
     java, found = choose_java(java_candidates())
     log(f"java: {found}")
@@ -245,24 +257,33 @@ def serving_step(out: Path, log) -> Step:
     if skip:
         return Step("serving", Status.SKIPPED, notes=[skip])
     from export.package.archive import build_archive
-    from serving.settings import EXAMPLE_IMAGE
-    from serving.torchserve import server
-    from serving.torchserve.config import on_free_ports
     build_archive(out / EXPORT, manifest, out / STORE, None, SERVED_ARTIFACT, {"fp16": True})
-    settings = on_free_ports(out / STORE, out / "serving-run")
-    settings.model_name = manifest.model.name
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
-    java_home = Path(java).resolve().parent.parent
-    settings.extra_env = {"JAVA_HOME": str(java_home), "PATH": f"{java_home / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-    policy = settings.effective_policy()
-    notes = [f"{found}; served: {SERVED_ARTIFACT} TorchScript with the handler's fp16: true (autocast on a GPU); "
-             f"policy: {policy.reason}"]
-    with server.running(settings):
-        rows = [load_level(settings.predictions_url(), EXAMPLE_IMAGE, c, log) for c in SERVING_CONCURRENCY]
+    notes = [f"{found}; served: {SERVED_ARTIFACT} TorchScript with the handler's fp16: true (autocast on a GPU)"]
+    rows = []
+    for number, (label, policy) in enumerate(serving_arms(), 1):
+        arm_rows, reason = serve_arm(out / f"serving-run-{number}", manifest.model.name, java, label, policy, log)
+        rows += arm_rows
+        notes.append(f"{label}: {reason}")
     return Step("serving", Status.RAN, rows, notes)
 
 
-def load_level(url: str, image: Path, concurrency: int, log) -> ServingRow:
+def serve_arm(run_dir: Path, model_name: str, java: str, label: str, policy, log) -> tuple[list[ServingRow], str]:
+    """One TorchServe run from the check's store under `policy` (None: this machine's), loaded at each concurrency."""
+    from serving.settings import EXAMPLE_IMAGE
+    from serving.torchserve import server
+    from serving.torchserve.config import on_free_ports
+    settings = on_free_ports(run_dir.parent / STORE, run_dir)
+    settings.model_name, settings.policy = model_name, policy
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    java_home = Path(java).resolve().parent.parent
+    settings.extra_env = {"JAVA_HOME": str(java_home), "PATH": f"{java_home / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    reason = settings.effective_policy().reason
+    log(f"serving arm {label}: {reason}")
+    with server.running(settings):
+        return [load_level(settings.predictions_url(), EXAMPLE_IMAGE, c, label, log) for c in SERVING_CONCURRENCY], reason
+
+
+def load_level(url: str, image: Path, concurrency: int, label: str, log) -> ServingRow:
     """A warm-up, then REQUESTS_PER_LEVEL requests at `concurrency`, each run bounded by LOAD_DEADLINE_S."""
     from measure.loadgen import hey_available, run_hey, run_pool
     from serving.settings import REQUEST_TIMEOUT_S
@@ -274,7 +295,7 @@ def load_level(url: str, image: Path, concurrency: int, log) -> ServingRow:
 
     load(WARMUP_REQUESTS)
     result = load(REQUESTS_PER_LEVEL)
-    row = ServingRow(concurrency, result.requests, result.failed, result.req_per_s, result.p50_ms,
+    row = ServingRow(label, concurrency, result.requests, result.failed, result.req_per_s, result.p50_ms,
                      result.p99_or_slowest_ms(), result.tool)
     log(f"serving c={concurrency}: {row}")
     return row

@@ -211,7 +211,7 @@ def steps(top1=0.995, served=900.0, inprocess=1000.0, scripted=True):
             Step("backends", Status.RAN, [AgreementRow("scripted", "fp32", "cuda:0", 256, 1.0, 1.0, 1e-5),
                                           AgreementRow("scripted", "fp16", "cuda:0", 256, top1, 0.97, 3e-2)]),
             Step("inprocess", Status.RAN, bench),
-            Step("serving", Status.RAN, [ServingRow(32, 400, 0, served, 30.0, 60.0, "hey")])]
+            Step("serving", Status.RAN, [ServingRow("machine", 32, 400, 0, served, 30.0, 60.0, "hey")])]
 
 
 def test_targets_are_computed_from_the_served_artifact_and_judged():
