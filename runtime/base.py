@@ -85,6 +85,12 @@ class Backend(ABC):
         self.options = options
         self.name = name or (self.path.name if self.path else self.format)
 
+    @classmethod
+    def unavailable(cls, device: str) -> str | None:
+        """Why this environment cannot run this format on `device` ("cuda", "cpu") although the form itself could
+        (its runtime built without that device), or None: asked before a GPU server chooses its form."""
+        return None
+
     @abstractmethod
     def predict(self, batch: torch.Tensor) -> Outputs:
         """float32 batch (on the CPU) -> the outputs on the CPU (host_outputs)."""

@@ -46,9 +46,9 @@ import torch
 
 from contract.files import atomic_write_text
 from contract.records import ContractError, Manifest
-from runtime.base import RunOptions, open_artifact
+from runtime.base import RunOptions, backend_class, open_artifact
 from runtime.integrity import verify_artifact
-from runtime.machine import MachineProfile, Needs
+from runtime.machine import CUDA, MachineProfile, Needs
 from runtime.timing import time_runs
 
 logger = logging.getLogger(__name__)
@@ -129,13 +129,26 @@ def candidate_unmet(candidate: dict[str, Any], machine: MachineProfile) -> str |
     return f"not fast here: {why}" if why else None
 
 
-def met_candidates(gated: list[dict[str, Any]], machine: MachineProfile,
-                   recorded: Any = None) -> tuple[list[str], dict[str, str]]:
+def runtime_unmet(record: Any, machine: MachineProfile) -> str | None:
+    """Why this environment's runtime cannot run a recorded form on the machine's GPU although the form could
+    (ONNX Runtime without its CUDA provider); None on a CPU, whose runtimes the serving environment installs (a
+    missing one is named when the form opens)."""
+    if machine.device != CUDA:
+        return None
+    why = backend_class(record.format).unavailable(CUDA)
+    return f"cannot run here: {why}" if why else None
+
+
+def met_candidates(gated: list[dict[str, Any]], machine: MachineProfile, recorded: Any = None,
+                   runtimes: Any = None) -> tuple[list[str], dict[str, str]]:
     """The gated candidates this machine meets, in the declared order (only those `recorded` holds, when given),
-    and why each one it does not meet is not served."""
+    and why each one it does not meet is not served. `runtimes` (the manifest's records, when serving here): a
+    candidate this environment's runtime cannot run (runtime_unmet) is not met either."""
     met, skipped = [], {}
     for candidate in gated:
         why = candidate_unmet(candidate, machine)
+        if why is None and runtimes is not None and candidate["kind"] in runtimes:
+            why = runtime_unmet(runtimes[candidate["kind"]], machine)
         if why is not None:
             skipped[candidate["kind"]] = why
         elif recorded is None or candidate["kind"] in recorded:
@@ -143,10 +156,10 @@ def met_candidates(gated: list[dict[str, Any]], machine: MachineProfile,
     return met, skipped
 
 
-def declared_choice(gated: list[dict[str, Any]], machine: MachineProfile) -> Choice:
+def declared_choice(gated: list[dict[str, Any]], machine: MachineProfile, runtimes: Any = None) -> Choice:
     """The first candidate, in the export's order, whose needs this machine meets (the export ends its list with a
-    form that needs nothing, so some form always serves)."""
-    met, skipped = met_candidates(gated, machine)
+    form that needs nothing, so some form always serves); with `runtimes` (serving here), also runnable here."""
+    met, skipped = met_candidates(gated, machine, runtimes=runtimes)
     if not met:
         return Choice(None, machine, skipped)
     order = [candidate["kind"] for candidate in gated]
@@ -160,7 +173,7 @@ def may_serve_here(manifest: Manifest, machine: MachineProfile) -> list[str]:
     decision = manifest.decision()
     if not decision.gated:
         return [decision.served_kind()]
-    return met_candidates(decision.gated, machine, manifest.artifacts)[0]
+    return met_candidates(decision.gated, machine, manifest.artifacts, manifest.artifacts)[0]
 
 
 def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: int, batch: int, device: str,
@@ -174,7 +187,7 @@ def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: i
     if not decision.gated:
         return Choice(decision.served_kind(), machine, {})
     measured = measured_choice(folder, manifest, machine, threads, batch, device, rebuild) if measure else None
-    choice = measured or declared_choice(decision.gated, machine)
+    choice = measured or declared_choice(decision.gated, machine, manifest.artifacts)
     if choice.kind is None:
         raise FormChoiceError(f"none of this archive's forms can be served on {machine.describe()}: "
                               + "; ".join(f"{k}: {why}" for k, why in choice.skipped.items())
@@ -200,7 +213,7 @@ def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, t
                     device: str, rebuild: str) -> MeasuredChoice | None:
     """The candidate to serve, measured (or read from an earlier measurement); None when there is nothing to choose
     between (one candidate or none met) or the environment asks for the declared order."""
-    met, skipped = met_candidates(manifest.decision().gated, machine, manifest.artifacts)
+    met, skipped = met_candidates(manifest.decision().gated, machine, manifest.artifacts, manifest.artifacts)
     mode = os.environ.get(CHOICE_ENV, "")
     if len(met) < 2 or mode == "declared":
         return None

@@ -20,12 +20,19 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 
 
+def missing_cuda_provider(available: list[str]) -> str | None:
+    """Why ONNX Runtime cannot run on a GPU with these providers, or None."""
+    if CUDA_PROVIDER in available:
+        return None
+    return f"ONNX Runtime here has no {CUDA_PROVIDER} (providers: {', '.join(available)}); install onnxruntime-gpu"
+
+
 def providers_for(device: torch.device, available: list[str]) -> list[str | tuple[str, dict[str, int]]]:
     """The CUDA provider on the requested GPU, CPU as the fallback for ops CUDA lacks."""
     if device.type == "cuda":
-        if CUDA_PROVIDER not in available:
-            raise ArtifactError(f"ONNX Runtime here has no {CUDA_PROVIDER} (providers: {', '.join(available)}); "
-                                "install onnxruntime-gpu, or run on cpu")
+        missing = missing_cuda_provider(available)
+        if missing:
+            raise ArtifactError(f"{missing}, or run on cpu")
         return [(CUDA_PROVIDER, {"device_id": device.index or 0}), CPU_PROVIDER]
     return [CPU_PROVIDER]
 
@@ -55,6 +62,13 @@ def session_options(threads: int) -> Any:  # onnxruntime.SessionOptions (onnxrun
 
 class OnnxRuntimeBackend(Backend):
     format = "onnx"
+
+    @classmethod
+    def unavailable(cls, device: str) -> str | None:
+        if not device.startswith("cuda"):
+            return None
+        import onnxruntime as ort
+        return missing_cuda_provider(ort.get_available_providers())
 
     def __init__(self, path: Path, options: RunOptions, name: str | None = None):
         super().__init__(path, options, name)

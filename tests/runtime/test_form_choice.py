@@ -107,3 +107,39 @@ def _manifest_with(kinds, sha256):
     """What _key reads of a manifest: each kind's recorded sha256."""
     from types import SimpleNamespace
     return SimpleNamespace(artifacts={kind: SimpleNamespace(sha256=sha256[kind]) for kind in kinds})
+
+
+def gated_as(folder, kinds):
+    """The unpacked archive at `folder` with `kinds` as its gated candidates, in that order."""
+    from dataclasses import replace
+
+    from contract.records import MANIFEST_NAME, Manifest
+    from export.package.selection import candidate_entry
+    manifest = Manifest.read(folder)
+    decision = replace(manifest.decision(), gated=[candidate_entry(kind) for kind in kinds])
+    (folder / MANIFEST_NAME).write_text(replace(manifest, serving=decision).to_json())
+    return Manifest.read(folder)
+
+
+@pytest.mark.slow
+def test_a_gpu_server_skips_the_forms_its_runtimes_cannot_run_on_the_gpu_and_says_why(two_candidates, monkeypatch):
+    """ONNX Runtime without its CUDA provider (the `onnxruntime` wheel) cannot run an ONNX form on a GPU: a GPU
+    server chooses among the forms that can, naming the reason, instead of failing to load."""
+    import onnxruntime
+
+    from runtime.machine import PROFILES
+    from runtime.onnxruntime import OnnxRuntimeBackend, missing_cuda_provider
+    monkeypatch.setenv(form_choice.CHOICE_ENV, "declared")  # nothing is measured on a simulated GPU
+    gpu = PROFILES["cuda"]
+    missing = missing_cuda_provider(onnxruntime.get_available_providers())
+    assert OnnxRuntimeBackend.unavailable("cuda") == missing and OnnxRuntimeBackend.unavailable("cpu") is None
+    if missing is None:
+        pytest.skip("this ONNX Runtime has its CUDA provider: an ONNX form can run on a GPU here")
+    manifest = gated_as(two_candidates, ["onnx-traced", "scripted"])
+    choice = form_choice.choose(two_candidates, manifest, gpu, 1, 1, "cuda", REBUILD, measure=False)
+    assert choice.kind == "scripted" and "no CUDAExecutionProvider" in choice.skipped["onnx-traced"]
+    assert form_choice.may_serve_here(manifest, gpu) == ["scripted"]
+    assert form_choice.declared_choice(manifest.decision().gated, gpu).kind == "onnx-traced"  # an export's target
+    only_onnx = gated_as(two_candidates, ["onnx-dynamo", "onnx-traced"])
+    with pytest.raises(form_choice.FormChoiceError, match="onnx-dynamo: cannot run here: ONNX Runtime here has no"):
+        form_choice.choose(two_candidates, only_onnx, gpu, 1, 1, "cuda", REBUILD, measure=False)
