@@ -49,6 +49,7 @@ LOAD_DEADLINE_S = 120  # per level, whatever happens
 EXPORT_TIMEOUT_S = 1800
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EXPORT, STORE = "export", "model-store"  # folders inside the check's output folder
+SERVED_STORE = "served-store"  # the served archive's own store: in the export's, a new version would not be live
 
 
 def read_export(out: Path):
@@ -257,7 +258,7 @@ def serving_step(out: Path, log) -> Step:
     if skip:
         return Step("serving", Status.SKIPPED, notes=[skip])
     from export.package.archive import build_archive
-    build_archive(out / EXPORT, manifest, out / STORE, None, SERVED_ARTIFACT, {"fp16": True})
+    build_archive(out / EXPORT, manifest, out / SERVED_STORE, None, SERVED_ARTIFACT, {"fp16": True})
     notes = [f"{found}; served: {SERVED_ARTIFACT} TorchScript with the handler's fp16: true (autocast on a GPU)"]
     rows = []
     for number, (label, policy) in enumerate(serving_arms(), 1):
@@ -272,7 +273,7 @@ def serve_arm(run_dir: Path, model_name: str, java: str, label: str, policy, log
     from serving.settings import EXAMPLE_IMAGE
     from serving.torchserve import server
     from serving.torchserve.config import on_free_ports
-    settings = on_free_ports(run_dir.parent / STORE, run_dir)
+    settings = on_free_ports(run_dir.parent / SERVED_STORE, run_dir)
     settings.model_name, settings.policy = model_name, policy
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     java_home = Path(java).resolve().parent.parent
