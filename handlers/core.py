@@ -203,14 +203,15 @@ class ImageCore:
         return core
 
     def warm_up(self) -> None:
-        """One call of the form at batch 1 on a blank input (the call choosing the form measures), so that the
-        first client does not pay the runtime's first-call work. A failure is logged and the worker still starts:
-        its requests are answered with the reason (predict), and readiness waits for a real answer anyway."""
+        """A call of the form on a blank input at each batch size warm_up_sizes names, so that no client pays the
+        runtime's first-call work. A failure is logged and the worker still starts: its requests are answered
+        with the reason (predict), and readiness waits for a real answer anyway."""
         shape = self.manifest.input.handler_input()
         if shape is None:
             return
         try:
-            self.backend(torch.zeros((1, *shape)))
+            for size in warm_up_sizes(self.device, self.policy.batch_size if self.policy else 1):
+                self.backend(torch.zeros((size, *shape)))
         except ArtifactRunError as error:
             logger.error("warm-up of %s failed (its requests will say why): %s", self.record.kind, error)
 
@@ -351,6 +352,13 @@ def verified(folder: Path, record: ArtifactRecord, choice: Choice | None) -> Non
         if choice is not None:
             forget(choice)
         raise
+
+
+def warm_up_sizes(device: str, batch_size: int) -> range:
+    """The batch sizes a worker warms up: on a GPU every size its batches may have, since cuDNN's autotuning and
+    TorchScript's specialisation run again for each new shape, for each worker (docs/results/2026-11-28-gpu-check-h200);
+    on a CPU batch 1, the only size its policy forms unless a flag says otherwise."""
+    return range(1, (batch_size if str(device).startswith("cuda") else 1) + 1)
 
 
 def opened_backend(folder: Path, record: ArtifactRecord, options: RunOptions,
