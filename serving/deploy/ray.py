@@ -132,8 +132,16 @@ def container(name: str, policy: ServingPolicy, image: str, gpus: bool, ports: d
     }
 
 
-def pod_template(container_spec: dict) -> dict:
-    return {"spec": {"containers": [container_spec], "volumes": [
+# Our label on both pod templates: KubeRay names the RayService's cluster (and its `ray.io/cluster` label) with a
+# suffix of its own, so the NetworkPolicies select the pods by the service's name.
+SERVICE_LABEL = "vision-export/ray-service"
+# The KubeRay operator's pods (its Helm chart's label, which KubeRay's own network isolation selects them by).
+OPERATOR_LABELS = {"app.kubernetes.io/component": "kuberay-operator"}
+
+
+def pod_template(container_spec: dict, service_name: str) -> dict:
+    return {"metadata": {"labels": {SERVICE_LABEL: service_name}},
+            "spec": {"containers": [container_spec], "volumes": [
         {"name": "models", "persistentVolumeClaim": {"claimName": CLAIM_NAME, "readOnly": True}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": OBJECT_STORE}}]}}
 
@@ -150,13 +158,14 @@ def ray_service(model_store: Path, model_name: str, policy: ServingPolicy, ray_v
     import yaml
     yaml.SafeDumper.add_representer(BlockText, _block)
     config = cluster_serve_config(model_store, model_name, policy, cluster_model_store)
+    name = service_name(model_name)
     head = container("ray-head", policy, image, False, RAY_PORTS, model_name, cluster_model_store)
     worker = container("ray-worker", policy, image, True, {"serve": HTTP_PORT}, model_name, cluster_model_store)
     worker["readinessProbe"] = WORKER_READINESS
     return {
         "apiVersion": API_VERSION,
         "kind": "RayService",
-        "metadata": {"name": f"{model_name}-ray", "annotations": {
+        "metadata": {"name": name, "annotations": {
             "vision-export/policy": policy.reason,
             VERSION_ANNOTATION: label_of(archive_version(Path(model_store) / f"{model_name}.mar"))}},
         "spec": {
@@ -165,12 +174,34 @@ def ray_service(model_store: Path, model_name: str, policy: ServingPolicy, ray_v
                 "rayVersion": ray_version,
                 "enableInTreeAutoscaling": True,
                 "headGroupSpec": {"rayStartParams": HEAD_START_PARAMS,
-                                  "template": pod_template(head)},
+                                  "template": pod_template(head, name)},
                 "workerGroupSpecs": [{"groupName": WORKER_GROUP, "replicas": 1, "minReplicas": 1,
                                       "maxReplicas": MAX_REPLICAS, "rayStartParams": WORKER_START_PARAMS,
-                                      "template": pod_template(worker)}],
+                                      "template": pod_template(worker, name)}],
             }},
     }
+
+
+def service_name(model_name: str) -> str:
+    return f"{model_name}-ray"
+
+
+def network_policies(model_name: str) -> list[dict]:
+    """Deny by default what Ray opens on the pods' addresses: the cluster's pods reach each other on every port
+    (GCS, raylets, object transfers), KubeRay's operator reaches the head's dashboard (it deploys serveConfigV2
+    through it; the dashboard also runs jobs, so no one else may), and clients reach Serve's proxies alone."""
+    name = service_name(model_name)
+    cluster = {"podSelector": {"matchLabels": {SERVICE_LABEL: name}}}
+    clients = {"ports": [{"protocol": "TCP", "port": HTTP_PORT}]}
+    operator = {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": OPERATOR_LABELS}}],
+                "ports": [{"protocol": "TCP", "port": RAY_PORTS["dashboard"]}]}
+
+    def policy(node_type: str, ingress: list[dict]) -> dict:
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": f"{name}-{node_type}"},
+                "spec": {"podSelector": {"matchLabels": {SERVICE_LABEL: name, "ray.io/node-type": node_type}},
+                         "policyTypes": ["Ingress"], "ingress": ingress}}
+    return [policy("head", [{"from": [cluster]}, operator, clients]), policy("worker", [{"from": [cluster]}, clients])]
 
 
 def storage_objects(archive_bytes: int) -> list[dict]:
@@ -213,11 +244,12 @@ def write_ray(out: Path, export_dir: Path, model_store: Path, model_name: str | 
         storage_objects(archive.stat().st_size),
         "# A ReadWriteMany claim for the archive, and a pod to copy it there:\n# kubectl apply -f storage-pvc.yaml; "
         f"kubectl cp storage/. {CLAIM_NAME}-upload:/pv/{folder}\n"))
-    (staging / "rayservice.yaml").write_text(dump_yaml([service], (
+    (staging / "rayservice.yaml").write_text(dump_yaml([service, *network_policies(model_name)], (
         f"# KubeRay RayService for {model_name} ({manifest.served_record().kind}) served by Ray Serve with our image "
         "(written by `python -m serving deploy ray`).\n"
         f"# The image must carry Ray {version}: docker build --build-arg EXTRAS=serving,ray (docs/scaling.md).\n"
         f"# The archive is read from the claim {CLAIM_NAME} ({folder}/model-store) at {cluster_model_store}.\n"
+        "# NetworkPolicies: the pods reach each other, KubeRay's operator the head's dashboard, clients Serve's port.\n"
         f"# Serving policy of the pods: {policy.reason}.\n"
         + "".join(f"#   {line}\n" for line in policy.lines()))))
     return publish(staging, Path(out))

@@ -234,8 +234,11 @@ def test_the_command_writes_the_service_the_storage_and_the_claim(store, tmp_pat
     assert main(["deploy", "ray", str(out), "--export-dir", str(export), "--model-store", str(store),
                  "--workers", "3", "--threads", "1"]) == 0
     assert (out / "storage" / "model-store" / "resnet18.mar").read_bytes() == (store / "resnet18.mar").read_bytes()
-    (document,) = yaml.safe_load_all((out / "rayservice.yaml").read_text())
+    document, *policies = yaml.safe_load_all((out / "rayservice.yaml").read_text())
     validate_ray_service(document, schema)
+    assert [p["metadata"]["name"] for p in policies] == ["resnet18-ray-head", "resnet18-ray-worker"]
+    for policy in policies:
+        validate_kubernetes(policy)
     assert document["metadata"]["name"] == "resnet18-ray"
     deployment = yaml.safe_load(document["spec"]["serveConfigV2"])["applications"][0]["deployments"][0]
     assert deployment["autoscaling_config"]["initial_replicas"] == 3
@@ -249,3 +252,28 @@ def test_the_command_writes_the_service_the_storage_and_the_claim(store, tmp_pat
     assert main(["deploy", "ray", str(tmp_path / "elsewhere"), "--export-dir", str(export), "--model-store",
                  str(store), "--cluster-model-store", "models"]) == 1
     assert "absolute path" in capsys.readouterr().err
+
+
+def test_only_the_cluster_and_kuberays_operator_reach_the_dashboard_and_clients_reach_serve_alone(store, schema):
+    """Ray opens its dashboard (which runs jobs), GCS and raylets on the pods' addresses: the NetworkPolicies let
+    the cluster's own pods in on every port, the operator in on the head's dashboard, and anyone else on Serve's
+    port only; they select the pods by the label both pod templates carry."""
+    head, worker = deploy_ray.network_policies("resnet18")
+    document = deploy_ray.ray_service(store, "resnet18", machine_policy(0, 4), "2.0.0")
+    cluster = document["spec"]["rayClusterConfig"]
+    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+        assert template["metadata"]["labels"] == {deploy_ray.SERVICE_LABEL: "resnet18-ray"}
+    validate_ray_service(document, schema)
+    for policy, node_type in ((head, "head"), (worker, "worker")):
+        validate_kubernetes(policy)
+        assert policy["spec"]["podSelector"]["matchLabels"] == {deploy_ray.SERVICE_LABEL: "resnet18-ray",
+                                                                 "ray.io/node-type": node_type}
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        rules = policy["spec"]["ingress"]
+        assert rules[0] == {"from": [{"podSelector": {"matchLabels": {deploy_ray.SERVICE_LABEL: "resnet18-ray"}}}]}
+        anyone = [rule for rule in rules if "from" not in rule]
+        assert anyone == [{"ports": [{"protocol": "TCP", "port": deploy_ray.HTTP_PORT}]}]
+    (operator,) = [rule for rule in head["spec"]["ingress"][1:] if "from" in rule]
+    assert operator["from"][0]["podSelector"]["matchLabels"] == deploy_ray.OPERATOR_LABELS
+    assert operator["ports"] == [{"protocol": "TCP", "port": deploy_ray.RAY_PORTS["dashboard"]}]
+    assert len(worker["spec"]["ingress"]) == 2  # no operator rule: a worker has no dashboard
