@@ -18,13 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-import ipaddress
 import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException
 
 from contract.errors import VisionExportError
 from contract.versions import archive_name, parse_label
@@ -219,41 +218,39 @@ def add_routes(app, dataplane) -> None:
     """The routes above, on the REST server's app (serving/kserve/app.py)."""
     registry = dataplane.model_registry
 
-    def state(request: Request) -> Versions:
-        host = request.client.host if request.client else ""
-        if not host or not ipaddress.ip_address(host).is_loopback:
-            raise HTTPException(403, "versions are managed from the server's own machine only")
+    def state() -> Versions:
+        # who may call these routes is decided once, for every route, by serving/kserve/auth.py's middleware
         if _state is None:
             raise HTTPException(503, "this server does not manage versions")
         return _state
 
-    async def describe(name: str, request: Request) -> dict:
-        versions = state(request)
+    async def describe(name: str) -> dict:
+        versions = state()
         canary = versions.canaries.get(name)
         return {"default": versions.default(registry, name), "loaded": sorted(versions.loaded.get(name, {})),
                 "canary": canary.report() if canary else None}
 
-    async def load(name: str, label: str, request: Request) -> dict:
-        await state(request).load(registry, name, label)
+    async def load(name: str, label: str) -> dict:
+        await state().load(registry, name, label)
         return {"loaded": label}
 
-    async def set_default(name: str, label: str, request: Request) -> dict:
-        state(request).set_default(registry, name, label)
+    async def set_default(name: str, label: str) -> dict:
+        state().set_default(registry, name, label)
         return {"default": label}
 
-    async def canary(name: str, label: str, percent: float, request: Request) -> dict:
-        return await state(request).canary(registry, name, label, percent)
+    async def canary(name: str, label: str, percent: float) -> dict:
+        return await state().canary(registry, name, label, percent)
 
-    async def unload(name: str, label: str, request: Request) -> dict:
-        await state(request).unload(registry, name, label)
+    async def unload(name: str, label: str) -> dict:
+        await state().unload(registry, name, label)
         return {"unloaded": label}
 
-    async def capture(name: str, count: int, request: Request) -> dict:
-        state(request).capture(name, count)
+    async def capture(name: str, count: int) -> dict:
+        state().capture(name, count)
         return {"capturing": count}
 
-    async def captured(name: str, request: Request) -> dict:
-        return {"captured": state(request).captured(name)}
+    async def captured(name: str) -> dict:
+        return {"captured": state().captured(name)}
 
     app.add_api_route(ROUTE, describe, methods=["GET"])
     app.add_api_route(ROUTE + "/capture", capture, methods=["PUT"])  # before /{label}: "capture" is no label
