@@ -126,7 +126,8 @@ def build_variants(sources: VariantSources, request: PrecisionRequest, device: s
             progress.step(f"{name} not made: {why}")
     for kind in map(kinds.get, request.variant_kinds):
         if kinds.opt_in_source_missing(kind, sources.fp32_artifacts):
-            progress.step(f"{kind.name} not made: its source {kind.sources[0]} is built when named in --formats")
+            if not request.automatic:  # the default asked for no form in particular: nothing to say about one
+                progress.step(f"{kind.name} not made: its source {kind.sources[0]} is built when named in --formats")
             continue
         try:
             report.variants[kind.name] = _build(context, kind, sources, report)

@@ -137,6 +137,7 @@ def _assert_variants_are_served_only_when_gated(manifest: Manifest) -> None:
 
 def test_the_trained_model_gets_the_machines_precisions_by_default_and_random_ones_only_fp32(zoo):
     effl0, _, output = _exported(zoo, "effl0")
+    assert "built when named in --formats" not in output  # the default names no form: no line about one left out
     if set(effl0.artifacts) != set(effl0.fp32_artifacts()):  # this CPU has a precision faster than fp32
         assert "--precision auto: the target's, for trained weights" in output
     for name in ("convnext", "vit"):  # random weights: no gate could judge a variant
