@@ -110,7 +110,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
         entry=entry, built=built, example=run.example, opset=options.opset, artifacts=checked.artifacts,
         parity=checked.parity, second_opinion=checked.second_opinion, trace_vs_script=paths, variants=variants,
         serving=serving, refusals=run.refusals, reports=files))
-    carry_holdout(stage, manifest, options.holdout)
+    carry_holdout(stage, manifest, options.holdout, progress.step)
     check_decoding(run, manifest)
     looked = look(run, built, checked, paths, manifest)
     seal_manifest(run, manifest)  # last: its presence means the folder is complete

@@ -12,6 +12,7 @@ import io
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from PIL import Image
 
@@ -89,8 +90,9 @@ def _hidden(relative: Path) -> bool:
     return any(part.startswith(".") for part in relative.parts)
 
 
-def carry_holdout(stage: Path, manifest: Manifest, photos: HeldOutPhotos | None) -> None:
-    """The checked photos copied into the export folder being built and recorded in its manifest."""
+def carry_holdout(stage: Path, manifest: Manifest, photos: HeldOutPhotos | None,
+                  say: Callable[[str], None] = print) -> None:
+    """The checked photos copied into the export folder being built and recorded in its manifest, said in a line."""
     if photos is None:
         return
     for name in photos.names:
@@ -98,3 +100,5 @@ def carry_holdout(stage: Path, manifest: Manifest, photos: HeldOutPhotos | None)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(photos.folder / name, target)
         manifest.holdout_photos[f"{HOLDOUT_FOLDER}/{name}"] = file_record(stage, f"{HOLDOUT_FOLDER}/{name}")
+    say(f"held-out photos carried: {len(photos.names)} from {photos.folder} in {HOLDOUT_FOLDER}/ and the archive "
+        "(a rollout judges this version on them)")

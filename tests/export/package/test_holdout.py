@@ -127,6 +127,7 @@ def test_the_export_and_its_signed_archive_carry_the_photos(export_main, tmp_pat
                       "--no-benchmark", "--out", out, "--model-store", store, "--name", "net", "--holdout-photos",
                       folder, "--sign-key", private)
     assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"held-out photos carried: 2 from {folder} in holdout/" in ran.stdout
     exported = Manifest.read(out)
     assert list(exported.holdout_photos) == ["holdout/close/crop.jpg", "holdout/whole.png"]
     verify_hashes(out, exported)
