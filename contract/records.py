@@ -311,6 +311,7 @@ class Manifest:
     artifacts: dict[str, ArtifactRecord] = field(default_factory=dict)  # kind -> its record
     refused: dict[str, Refusal] = field(default_factory=dict)  # kind -> why it could not be made (or kept)
     files: dict[str, FileRecord] = field(default_factory=dict)  # other files (labels, reports) -> their record
+    holdout_photos: dict[str, FileRecord] = field(default_factory=dict)  # a user's, carried (export/package/holdout.py)
     serving: ServingDecision | None = None
     task: str = CLASSIFICATION  # one of TASKS: which request core serves it
     outputs: list[OutputRecord] = field(default_factory=list)  # every output, in order; output is the first
@@ -343,12 +344,11 @@ class Manifest:
         if data.get("limits") is not None:
             data["limits"] = DetectionLimits.from_dict(data["limits"])
         data["outputs"] = [_from_dict(OutputRecord, o, f"{where} outputs[{i}]") for i, o in enumerate(data.get("outputs") or [])]
-        for key, record in (("artifacts", ArtifactRecord), ("refused", Refusal), ("files", FileRecord)):
+        for key, record in (("artifacts", ArtifactRecord), ("refused", Refusal), ("files", FileRecord), ("holdout_photos", FileRecord)):
             data[key] = {k: _from_dict(record, v, f"{where} {key}.{k}") for k, v in (data.get(key) or {}).items()}
-        if data.get("serving") is not None:
-            data["serving"] = _from_dict(ServingDecision, data["serving"], f"{where} serving")
-        if data.get("model_version") is not None:
-            data["model_version"] = _from_dict(ModelVersion, data["model_version"], f"{where} model_version")
+        for key, optional in (("serving", ServingDecision), ("model_version", ModelVersion)):
+            if data.get(key) is not None:
+                data[key] = _from_dict(optional, data[key], f"{where} {key}")
         return _from_dict(cls, data, where)
 
     @classmethod
@@ -397,4 +397,4 @@ class Manifest:
 
     def recorded_files(self) -> list[ArtifactRecord | FileRecord]:
         """Every file whose sha256 the manifest holds (artifacts first)."""
-        return list(self.artifacts.values()) + list(self.files.values())
+        return [*self.artifacts.values(), *self.files.values(), *self.holdout_photos.values()]

@@ -106,6 +106,18 @@ def _common(sub, weights_help: str, default_out: str) -> None:
     sub.add_argument("--no-benchmark", action="store_true",
                      help="skip the short in-process latency of each form (about a second each) in the table the "
                           "export prints last and in report.html")
+    _holdout_option(sub)
+
+
+def _holdout_option(sub) -> None:
+    from export.package.holdout import HOLDOUT_FOLDER, MAX_HOLDOUT_BYTES, OPTION
+    from gates.photos import MAX_FOLDER_PHOTOS
+    sub.add_argument(OPTION, type=Path, default=None, metavar="DIR",
+                     help=f"carry your held-out photos of the model's own domain (a face detector's: faces) in the "
+                          f"export ({HOLDOUT_FOLDER}/) and its archive, recorded in manifest.json with their sha256: "
+                          "`python -m serving rollout` judges this version against the live one on them. JPEG or "
+                          f"PNG, at most {MAX_FOLDER_PHOTOS} and {MAX_HOLDOUT_BYTES // 2**20} MiB in all; any "
+                          "other file is refused before anything is written (hidden files are left behind)")
 
 
 def _precision_options(sub) -> None:

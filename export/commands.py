@@ -18,6 +18,7 @@ from export.errors import ExportError
 from export.forms import kinds
 from export.forms.tolerances import held_to
 from export.package.archive import ArchiveRequest
+from export.package.holdout import checked_holdout
 from export.package.manifest import verify_hashes
 from export.package.rebuild import entry_from_manifest, weights_from_manifest
 from export.pipeline import ExportOptions, Progress, export_model
@@ -86,7 +87,8 @@ def _options(args, out: Path, device: str, archive: ArchiveRequest | None) -> Ex
     target = target_profile(args)
     return ExportOptions(out=out, weights=args.weights, opset=args.opset, device=device, archive=archive,
                          precision=precision_request(args, device, target), serve=args.serve, decode=args.decode,
-                         formats=args.formats, target=target, benchmark=not args.no_benchmark)
+                         formats=args.formats, target=target, benchmark=not args.no_benchmark,
+                         holdout=checked_holdout(args.holdout_photos))
 
 
 def target_profile(args) -> MachineProfile | None:

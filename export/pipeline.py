@@ -23,6 +23,7 @@ from export.forms import exporters, kinds
 from export.forms.tolerances import held_to
 from export.interrupt import watch as watch_interrupts
 from export.package.archive import ArchiveRequest, PendingArchive, prepare_archive
+from export.package.holdout import HeldOutPhotos, carry_holdout
 from export.package.look import FormsRun, Looked, write_look
 from export.package.manifest import ExportFindings, assemble_manifest, write_manifest
 from export.package.pictures import kept_answer
@@ -56,6 +57,7 @@ class ExportOptions:
     formats: list[str] | None = None  # --formats: the fp32 kinds to build (None: export.forms.kinds.default_formats)
     target: MachineProfile | None = None  # --target: the machine the serving order is decided for (None: this one)
     benchmark: bool = True  # --no-benchmark: no short latency per form in the table and report.html
+    holdout: HeldOutPhotos | None = None  # --holdout-photos: checked, carried in the folder and its archive
 
 
 @dataclass
@@ -108,6 +110,7 @@ def _export_into(stage: Path, entry: ModelEntry, options: ExportOptions, progres
         entry=entry, built=built, example=run.example, opset=options.opset, artifacts=checked.artifacts,
         parity=checked.parity, second_opinion=checked.second_opinion, trace_vs_script=paths, variants=variants,
         serving=serving, refusals=run.refusals, reports=files))
+    carry_holdout(stage, manifest, options.holdout, progress.step)
     check_decoding(run, manifest)
     looked = look(run, built, checked, paths, manifest)
     seal_manifest(run, manifest)  # last: its presence means the folder is complete

@@ -24,6 +24,9 @@ HOLDOUT_PHOTOS = ("chelsea", "rocket", "immunohistochemistry", "clock", "moon", 
 # views, so a handful of photographs gives varied framings and scales after the handler's resize.
 PHOTO_CROPS = ((0.0, 0.0, 1.0, 1.0), (0.0, 0.0, 0.6, 0.6), (0.0, 0.4, 0.6, 0.6), (0.4, 0.0, 0.6, 0.6),
                (0.2, 0.2, 0.6, 0.6))
+# Photos of a user's folder a gate compares on, at most: what a rollout's --photos DIR sends to both versions, and
+# what an export carries (--holdout-photos DIR).
+MAX_FOLDER_PHOTOS = 50
 IMAGE_EXTENSIONS = tuple(f".{e.lower()}" for e in ACCEPTED_FORMATS if e != "MPO") + (".jpg", ".tif")
 
 

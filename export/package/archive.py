@@ -2,7 +2,8 @@
 
 The archive holds the handler's code (contract/, runtime/ and handlers/, each package whole),
 the served artifact, manifest.json (whose serving decision names it, with the sha256 the handler checks
-before opening it), the labels and model-config.yaml. It is named after the model (resnet50.mar, served at
+before opening it), the labels, the held-out photos the export carries (export/package/holdout.py) and
+model-config.yaml. It is named after the model (resnet50.mar, served at
 /predictions/resnet50) unless the user names it. It is built in a temporary folder inside the model store and renamed into place only
 when the export it belongs to has been swapped in, so a model store never holds half an archive or an
 archive of a failed export. Each is the name's next version, NAME.vN.mar; only the first export of a name also
@@ -211,7 +212,7 @@ def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: di
     (extra / MANIFEST_NAME).write_text(manifest.to_json())
     if manifest.labels_file():
         shutil.copy2(export_dir / manifest.labels_file(), extra / manifest.labels_file())
-    for path in shipped_files(manifest):
+    for path in [*shipped_files(manifest), *manifest.holdout_photos]:  # the held-out photos a rollout judges it on
         (extra / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(export_dir / path, extra / path)
     config = scratch / "model-config.yaml"

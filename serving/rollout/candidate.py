@@ -75,6 +75,11 @@ def checked_manifest(archive: Path) -> Manifest:
                 for path, sha256 in {record.path: record.sha256, **record.companions}.items():
                     if path in members.namelist() and sha256_of(members, path) != sha256:
                         problems[path] = "its sha256 is not the one the manifest records"
+            for path, record in manifest.holdout_photos.items():  # the held-out photos the gate judges it on
+                if path not in members.namelist():
+                    problems[path] = "missing"
+                elif sha256_of(members, path) != record.sha256:
+                    problems[path] = "its sha256 is not the one the manifest records"
             served = manifest.served_record().path
             if served not in members.namelist():
                 problems[served] = "missing"
@@ -85,6 +90,14 @@ def checked_manifest(archive: Path) -> Manifest:
         raise RolloutRefused(f"{archive} was modified after export: "
                              + "; ".join(f"{path}: {why}" for path, why in problems.items()) + "; re-export it")
     return manifest
+
+
+def carried_photos(candidate: Candidate, count: int) -> list[tuple[str, bytes]]:
+    """(name, bytes) of the first `count` held-out photos the candidate's archive carries (checked_manifest checked
+    their sha256), each named by its path in the export's held-out folder."""
+    paths = list(candidate.manifest.holdout_photos)[:count]
+    with zipfile.ZipFile(candidate.archive) as members:
+        return [(path.split("/", 1)[-1], members.read(path)) for path in paths]
 
 
 def sha256_of(members: zipfile.ZipFile, path: str) -> str:

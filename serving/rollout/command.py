@@ -34,7 +34,7 @@ from serving.rollout.candidate import (
     leave_store,
     prepare,
 )
-from serving.rollout.gate import PHOTO_COUNT, REQUEST_HEADERS, GateResult, photos_for, run_gate
+from serving.rollout.gate import PHOTO_COUNT, REQUEST_HEADERS, GateResult, Photos, photos_for, run_gate
 from serving.rollout.switchboard import Switchboard
 from serving.settings import DEFAULT_RUN_DIR, ServingError
 
@@ -60,9 +60,11 @@ def parser_for(command: str) -> argparse.ArgumentParser:
         parser.add_argument("path", type=Path, help="the new version: an archive (.mar) or an export folder")
         parser.add_argument("--force", action="store_true",
                             help="switch even when the versions disagree beyond the thresholds (the table still shows it)")
-        parser.add_argument("--photos", type=photo_source, default=PHOTO_COUNT, metavar="N|DIR",
-                            help=f"the photos both versions answer: N of the export's held-out photographs (default "
-                                 f"{PHOTO_COUNT}), or a folder DIR of photos of the model's own domain")
+        parser.add_argument("--photos", type=photo_source, default=None, metavar="N|DIR",
+                            help="the photos both versions answer: a folder DIR of photos of the model's own domain; "
+                                 "default: the held-out photos the candidate's archive carries (python -m export "
+                                 f"--holdout-photos DIR), else {PHOTO_COUNT} built-in photographs; N: the first N "
+                                 "of those")
         parser.add_argument("--accept-weak-evidence", action="store_true",
                             help="switch even when too few photos carried evidence to judge (e.g. random weights); "
                                  "said in the rollout's outcome")
@@ -106,7 +108,8 @@ def switchboard_for(run_dir: Path) -> Switchboard:
 
 def rollout(board: Switchboard, args: argparse.Namespace) -> int:
     check_flags(args)
-    photos = photos_for(args.photos)  # a folder that cannot serve is said before anything is stored or loaded
+    # A folder that cannot serve is said before anything is stored or loaded; other photos come with the candidate.
+    given = photos_for(args.photos) if isinstance(args.photos, Path) else None
     name, live = args.name, board.live(args.name)
     task = board.live_manifest(name).task
     with stops_once():
@@ -119,7 +122,7 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
             raise RolloutRefused(f"{name} already serves {live} ({candidate.archive}): nothing to roll out")
         try:  # whatever ends the rollout before the switch (a refusal, an error, a signal) undoes it
             check_task(candidate, task, name)
-            caveats = prove(board, args, candidate, live, task, photos)
+            caveats = prove(board, args, candidate, live, task, given or photos_for(args.photos, candidate))
         except BaseException as error:
             raise undone(board, name, live, candidate, error, isinstance(error, RolloutRefused)) from None
         switch(board, name, live, candidate)
@@ -129,7 +132,7 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
 
 
 def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, live: str, task: str,
-          photos: list[tuple[str, bytes]]) -> list[str]:
+          photos: Photos) -> list[str]:
     """The candidate loaded beside the live version and held to the gate, then to --shadow and --canary; what the
     operator overrode to get there (the rollout's outcome says it)."""
     name = args.name
@@ -140,7 +143,7 @@ def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, li
     say(f"{candidate.label} loaded beside {live} and answering ({time.monotonic() - started:.1f} s)")
     headers = REQUEST_HEADERS[task]
 
-    def gate_on(photos: list[tuple[str, bytes]]):
+    def gate_on(photos: Photos):
         return run_gate(task, live, candidate.label, lambda image: board.ask(name, live, image, headers),
                         lambda image: board.ask(name, candidate.label, image, headers), photos)
 
@@ -231,7 +234,8 @@ def shadow(board: Switchboard, args: argparse.Namespace, candidate: Candidate, g
         raise RolloutRefused(f"only {len(kept)} of the {count} live requests --shadow waits for reached {name} within "
                              f"{args.shadow_seconds:g} s; {live} serves on, {candidate.label} unloaded (lower --shadow "
                              "or raise --shadow-seconds)")
-    gate = gate_on([(f"request {request_id}", photo) for request_id, photo in kept[:count]])
+    gate = gate_on(Photos(f"the next {count} live requests (--shadow)",
+                          [(f"request {request_id}", photo) for request_id, photo in kept[:count]]))
     return judge(args, candidate, live, gate, "on live requests")
 
 
@@ -258,7 +262,8 @@ def judge(args: argparse.Namespace, candidate: Candidate, live: str, gate: GateR
         return [f"on weak evidence (--accept-weak-evidence): {on}, {gate.too_little_evidence()}"]
     raise RolloutRefused(f"{candidate.label} cannot be judged against {live} {on}: {gate.too_little_evidence()}; "
                          f"{live} serves on, {candidate.label} unloaded. Give photos of the model's own domain "
-                         "(--photos DIR), judge it on live traffic (--shadow N), or, if you know its answers need "
+                         "(--photos DIR, or carried by its export: python -m export ... --holdout-photos DIR), judge "
+                         "it on live traffic (--shadow N), or, if you know its answers need "
                          "no proof, --accept-weak-evidence")
 
 

@@ -2,8 +2,9 @@
 comparator (gates/) judges each pair against the declared thresholds, and the gate counts the photos that carried
 evidence: a vacuous agreement (two detectors that find nothing on photos of nothing) proves nothing.
 
-The photos are the export's held-out photographs (gates.photos, whole and cropped, sent as PNG as a client sends
-them), a folder of the model's own domain (--photos DIR), or live requests (--shadow). A classifier's pair agrees
+The photos are a folder of the model's own domain (--photos DIR), else those the candidate's archive carries (python
+-m export --holdout-photos DIR), else the built-in held-out photographs (gates.photos, whole and cropped, sent as PNG
+as a client sends them); or live requests (--shadow). The gate's report names which. A classifier's pair agrees
 when the candidate's top-1 is the live top-1 and it keeps most of its top-5, and is evidence when the live version
 is confident; a detector's when its boxes match the live set, evidence when either finds a box; a segmenter's when
 every class's mask overlaps the live mask, evidence when either finds foreground. What disagrees is named: the
@@ -20,9 +21,10 @@ from typing import Callable
 from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION
 from gates.boxes import compare_served_boxes
 from gates.masks import compare_class_maps
-from gates.photos import folder_photos, held_out_photos
+from gates.photos import MAX_FOLDER_PHOTOS, folder_photos, held_out_photos
 from gates.topk import compare_ranked
 from gates.verdict import Sides, Verdict
+from serving.rollout.candidate import Candidate, carried_photos
 
 # Declared thresholds: the share of photos that must agree, and what agreeing means per task. A retrained model
 # may move near-ties; it may not change what most photos are.
@@ -32,7 +34,6 @@ DETECTION_BOX_IOU = 0.9  # a candidate box matches a live one of the same label 
 DETECTION_SCORE_ATOL = 0.05  # matched scores within this
 MIN_MASK_IOU = 0.9  # each class's mask against the live one
 PHOTO_COUNT = 10  # held-out photos sent to both versions: enough for a 0.9 share to mean one disagreement
-FOLDER_PHOTO_COUNT = 50  # photos of a --photos DIR sent to both versions, at most
 # Evidence: a classifier's photo counts where the live version's top-1 probability reaches this (a trained model
 # is sure of what a photo shows; a random-weights one spreads its probability over every class), and the gate
 # judges only from this many photos with evidence.
@@ -51,6 +52,14 @@ REQUEST_HEADERS = {CLASSIFICATION: {"X-TopK": "5"}, DETECTION: {}, SEGMENTATION:
 
 
 @dataclass
+class Photos:
+    """What both versions answer, and where it came from, in words (the gate's report says it)."""
+
+    source: str
+    items: list[tuple[str, bytes]]  # (name, the bytes a client sends)
+
+
+@dataclass
 class PhotoVerdict:
     photo: str
     verdict: Verdict
@@ -65,6 +74,7 @@ class GateResult:
     task: str
     live: str
     candidate: str
+    source: str = ""  # where the photos came from (Photos.source)
     verdicts: list[PhotoVerdict] = field(default_factory=list)
 
     @property
@@ -97,7 +107,8 @@ class GateResult:
 
     def table(self) -> str:
         width = max((len(v.photo) for v in self.verdicts), default=5)
-        lines = [f"{'photo':<{width}}  agrees  evidence  {self.live} vs {self.candidate}",
+        lines = [f"photos: {self.source}",
+                 f"{'photo':<{width}}  agrees  evidence  {self.live} vs {self.candidate}",
                  *(f"{v.photo:<{width}}  {'yes' if v.agrees else 'NO':<6}  {'yes' if v.verdict.evidence else '-':<8}  "
                    f"{v.verdict.how}" for v in self.verdicts),
                  f"{len(self.verdicts)} photos, {self.evidence} with evidence ({describe_evidence(self.task)}; "
@@ -127,18 +138,27 @@ def describe_evidence(task: str) -> str:
             SEGMENTATION: "foreground found by either version"}[task]
 
 
-def photos_for(source: int | Path) -> list[tuple[str, bytes]]:
-    """--photos: N of the export's held-out photographs, or the photos of a folder of the model's own domain."""
-    if isinstance(source, int):
-        return held_out_photos(source)
-    return folder_photos(source, FOLDER_PHOTO_COUNT)
+def photos_for(given: int | Path | None, candidate: Candidate | None = None) -> Photos:
+    """--photos DIR (read at once: it needs no candidate); else the held-out photos the candidate's archive carries;
+    else the built-in held-out photographs. --photos N takes the first N of either."""
+    if isinstance(given, Path):
+        return Photos(f"--photos {given}", folder_photos(given, MAX_FOLDER_PHOTOS))
+    # The candidate's, not the live's: they travel with the version under judgement, chosen by whoever exported it
+    # for what it is meant to answer, so each version is judged on its own export's evidence, never on an older one.
+    if candidate is not None and candidate.manifest.holdout_photos:
+        carried = carried_photos(candidate, given or MAX_FOLDER_PHOTOS)
+        return Photos(f"the {len(carried)} held-out photos {candidate.archive.name} carries (its export's "
+                      "--holdout-photos)", carried)
+    count = given or PHOTO_COUNT
+    return Photos(f"the built-in set ({count} scikit-image photographs; --photos DIR or the export's "
+                  "--holdout-photos DIR give the model's own domain)", held_out_photos(count))
 
 
 def run_gate(task: str, live: str, candidate: str, ask_live: Callable[[bytes], dict],
-             ask_candidate: Callable[[bytes], dict], photos: list[tuple[str, bytes]]) -> GateResult:
+             ask_candidate: Callable[[bytes], dict], photos: Photos) -> GateResult:
     """Both versions' answers to each photo (ask_*: one real HTTP request each), compared by the task's rule."""
     compare, sides = COMPARATORS[task], Sides(live, candidate)
-    result = GateResult(task, live, candidate)
-    for name, image in photos:
+    result = GateResult(task, live, candidate, photos.source)
+    for name, image in photos.items:
         result.verdicts.append(PhotoVerdict(name, compare(ask_live(image), ask_candidate(image), sides=sides)))
     return result

@@ -1,9 +1,10 @@
 """A face detector's rollouts on a real server (TorchServe, KServe), as a user makes them: MTCNN (trained) serves
-`faces` v1; the same detector archived again as v2 agrees with it on photos of faces (`--photos DIR`) and takes the
-traffic; a random-weights Faster R-CNN, rolled out twice, and a fine-tune that collapsed to background (a 2-class
-checkpoint whose head never scores the class, exported with --weights and --labels) are refused: on the faces they
-disagree, and on the export's held-out photos, which hold no face, the collapsed one agrees on nothing, so the gate
-says it cannot judge. The refused versions evict nothing: the store's faces.mar is v2, and `rollback` returns to v1.
+`faces` v1; the same detector exported again as v2, carrying photos of faces (`python -m export --holdout-photos
+DIR`), agrees with it on them (no `--photos` given) and takes the traffic; a random-weights Faster R-CNN, rolled
+out twice, and a fine-tune that collapsed to background (a 2-class checkpoint whose head never scores the class,
+exported with --weights and --labels) are refused: on the faces (`--photos DIR`) they disagree, and on the built-in
+held-out photos (it carries none), which hold no face, the collapsed one agrees on nothing, so the gate says it
+cannot judge. The refused versions evict nothing: the store's faces.mar is v2, and `rollback` returns to v1.
 One server per engine; the exports are test_detection's (MTCNN, the random detector) and one of the collapsed
 fine-tune."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,8 @@ from contract.policy import ServingPolicy
 from contract.records import Manifest
 from contract.versions import REFUSED_FOLDER, live_version, stored_versions
 from export.package.archive import build_archive
+from export.package.holdout import carry_holdout, checked_holdout
+from export.package.manifest import write_manifest
 from gates.photos import png_bytes, sample_photo
 from measure.reliability.rollout import engine_settings, serving_command
 from serving import engine as engines
@@ -73,21 +77,27 @@ def face_photos(tmp_path_factory) -> Path:
     return folder
 
 
-def faces_store(exports, folder: Path) -> Path:  # noqa: F811
-    """faces v1 (MTCNN, live: faces.mar) and v2 (the same export archived again), as two exports leave them."""
+def faces_store(exports, folder: Path, faces: Path) -> Path:  # noqa: F811
+    """faces v1 (MTCNN, live: faces.mar) and v2 (the same detector exported again with --holdout-photos faces), as
+    two exports leave them. v2's export folder is the shared one with the faces carried by the export's own step
+    (checked, copied, recorded in its manifest): a third MTCNN export would cost the test half a minute."""
     store = folder / "store"
     store.mkdir()
     mtcnn = exports["base"] / FACES
     build_archive(mtcnn, Manifest.read(mtcnn), store, NAME)  # the first export of a name makes it live
     assert live_version(store, NAME) == 1 and (store / f"{NAME}.v1.mar").is_file()
-    assert build_archive(mtcnn, Manifest.read(mtcnn), store, NAME) == store / f"{NAME}.v2.mar"
+    carrying = shutil.copytree(mtcnn, folder / "mtcnn-with-faces")
+    manifest = Manifest.read(carrying)
+    carry_holdout(carrying, manifest, checked_holdout(faces))
+    write_manifest(carrying, manifest)
+    assert build_archive(carrying, manifest, store, NAME) == store / f"{NAME}.v2.mar"
     return store
 
 
 @pytest.mark.parametrize("engine", ["torchserve", "kserve"])
 def test_a_face_detectors_rollouts_refuse_what_proves_nothing(engine, exports, collapsed, face_photos,  # noqa: F811
                                                               tmp_path):
-    store, run_dir = faces_store(exports, tmp_path), tmp_path / "run"
+    store, run_dir = faces_store(exports, tmp_path, face_photos), tmp_path / "run"
     run_dir.mkdir()
     settings, url = engine_settings(engine, store, run_dir, NAME, ONE_WORKER)
     faces, random_out = ("--photos", str(face_photos)), str(exports["base"] / DETECTOR)
@@ -96,15 +106,16 @@ def test_a_face_detectors_rollouts_refuse_what_proves_nothing(engine, exports, c
         return serving_command("rollout", NAME, str(path), "--run-dir", str(run_dir), *flags)
 
     with engines.get(engine)(settings).running(face_photos / "whole.png"):
-        agreeing = rollout(store / f"{NAME}.v2.mar", *faces)
+        agreeing = rollout(store / f"{NAME}.v2.mar")  # on the faces its archive carries
         randoms = [rollout(random_out, *faces), rollout(random_out, *faces)]
-        unjudged = rollout(collapsed["out"])  # the export's held-out photos: no face in them
+        unjudged = rollout(collapsed["out"])  # it carries no photos: the built-in set, no face in them
         blind = rollout(collapsed["out"], *faces)
         live_after_refusals = live_version(store, NAME)  # what a start from the store alone serves
         back = serving_command("rollback", NAME, "--run-dir", str(run_dir))
         version, found = asked(url, (face_photos / "whole.png").read_bytes(), kserve_v1=engine == "kserve")
 
     assert agreeing.returncode == 0, agreeing.stdout + agreeing.stderr
+    assert f"photos: the 4 held-out photos {NAME}.v2.mar carries" in agreeing.stdout, agreeing.stdout
     assert "4 photos, 4 with evidence" in agreeing.stdout and ": passed" in agreeing.stdout, agreeing.stdout
     for refused, number in zip(randoms, (3, 4)):
         assert refused.returncode == 1, refused.stdout + refused.stderr
@@ -112,7 +123,8 @@ def test_a_face_detectors_rollouts_refuse_what_proves_nothing(engine, exports, c
         assert re.search(rf"v{number} (misses|finds) \d+ boxes v2", refused.stderr), refused.stderr
     assert unjudged.returncode == 1, unjudged.stdout + unjudged.stderr
     assert "v5 cannot be judged against v2 on its photos" in unjudged.stderr, unjudged.stderr
-    assert "--photos DIR" in unjudged.stderr and "--shadow N" in unjudged.stderr
+    assert "photos: the built-in set" in unjudged.stdout, unjudged.stdout
+    assert all(way in unjudged.stderr for way in ("--photos DIR", "--holdout-photos DIR", "--shadow N"))
     assert blind.returncode == 1 and "v6 misses 1 boxes v2 finds" in blind.stderr, blind.stdout + blind.stderr
     assert "Traceback" not in "".join(r.stderr for r in (*randoms, unjudged, blind))
 
