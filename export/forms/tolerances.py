@@ -39,7 +39,7 @@ OPENVINO_TOLERANCE = ONNX_TOLERANCE
 
 # The detection family's tolerances, as Optimum declares ATOL_FOR_VALIDATION per model: a form on eager's own
 # kernels (TorchScript, torch.export) gives the very boxes; one on other kernels (ONNX Runtime, OpenVINO,
-# AOTInductor) moves a box's corners and score by rounding only (docs/detection.md has the measured worst cases).
+# AOTInductor) moves a box's corners and score by rounding only, an order of magnitude looser, as for logits.
 SAME_KERNELS_SETS = SetTolerance(box_iou=0.999, score_atol=1e-4, edge=1e-4, mask_iou=0.99)
 OTHER_KERNELS_SETS = SetTolerance(box_iou=0.99, score_atol=1e-3, edge=1e-3, mask_iou=0.95)
 
