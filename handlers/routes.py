@@ -1,7 +1,7 @@
 """A model's routes beside TorchServe's own, which sends every request of a name to its default version and has
 neither a share nor a mirror: a canary (a share of the default version's requests answered by a candidate version)
 and a capture (the photos of the next live requests kept, for a shadow comparison). The default version's workers
-do both, as `python -m serving rollout` asks (serving/rollout/torchserve.py) through one control file per model,
+do both, as `python -m serving rollout` asks (serving/torchserve/switchboard.py) through one control file per model,
 RUN_DIR/routes/NAME.json (mode 0600: it may hold the inference key):
 
     {"live": "v1", "capture": 5,

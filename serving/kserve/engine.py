@@ -104,7 +104,7 @@ class KServe(Engine):
         return KServeSettings(model_store, tuple(models), run_dir=run_dir, policy=policy, http_port=free_port())
 
     def switchboard(self) -> Switchboard:
-        from serving.rollout.kserve import KServeSwitchboard
+        from serving.kserve.switchboard import KServeSwitchboard
         return KServeSwitchboard(self.settings.run_dir)
 
     def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:

@@ -1,4 +1,4 @@
-"""Versions of a model in our KServe ModelServer (what `python -m serving rollout` drives, serving/rollout/kserve.py):
+"""Versions of a model in our KServe ModelServer (what `python -m serving rollout` drives, serving/kserve/switchboard.py):
 another version of NAME loaded from the model store beside the live one and registered as NAME.vN (so KServe's
 own routes ask it directly: /v1/models/NAME.vN:predict), NAME's route switched to it, the old one unloaded once the
 requests it holds are answered. Loopback clients only, whatever address the server binds (a container's 0.0.0.0):

@@ -163,7 +163,7 @@ class RayServe(Engine):
                            signals_port=free_port())
 
     def switchboard(self) -> Switchboard:
-        from serving.rollout.ray import RaySwitchboard
+        from serving.ray.switchboard import RaySwitchboard
         return RaySwitchboard(self.settings.run_dir)
 
     def curl_line(self, model: str, image: Path = EXAMPLE_IMAGE) -> str:

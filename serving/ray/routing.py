@@ -1,7 +1,7 @@
 """Where a live Ray Serve application's requests go during a rollout (`--canary P`, `--shadow N`): one small named
 actor in Serve's namespace (Router, no CPU of its own) holds per model name the canary (the candidate's label, its
 share) and the capture (how many live requests' photos to keep, and those kept). The rollout's switchboard
-(serving/rollout/ray.py) sets it; each live replica, on whatever node, polls it in the background about once a second
+(serving/ray/switchboard.py) sets it; each live replica, on whatever node, polls it in the background about once a second
 (LiveRouting: never a remote call per request), sends its canary counts with each poll, and sends the photos it
 captures to it without waiting for an answer. A canary request goes from the live replica through a Serve handle
 to the candidate's application, whose replica answers it with the same code as its HTTP route. What is forwarded,

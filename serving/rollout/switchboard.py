@@ -1,6 +1,6 @@
 """What a rollout asks of an engine, one small interface: which version serves a name, load another beside it
 (ready once it answered a real prediction), ask one version directly, make one the default, unload one once it
-drained. Each engine that serves from a run dir provides it (serving/rollout/torchserve.py, kserve.py, ray.py);
+drained. Each engine that serves from a run dir provides it (serving/ENGINE/switchboard.py);
 the rollout itself (serving/rollout/command.py) is the same for all."""
 
 from __future__ import annotations

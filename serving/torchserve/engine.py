@@ -155,7 +155,7 @@ config file, TS_DISABLE_TOKEN_AUTHORIZATION=false in the environment); the keys 
         return settings
 
     def switchboard(self) -> Switchboard:
-        from serving.rollout.torchserve import TorchServeSwitchboard
+        from serving.torchserve.switchboard import TorchServeSwitchboard
         return TorchServeSwitchboard(self.settings.run_dir)
 
     def curl_line(self, model: str | None = None, image: Path = EXAMPLE_IMAGE) -> str:

@@ -27,9 +27,9 @@ from handlers.image_classifier import TorchServeHandler
 from handlers.policy import RUN_CONFIG_ENV
 from handlers.request import ImageRequest
 from handlers.routes import ROUTES_FOLDER, Canary, Control, ModelRoutes, WorkerRoutes
-from serving.rollout.torchserve import TorchServeSwitchboard
 from serving.settings import free_port
 from serving.torchserve.config import KEY_FILE, RUN_CONFIG
+from serving.torchserve.switchboard import TorchServeSwitchboard
 from tests.answers import assert_same_answer, expected_answer
 
 NAME = "resnet18"

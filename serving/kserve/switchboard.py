@@ -1,5 +1,5 @@
-"""A running KServe ModelServer of ours through its version routes (serving/kserve/versions.py, loopback clients
-only): the candidate loaded from the store beside the live version with the same policy, asked directly at
+"""A running KServe ModelServer of ours through its version routes (serving/kserve/versions.py; the management
+key, or loopback without tokens): the candidate loaded from the store beside the live version with the same policy, asked directly at
 /v1/models/NAME.vN:predict, NAME switched to it, the old one unloaded once the requests it holds are answered.
 
 --canary P: the server's default version hands P % of its requests to the candidate (its answers counted) until the
