@@ -54,11 +54,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 # The heaviest scopes (a module, or a SHARED_BY_GROUP group), heaviest first: handed out first, so that the run
 # does not end with one worker alone on a long module (the docker image's build and runs, then the shared server,
-# the rollouts on every engine, the detectors' exports and servers, ...). A worker is handed its next scope when two
-# tests of its current one are left, so a long scope near the end would keep the other worker idle: every scope of
-# minutes is named here, the rest are short.
-HEAVIEST_FIRST = ("tests/docker/test_image.py", "resnet18_server", "tests/e2e/test_rollout.py",
-                  "tests/e2e/test_detection.py", "lite0_int8_export", "tests/e2e/test_zoo.py",
+# the detectors' exports and servers, which need no resnet18 while the other worker makes it, the rollouts on every
+# engine, ...). A worker is handed its next scope when two tests of its current one are left, so a long scope near
+# the end would keep the other worker idle: every scope of minutes is named here, the rest are short.
+HEAVIEST_FIRST = ("tests/docker/test_image.py", "resnet18_server", "tests/e2e/test_detection.py",
+                  "tests/e2e/test_rollout.py", "lite0_int8_export", "tests/e2e/test_zoo.py",
                   "tests/e2e/test_rollout_evidence.py", "tests/test_cpu_independence.py",
                   "tests/e2e/test_own_models.py", "tests/docker/test_entrypoint.py",
                   "resnet18_inprocess_bench", "tests/e2e/test_kserve.py", "tests/e2e/test_ray_two_node.py",
