@@ -19,10 +19,6 @@ from pathlib import Path
 from typing import Callable
 
 from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION
-from gates.boxes import compare_served_boxes
-from gates.masks import compare_class_maps
-from gates.photos import MAX_FOLDER_PHOTOS, folder_photos, held_out_photos
-from gates.topk import compare_ranked
 from gates.verdict import Sides, Verdict
 from serving.rollout.candidate import Candidate, carried_photos
 
@@ -40,13 +36,21 @@ PHOTO_COUNT = 10  # held-out photos sent to both versions: enough for a 0.9 shar
 CONFIDENT_PROBABILITY = 0.5
 MIN_EVIDENCE_PHOTOS = 3
 
-COMPARATORS: dict[str, Callable[..., Verdict]] = {  # (live answer, candidate answer, sides=) -> Verdict
-    CLASSIFICATION: functools.partial(compare_ranked, min_top5_overlap=MIN_TOP5_OVERLAP,
-                                      confident_probability=CONFIDENT_PROBABILITY),
-    DETECTION: functools.partial(compare_served_boxes, box_iou_min=DETECTION_BOX_IOU,
-                                 score_atol=DETECTION_SCORE_ATOL),
-    SEGMENTATION: functools.partial(compare_class_maps, min_mask_iou=MIN_MASK_IOU),
-}
+
+
+def comparator(task: str) -> Callable[..., Verdict]:
+    """The task's rule: (live answer, candidate answer, sides=) -> Verdict. Imported when a gate runs, so that the
+    rollout's other commands (a refusal, a rollback, `versions`) start without torch and torchvision."""
+    if task == CLASSIFICATION:
+        from gates.topk import compare_ranked
+        return functools.partial(compare_ranked, min_top5_overlap=MIN_TOP5_OVERLAP,
+                                 confident_probability=CONFIDENT_PROBABILITY)
+    if task == DETECTION:
+        from gates.boxes import compare_served_boxes
+        return functools.partial(compare_served_boxes, box_iou_min=DETECTION_BOX_IOU, score_atol=DETECTION_SCORE_ATOL)
+    from gates.masks import compare_class_maps
+    return functools.partial(compare_class_maps, min_mask_iou=MIN_MASK_IOU)
+
 # What each task's gate asks for beyond the photo: a classifier's top-5, a segmenter's class map as PNG.
 REQUEST_HEADERS = {CLASSIFICATION: {"X-TopK": "5"}, DETECTION: {}, SEGMENTATION: {"X-Masks": "png"}}
 
@@ -141,6 +145,7 @@ def describe_evidence(task: str) -> str:
 def photos_for(given: int | Path | None, candidate: Candidate | None = None) -> Photos:
     """--photos DIR (read at once: it needs no candidate); else the held-out photos the candidate's archive carries;
     else the built-in held-out photographs. --photos N takes the first N of either."""
+    from gates.photos import MAX_FOLDER_PHOTOS, folder_photos, held_out_photos  # decoders: only when photos are read
     if isinstance(given, Path):
         return Photos(f"--photos {given}", folder_photos(given, MAX_FOLDER_PHOTOS))
     # The candidate's, not the live's: they travel with the version under judgement, chosen by whoever exported it
@@ -157,7 +162,7 @@ def photos_for(given: int | Path | None, candidate: Candidate | None = None) -> 
 def run_gate(task: str, live: str, candidate: str, ask_live: Callable[[bytes], dict],
              ask_candidate: Callable[[bytes], dict], photos: Photos) -> GateResult:
     """Both versions' answers to each photo (ask_*: one real HTTP request each), compared by the task's rule."""
-    compare, sides = COMPARATORS[task], Sides(live, candidate)
+    compare, sides = comparator(task), Sides(live, candidate)
     result = GateResult(task, live, candidate, photos.source)
     for name, image in photos.items:
         result.verdicts.append(PhotoVerdict(name, compare(ask_live(image), ask_candidate(image), sides=sides)))

@@ -13,13 +13,25 @@ from serving import cli
 from tests.conftest import ROOT
 
 
-def test_python_m_serving_answers_help_without_importing_torch_or_any_engine_package():
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "serving", "--help"], cwd=ROOT,
+def imported_by(*argv: str) -> tuple[str, set[str]]:
+    """(stdout, the modules imported) of `python -m serving ARGV` run in a subprocess."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "serving", *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "usage: python -m serving" in done.stdout, done.stdout + done.stderr
-    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                         if line.startswith("import time")}
+
+
+def test_python_m_serving_answers_help_without_importing_torch_or_any_engine_package():
+    said, imported = imported_by("--help")
     heavy = {name for name in imported if name.split(".")[0] in ("torch", "requests", "kserve", "export", "models")}
-    assert "serving.cli" in imported and not heavy, sorted(heavy)
+    assert "usage: python -m serving" in said and "serving.cli" in imported and not heavy, sorted(heavy)
+
+
+def test_the_rollout_command_starts_without_torch_its_gate_imports_the_comparators_when_it_runs():
+    said, imported = imported_by("rollout", "--help")
+    heavy = {name for name in imported if name.split(".")[0] in ("torch", "torchvision") or name == "gates.boxes"}
+    assert "usage:" in said and "serving.rollout.command" in imported and not heavy, sorted(heavy)
 
 
 def usage_error(argv: list[str], capsys) -> str:
