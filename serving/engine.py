@@ -108,6 +108,10 @@ class Engine(ABC):
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         """(URL, a function that sends image to model once as a client does): the readiness probe."""
 
+    def client_body(self, image: bytes) -> tuple[bytes, str]:
+        """(body, content type) a client posts for one image to the first of urls(): the photo's own bytes."""
+        return image, "image/jpeg"
+
     def answer_of(self, response: requests.Response) -> dict:
         """The answer to one image ({"model", "artifact", "predictions": [{"label", "probability"...}]})."""
         return response.json()

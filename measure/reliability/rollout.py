@@ -13,14 +13,13 @@ after which every answer came from the new version.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from contract.policy import ServingPolicy
 from contract.versions import VERSION_HEADER, label_of, record_default
@@ -28,6 +27,9 @@ from measure.command import write_tables
 from measure.loadgen import percentile
 from serving.rollout.candidate import checked_manifest
 from serving.settings import EXAMPLE_IMAGE, PROJECT_ROOT, REQUEST_TIMEOUT_S, ServingSettings
+
+if TYPE_CHECKING:
+    from serving.engine import Engine
 
 CONCURRENCY = 8
 STEADY_S = 20.0  # steady state measured before the rollout
@@ -51,7 +53,7 @@ class VersionedLoad:
     image: bytes
     content_type: str = "image/jpeg"
     concurrency: int = CONCURRENCY
-    kserve_v1: bool = False  # KServe's v1 body ({"instances": [{"image": {"b64"}}]}), its answer the first prediction
+    engine: Engine | None = None  # how its clients post a photo and read the answer (None: the photo's bytes, the JSON)
     headers: dict = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
 
@@ -74,17 +76,14 @@ class VersionedLoad:
     def _client(self) -> None:
         import requests
         session = requests.Session()
-        body, content_type = self.image, self.content_type
-        if self.kserve_v1:
-            body = json.dumps({"instances": [{"image": {"b64": base64.b64encode(self.image).decode()}}]}).encode()
-            content_type = "application/json"
+        body, content_type = self.engine.client_body(self.image) if self.engine else (self.image, self.content_type)
         headers = {"Content-Type": content_type, **self.headers}
         while not self._stop.is_set():
             start = time.monotonic()
             try:
                 response = session.post(self.url, data=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
                 ok = response.status_code == 200
-                answer = (response.json()["predictions"][0] if self.kserve_v1 else response.json()) if ok else None
+                answer = (self.engine.answer_of(response) if self.engine else response.json()) if ok else None
                 sample = Sample(start, time.monotonic(), response.status_code, response.headers.get(VERSION_HEADER),
                                 answer, "" if ok else response.text[:200])
             except (requests.RequestException, ValueError, KeyError, IndexError) as error:
@@ -174,16 +173,17 @@ def _main(argv: list[str] | None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     record_default(run_dir, args.model, args.live)  # the start serves it
     settings, url = engine_settings(args.engine, args.model_store, run_dir, args.model)
-    with engines.get(args.engine)(settings).running(args.image):
-        rows, log = under_load(url, args, run_dir)
+    server = engines.get(args.engine)(settings)
+    with server.running(args.image):
+        rows, log = under_load(url, server, args, run_dir)
     context = {"model": args.model, "live": args.live, "candidate": str(args.candidate), "engine": args.engine,
                "concurrency": CONCURRENCY, "log": log}
     write_tables(args.out, f"rollout-{args.engine}", markdown(rows), context, rows)
     return 0 if not any(row["failed"] for row in rows) else 1
 
 
-def under_load(url: str, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict], str]:
-    load = VersionedLoad(url, args.image.read_bytes(), kserve_v1=args.engine == "kserve").start()
+def under_load(url: str, server: Engine, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict], str]:
+    load = VersionedLoad(url, args.image.read_bytes(), engine=server).start()
     try:
         time.sleep(args.steady)
         steady_end = time.monotonic()

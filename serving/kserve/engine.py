@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -73,6 +74,9 @@ class KServe(Engine):
         url, body = self.settings.predict_url(model), v1_body(image)
         return url, lambda: requests.post(url, json=body, timeout=PROBE_TIMEOUT_S, headers=self.request_headers())
 
+    def client_body(self, image: bytes) -> tuple[bytes, str]:
+        return json.dumps(v1_instances(image)).encode(), "application/json"
+
     def answer_of(self, response: requests.Response) -> dict:
         return response.json()["predictions"][0]
 
@@ -123,5 +127,9 @@ class KServe(Engine):
 
 
 def v1_body(image: Path) -> dict:
-    """KServe's v1 request for one image: {"instances": [{"image": {"b64": ...}}]}."""
-    return {"instances": [{"image": {"b64": base64.b64encode(Path(image).read_bytes()).decode()}}]}
+    """KServe's v1 request for one image file: {"instances": [{"image": {"b64": ...}}]}."""
+    return v1_instances(Path(image).read_bytes())
+
+
+def v1_instances(image: bytes) -> dict:
+    return {"instances": [{"image": {"b64": base64.b64encode(image).decode()}}]}

@@ -91,8 +91,9 @@ def test_rollout_refusal_and_rollback_under_load(engine, versioned_store, tmp_pa
     if engine == "ray":
         pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
     settings, url = engine_settings(engine, store, run_dir, NAME, ONE_WORKER)
-    with engines.get(engine)(settings).running(CAT):
-        load = VersionedLoad(url, CAT.read_bytes(), kserve_v1=engine == "kserve").start()
+    server = engines.get(engine)(settings)
+    with server.running(CAT):
+        load = VersionedLoad(url, CAT.read_bytes(), engine=server).start()
         try:
             rolled = serving_command("rollout", NAME, str(store / f"{NAME}.v2.mar"), "--run-dir", str(run_dir),
                                      *MIRROR_AND_CANARY)
@@ -226,7 +227,7 @@ def test_a_candidate_that_hangs_or_crashes_never_fails_a_live_request(engine, po
         board.load_beside(NAME, Candidate(archive, checked_manifest(archive)))
         pids = candidate_pids(engine, board, settings)
         assert pids, f"no process of {NAME}'s v2 on {engine}"
-        load = VersionedLoad(url, CAT.read_bytes(), kserve_v1=engine == "kserve").start()
+        load = VersionedLoad(url, CAT.read_bytes(), engine=server).start()
         try:
             hung = canary_while(board, lambda: [os.kill(pid, signal.SIGSTOP) for pid in pids])
             for pid in pids:

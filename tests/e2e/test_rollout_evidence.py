@@ -10,7 +10,6 @@ fine-tune."""
 
 from __future__ import annotations
 
-import base64
 import re
 import shutil
 from pathlib import Path
@@ -105,14 +104,15 @@ def test_a_face_detectors_rollouts_refuse_what_proves_nothing(engine, exports, c
     def rollout(path, *flags: str):
         return serving_command("rollout", NAME, str(path), "--run-dir", str(run_dir), *flags)
 
-    with engines.get(engine)(settings).running(face_photos / "whole.png"):
+    server = engines.get(engine)(settings)
+    with server.running(face_photos / "whole.png"):
         agreeing = rollout(store / f"{NAME}.v2.mar")  # on the faces its archive carries
         randoms = [rollout(random_out, *faces), rollout(random_out, *faces)]
         unjudged = rollout(collapsed["out"])  # it carries no photos: the built-in set, no face in them
         blind = rollout(collapsed["out"], *faces)
         live_after_refusals = live_version(store, NAME)  # what a start from the store alone serves
         back = serving_command("rollback", NAME, "--run-dir", str(run_dir))
-        version, found = asked(url, (face_photos / "whole.png").read_bytes(), kserve_v1=engine == "kserve")
+        version, found = asked(server, url, (face_photos / "whole.png").read_bytes())
 
     assert agreeing.returncode == 0, agreeing.stdout + agreeing.stderr
     assert f"photos: the 4 held-out photos {NAME}.v2.mar carries" in agreeing.stdout, agreeing.stdout
@@ -136,14 +136,10 @@ def test_a_face_detectors_rollouts_refuse_what_proves_nothing(engine, exports, c
     assert version == "v1" and found  # MTCNN again: the astronaut's face
 
 
-def asked(url: str, photo: bytes, kserve_v1: bool) -> tuple[str, list]:
-    """The version that answered the photo, and the boxes it found."""
-    if kserve_v1:
-        body = {"instances": [{"image": {"b64": base64.b64encode(photo).decode()}}]}
-        response = requests.post(url, json=body, timeout=60)
-        answer = response.json()["predictions"][0]
-    else:
-        response = requests.post(url, data=photo, timeout=60)
-        answer = response.json()
+def asked(server, url: str, photo: bytes) -> tuple[str, list]:
+    """The version that answered the photo, and the boxes it found (posted as the engine's clients post it)."""
+    body, content_type = server.client_body(photo)
+    response = requests.post(url, data=body, headers={"Content-Type": content_type}, timeout=60)
     assert response.status_code == 200, response.text
+    answer = server.answer_of(response)
     return response.headers["X-Model-Version"], answer["detections"]

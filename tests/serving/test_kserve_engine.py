@@ -47,3 +47,18 @@ def test_a_user_is_given_the_v1_and_v2_urls_a_curl_line_and_the_stop_command(tmp
     assert engine.metrics_url() == "http://127.0.0.1:9999/metrics"
     assert engine.stop_command() == f"python -m serving stop --engine kserve --run-dir {tmp_path}"
     assert engine.pid_file == tmp_path.absolute() / "kserve.pgid"
+
+
+def test_a_client_posts_one_photo_as_kserves_v1_instances_and_reads_the_first_prediction(tmp_path):
+    """What load generators and tests send to any engine (Engine.client_body): KServe's v1 JSON here, the photo's
+    own bytes on the engines that take them."""
+    import base64
+    import json
+
+    from serving.torchserve.config import ServerSettings
+    from serving.torchserve.engine import TorchServe
+    body, content_type = KServe(KServeSettings(models=("a",), run_dir=tmp_path)).client_body(b"\xff\xd8photo")
+    assert content_type == "application/json"
+    assert base64.b64decode(json.loads(body)["instances"][0]["image"]["b64"]) == b"\xff\xd8photo"
+    raw = TorchServe(ServerSettings(model_store=tmp_path, run_dir=tmp_path)).client_body(b"\xff\xd8photo")
+    assert raw == (b"\xff\xd8photo", "image/jpeg")
