@@ -98,14 +98,23 @@ def report(run: dict) -> str:
     head = (f"{run['engine']}, {'cold (the choice at load measured afresh)' if run['cold'] else 'warm (the kept choice)'}"
             f", on {run['cpu']} ({run['cores']} cores): `python -m serving --detach` returned after "
             f"{run['returned_s']:.1f} s")
-    rows = ["| process | model | started after | " + " | ".join(SHOWN[phase] for phase in PHASES) + " | ready after |",
-            "|---|---|" + "---:|" * (len(PHASES) + 2)]
+    rows = ["| process | model | started after | " + " | ".join(SHOWN[phase] for phase in PHASES)
+            + " | ready after | CPU to open |",
+            "|---|---|" + "---:|" * (len(PHASES) + 3)]
     for process in run["processes"]:
         seconds = process["seconds"]
         ready = "" if process["ready_at"] is None else f"{process['ready_at'] - run['began']:.2f}"
         rows.append(f"| pid {process['pid']} | {process['model']} {process['version']} | "
                     f"{process['born'] - run['began']:.2f} | "
                     + " | ".join(f"{seconds[phase]:.2f}" if phase in seconds else "" for phase in PHASES)
-                    + f" | {ready} |")
+                    + f" | {ready} | {imports_cpu(process)} |")
     return "\n".join([head, "", *rows, "", "seconds; started after and ready after: since the command began; a "
-                      "process with no first answer got no request (one real answer per model makes it ready)"])
+                      "process with no first answer got no request (one real answer per model makes it ready); CPU to open: the "
+                      "process's CPU seconds from its birth to the start of opening (its imports), which a busy "
+                      "machine inflates far less than their wall-clock seconds"])
+
+
+def imports_cpu(process: dict) -> str:
+    """The CPU seconds of the process's phase before opening, where its phases record it."""
+    cpu = process.get("cpu_seconds", {}).get("process_and_imports")
+    return "" if cpu is None else f"{cpu:.2f}"

@@ -17,6 +17,7 @@ import torch
 
 from runtime.base import ArtifactError, ArtifactRunError, Backend, Outputs, RunOptions, host_outputs
 from runtime.machine import cpu_flags
+from runtime.torch_ops import with_torchvision_ops
 from runtime.torchscript import configure_torch
 
 BUILD_FILE = "vision_export_build.json"  # in the package's extra/ folder
@@ -100,6 +101,7 @@ class AOTInductorBackend(Backend):
         self.build = read_build_facts(path)
         check_build(self.build, self.device)  # before any of the package's code is loaded
         configure_torch(options)
+        with_torchvision_ops(path)  # a detector's nms: registered before the compiled code that calls it
         from torch._inductor import aoti_load_package
         index = self.device.index if self.device.index is not None else (0 if self.device.type == "cuda" else -1)
         self.runner = aoti_load_package(str(path), device_index=index)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.torch_ops import with_torchvision_ops
 from runtime.torchscript import TorchModuleBackend
 
 
@@ -16,4 +17,5 @@ class ExportedProgramBackend(TorchModuleBackend):
     format = "torch-export"
 
     def load(self, path: str, device: torch.device) -> torch.nn.Module:
+        with_torchvision_ops(path)  # a detector's nms: registered before its graph is read
         return torch.export.load(path).module().to(device)  # a GraphModule: eval()/train() are not allowed on it

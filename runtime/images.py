@@ -5,7 +5,8 @@ tools (calibration, accuracy checks) read image folders through the very same on
 Decoding is PIL's; EXIF orientation is honoured; every mode (grayscale, RGBA, palette, CMYK, 16-bit) becomes
 RGB. Resizing and cropping are what torchvision's weights.transforms() does (the form its published accuracies were
 measured on, a PIL image: PIL's antialiased resize of the shorter side, then a centre crop), computed by
-torchvision.transforms.v2 on a uint8 tensor of the decoded pixels: within one level of PIL's own resize, 3x faster.
+torchvision.transforms.v2's kernels on a uint8 tensor of the decoded pixels (runtime/transforms.py: the same
+kernels without torchvision's import): within one level of PIL's own resize, 3x faster.
 
 Two decode modes (contract.records.DECODE_MODES): "exact" decodes every pixel; "draft" lets libjpeg decode a
 large JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (PIL's `draft`) as long as both sides stay at least
@@ -23,12 +24,10 @@ import warnings
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF  # the functions weights.transforms() itself calls
-from torchvision.transforms.v2 import functional as F2
 
 from contract.errors import ImageError, ImageProblem
 from contract.records import ImageContract, ResizeRule
+from runtime import transforms  # torchvision's kernels without importing torchvision (a worker's start)
 
 # Limits checked from the header before decoding, so a small file cannot expand into gigabytes.
 MAX_PIXELS = 40_000_000  # 40 megapixels: any camera photo; a decompression bomb is far larger
@@ -206,10 +205,9 @@ def preprocess(image: torch.Tensor | Image.Image, contract: ImageContract) -> to
     a GPU it runs in float32 and rounds, exactly as transforms() on that tensor."""
     if isinstance(image, Image.Image):
         image = pixels(image)
-    image = F2.resize(image, [contract.resize], interpolation=InterpolationMode(contract.interpolation),
-                      antialias=contract.antialias)
-    image = F2.center_crop(image, list(contract.crop)).contiguous()  # PIL's pixels come channels-last: rows are CHW
-    return TF.convert_image_dtype(image, torch.float)
+    image = transforms.resize(image, [contract.resize], contract.interpolation, contract.antialias)
+    image = transforms.center_crop(image, list(contract.crop)).contiguous()  # PIL's pixels come channels-last: rows are CHW
+    return transforms.to_float(image)
 
 
 def resize_whole(image: torch.Tensor | Image.Image, rule: ResizeRule) -> torch.Tensor:
@@ -219,8 +217,8 @@ def resize_whole(image: torch.Tensor | Image.Image, rule: ResizeRule) -> torch.T
     if isinstance(image, Image.Image):
         image = pixels(image)
     size = list(rule.size(image.shape[-2], image.shape[-1]))
-    resized = F2.resize(image, size, interpolation=InterpolationMode.BILINEAR, antialias=True).contiguous()
-    return TF.convert_image_dtype(resized, torch.float)
+    resized = transforms.resize(image, size, "bilinear", antialias=True).contiguous()
+    return transforms.to_float(resized)
 
 
 def pixels(image: Image.Image) -> torch.Tensor:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from runtime.base import Backend, Outputs, RunOptions, host_outputs
+from runtime.torch_ops import with_torchvision_ops
 
 
 class TorchModuleBackend(Backend):
@@ -37,6 +38,7 @@ class TorchScriptBackend(TorchModuleBackend):
     format = "torchscript"
 
     def load(self, path: str, device: torch.device) -> torch.nn.Module:
+        with_torchvision_ops(path)  # a detector's nms: registered before the code that calls it is loaded
         module: torch.jit.ScriptModule = torch.jit.load(path, map_location=device)  # torch.jit.load is unannotated
         return module.eval()
 

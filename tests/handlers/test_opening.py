@@ -65,6 +65,7 @@ def test_every_phase_is_reported_and_the_first_real_answer_completes_the_start(r
     (opened,) = read_phases(run_dir)
     assert set(opened["seconds"]) == set(PHASES) - {"first_answer"} and opened["ready_at"] is None
     assert opened["model"] == "resnet18" and all(seconds >= 0 for seconds in opened["seconds"].values())
+    assert set(opened["cpu_seconds"]) == set(opened["seconds"]) and opened["cpu_seconds"]["process_and_imports"] > 0
     with caplog.at_level(logging.INFO, logger="handlers"):
         core.answer(CAT.read_bytes())
         core.answer(CAT.read_bytes())  # a later answer changes nothing

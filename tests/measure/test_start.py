@@ -27,7 +27,9 @@ def test_every_phase_of_every_process_is_a_column_and_the_cpu_is_named(tmp_path)
     assert all(SHOWN[phase] in table.splitlines()[2] for phase in PHASES)
     answered_row, unanswered_row = table.splitlines()[4:6]
     assert answered_row.startswith("| pid ") and "efficientnet-lite0 v1" in answered_row
-    assert unanswered_row.startswith("| pid 7 |") and unanswered_row.endswith("|  |")  # no first answer: no ready
+    assert unanswered_row.startswith("| pid 7 |") and unanswered_row.split("|")[-3] == "  "  # no first answer: no ready
+    assert "CPU to open" in table and float(answered_row.split("|")[-2]) >= 0  # the process's CPU before opening
+    assert set(phases[0]["cpu_seconds"]) == set(PHASES) - {"first_answer"}  # the first answer is timed in seconds only
 
 
 def test_a_store_without_an_archive_is_refused_with_what_to_do(tmp_path, capsys):
