@@ -211,8 +211,8 @@ def served_by(responses: list) -> collections.Counter:
     return collections.Counter(response.headers["X-Served-By"] for response in responses)
 
 
-def workers_of(settings) -> list[dict]:
-    return requests.get(f"{settings.url}/v2/models/{NAME}/description", timeout=10).json()["workers"]
+def workers_of(settings, model: str = NAME) -> list[dict]:
+    return requests.get(f"{settings.url}/v2/models/{model}/description", timeout=10).json()["workers"]
 
 
 def log_since(settings, offset: int) -> str:
@@ -333,7 +333,7 @@ def test_a_worker_that_cannot_start_again_stops_the_server_with_the_reason(resne
             data = bytearray(artifact.read_bytes())
             data[-1] ^= 1
             artifact.write_bytes(bytes(data))
-        first, _ = workers_of(settings)
+        first, _ = workers_of(settings, "resnet18")
         os.kill(first["pid"], signal.SIGKILL)
         assert process.wait(timeout=REPLACED_S * 3) == 1  # by itself: it neither hangs nor serves on half
     log = settings.log_file.read_text()
