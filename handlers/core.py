@@ -108,8 +108,9 @@ class ImageCore:
 
     def __init__(self, manifest: Manifest, record: ArtifactRecord, backend: Backend, labels: dict[int, str],
                  config: HandlerConfig, device: str, threads: int, choice: Choice | None = None,
-                 policy: ServingPolicy | None = None):
+                 policy: ServingPolicy | None = None, served_name: str | None = None):
         self.manifest = manifest
+        self.name = name_served(manifest, served_name)  # what answers, log lines and metric labels call it
         self.record = record
         self.backend = backend
         self.labels = labels
@@ -157,7 +158,7 @@ class ImageCore:
                     threads: int | None = None, machine: MachineProfile | None = None,
                     policy: ServingPolicy | None = None, measure: bool = False,
                     kind: str | None = None, form: str | None = None,
-                    phases: StartPhases | None = None) -> "ImageCore":
+                    phases: StartPhases | None = None, served_name: str | None = None) -> "ImageCore":
         """Serve the form this machine chooses among the export's gated candidates (runtime.form_choice.choose;
         `machine`: a simulated profile, for tests), after checking its sha256. `settings` is model-config.yaml's
         handler section; `policy` the serving policy the engine resolved (its threads run the model); without
@@ -166,7 +167,8 @@ class ImageCore:
         margin of the fastest, measured under the policy; without it, the first candidate this machine meets.
         `form`: that gated form, refused unless this machine may serve it (a test re-running the form a server
         named in its answer); `kind`: any artifact the manifest records, gated or not (a benchmark's row).
-        `phases`: where the start's phases are timed (handlers/start_phases.py; begun here without one)."""
+        `phases`: where the start's phases are timed (handlers/start_phases.py; begun here without one).
+        `served_name`: the name the engine serves it under (name_served)."""
         folder, phases = Path(folder), phases or StartPhases.begin()
         with phases.timed("archive"):
             manifest = Manifest.read(folder)
@@ -190,16 +192,17 @@ class ImageCore:
         with phases.timed("form_opened"):
             backend, warm = opened_backend(folder, record, RunOptions(device=str(device), threads=threads,
                                                                       precision=precision), choice)
-        core = cls(manifest, record, backend, labels, config, str(device), threads, choice, policy)
+        core = cls(manifest, record, backend, labels, config, str(device), threads, choice, policy, served_name)
         with phases.timed("warm_up"):
             if not warm:
                 core.warm_up()
         core.phases = phases
-        phases.opened(manifest.model.name, core.version)
+        phases.opened(core.name, core.version)
         logger.info(choice.line() if choice else f"serving {kind}, the artifact the caller named")
         logger.info("serving policy: %s", policy.reason)
-        logger.info("serving %s (%s, sha256 verified) on %s with %d thread(s), %s; preprocessing: %s, decode %s",
-                    manifest.model.name, record.kind, device, threads, precision, core.input_line(), core.decode_mode())
+        logger.info("serving %s (%s: %s, sha256 verified) on %s with %d thread(s), %s; preprocessing: %s, decode %s",
+                    core.name, manifest.model.name, record.kind, device, threads, precision, core.input_line(),
+                    core.decode_mode())
         return core
 
     def warm_up(self) -> None:
@@ -218,11 +221,14 @@ class ImageCore:
     def describe(self) -> dict:
         """The model description engines show: what is served here, on which machine profile, and why; the
         serving policy it runs under, each value with its reason."""
-        return {"model": self.manifest.model.name, "version": self.version, "artifact": self.record.kind,
-                "format": self.record.format,
+        return {**self.names(), "version": self.version, "format": self.record.format,
                 "precision": self.record.precision, "choice": self.choice.as_dict() if self.choice else None,
                 "why": self.choice.line() if self.choice else "chosen by the caller, not by the machine rule",
                 "backend": self.backend.describe(), "policy": self.policy.describe() if self.policy else None}
+
+    def names(self) -> dict:
+        """What every answer and the description name: the model as served, its architecture, the form serving."""
+        return {"model": self.name, "architecture": self.manifest.model.name, "artifact": self.record.kind}
 
     @cached_property
     def served(self) -> metrics.ServedModel:
@@ -257,8 +263,7 @@ class ImageCore:
         return {
             "predictions": [{"label": self.labels.get(int(i), str(int(i))), "index": int(i),
                              "probability": round(float(p), 6)} for p, i in zip(values, indices)],
-            "model": self.manifest.model.name,
-            "artifact": self.record.kind,
+            **self.names(),
         }
 
     # ------------------------------------------------------------ a batch, row by row
@@ -335,6 +340,14 @@ class ImageCore:
         if isinstance(result, RequestError):
             raise result
         return result
+
+
+def name_served(manifest: Manifest, served_name: str | None) -> str:
+    """The model's name in answers, log lines and metric labels: the name an engine serves it under (TorchServe's
+    model name, KServe's, Ray's application's model: handlers/opening.py's open_archive hands it over), else, for
+    a core opened without an engine (the batch, a test, a measurement), its architecture (manifest.model.name).
+    The architecture is always a field of its own (ImageCore.names)."""
+    return served_name or manifest.model.name
 
 
 def internal_error(stage: str, error: Exception) -> RequestError:

@@ -2,8 +2,8 @@
 
 What is TorchServe's lives here: the model folder and GPU from system_properties, model-config.yaml's
 `handler:` section, the serving policy `python -m serving` wrote in TorchServe's run config (handlers/policy.py),
-the request rows and their headers, per-row status codes and request id headers. Metrics and request lines
-are every engine's (handlers/metrics.py, handlers/signals.py): TorchServe's frontend hides when a request
+the request rows and their headers, per-row status codes and headers. Replies, metrics and request lines are every
+engine's (handlers/answers.py, handlers/metrics.py, handlers/signals.py): TorchServe's frontend hides when a request
 arrived, so here a request's latency starts when its batch reaches the worker, and its queue stage is not known.
 While a rollout asks (handlers/routes.py), the live version's worker sends a share of its rows to the candidate
 and keeps the photos of the next ones; each row's answer and version header are the version's that computed it.
@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from contract.errors import VisionExportError
-from contract.versions import VERSION_HEADER
-from handlers import metrics, signals
+from handlers import metrics
+from handlers.answers import Reply, reply
 from handlers.core import ImageCore
 from handlers.opening import GPU, device_of, open_archive
 from handlers.policy import worker_policy
 from handlers.request import JSON_TYPE, ImageRequest, request_id_of
-from handlers.request_error import RequestError
-from handlers.routes import WorkerRoutes
+from handlers.routes import Forwarded, WorkerRoutes
 from runtime import IntegrityError
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,8 @@ class TorchServeHandler:
         policy, source = worker_policy(context.model_name, config)
         logger.info("serving policy of %s from %s", context.model_name, source)
         return open_archive(Path(properties.get("model_dir", ".")), str(select_device(properties)), policy,
-                            settings=config.get("handler"))  # TorchServe unpacked it and read its config
+                            settings=config.get("handler"),  # TorchServe unpacked it and read its config
+                            served_name=context.model_name)
 
     def handle(self, data: list, context) -> list:
         if _header(context, 0, DESCRIBE_HEADER) == "True":
@@ -80,43 +81,37 @@ class TorchServeHandler:
         timer = metrics.Timer()
         requests = [torchserve_request(context, index, row) for index, row in enumerate(data)]
         forwards = self.routes.route(requests) if self.routes else {}  # a canary's share, while a rollout asks
-        answers = self._answer_here(sorted(set(range(len(requests))) - forwards.keys()), requests, timer)
+        answers = self._answer_here(sorted(set(range(len(requests))) - forwards.keys()), requests)
         by_canary = self.routes.collect(forwards) if self.routes and forwards else {}
-        answers.update(self._answer_here(sorted(forwards.keys() - by_canary.keys()), requests, timer))  # no row lost
-        answers.update({index: forwarded.answer for index, forwarded in by_canary.items()})
-        versions = [by_canary[index].version if index in by_canary else self.core.version
-                    for index in range(len(requests))]
-        _version_headers(context, versions)
-        return [self._respond(context, index, answers[index], requests[index].request_id)
+        answers.update(self._answer_here(sorted(forwards.keys() - by_canary.keys()), requests))  # no row lost
+        return [_sent(context, index, self._reply(answers.get(index), requests[index].request_id,
+                                                 by_canary.get(index), timer))
                 for index in range(len(requests))]
 
-    def _answer_here(self, rows: list[int], requests: list[ImageRequest], timer: metrics.Timer) -> dict:
+    def _answer_here(self, rows: list[int], requests: list[ImageRequest]) -> dict:
         """Those rows answered by this worker's version, by row."""
         if not rows:
             return {}
         with metrics.in_flight(self.core.served.model):
             result = self.core.run_batch([requests[index] for index in rows])
-        for answer in result.answers:
-            metrics.observe_request(self.core.served, getattr(answer, "code", 200), timer.seconds())
         return dict(zip(rows, result.answers))
 
-    @staticmethod
-    def _respond(context, index: int, answer, rid: str) -> dict:
-        if context is not None and rid:
-            context.set_response_header(index, ID_HEADER, rid)
-        if not isinstance(answer, RequestError):
-            return answer
-        if context is not None:
-            context.set_response_status(code=answer.code, phrase=answer.message[:200], idx=index)
-        return signals.with_request_id(answer.as_response(), rid)
+    def _reply(self, answer, rid: str, canary: Forwarded | None, timer: metrics.Timer) -> Reply:
+        """A row's reply (handlers/answers.py): this worker's answer, its metrics recorded here; or the canary's,
+        naming the canary's version, whose own worker recorded it. Every row, an error too, names its version."""
+        if canary is not None:
+            return reply(canary.answer, replace(self.core.served, version=canary.version), rid, id_header=ID_HEADER)
+        return reply(answer, self.core.served, rid, timer.seconds(), id_header=ID_HEADER)
 
 
-def _version_headers(context, versions: list[str]) -> None:
-    """Every row's answer, an error too, names the version that computed it (beside the JSON's "version"): this
-    worker's, or the canary's that answered the row."""
+def _sent(context, index: int, replied: Reply):
+    """TorchServe's transport of a row's reply: its headers and status set on the context, its body returned."""
     if context is not None:
-        for index, version in enumerate(versions):
-            context.set_response_header(index, VERSION_HEADER, version)
+        for name, value in replied.headers.items():
+            context.set_response_header(index, name, value)
+        if replied.code != 200:
+            context.set_response_status(code=replied.code, phrase=replied.body["error"][:200], idx=index)
+    return replied.body
 
 
 def torchserve_request(context, index: int, row) -> ImageRequest:

@@ -11,7 +11,7 @@ preprocessing and the request's life are the core's, exactly as under TorchServe
   v2  POST /v2/models/NAME/infer  input `image`, BYTES, shape [N]: each element an encoded image (raw bytes
       with the binary-data extension, base64 text in JSON); request parameter `topk`.
       -> outputs `labels` (BYTES [N, k]), `indices` (INT64 [N, k]), `probabilities` (FP32 [N, k]);
-      parameters `model` and `artifact`. A detector answers one row per box of every image: `boxes` (FP32
+      parameters `model`, `architecture` and `artifact`. A detector answers one row per box of every image: `boxes` (FP32
       [B, 4], the photo's pixels), `labels`, `indices`, `scores`, `image_index` (which image, INT64 [B]); a
       segmenter one row per class present: `labels`, `indices`, `shares`, `image_index`, and `class_map_png`
       (BYTES [N], each image's class map). Request parameters: a detector's score_threshold and max_detections.
@@ -34,15 +34,16 @@ from kserve import Model
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from contract.policy import ServingPolicy
-from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION, Manifest
-from contract.versions import UNVERSIONED, VERSION_HEADER, label_of
+from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION
+from contract.versions import UNVERSIONED
+from handlers.answers import reply
 from handlers.batching import Batcher
 from handlers.core import ImageCore, ImageRequest
-from handlers.logs import SERVED_BY
+from handlers.metrics import ServedModel
+from handlers.opening import open_archive
 from handlers.request import JSON_TYPE, request_id_of
 from handlers.request_body import TASK_OPTIONS, checked_topk, from_base64
 from handlers.request_error import RequestError
-from handlers.tasks import open_core
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ IMAGE = "image"  # the v2 input, and the v1 instance key
 B64 = "b64"  # KServe's v1 convention for binary values: {"b64": "<base64>"}
 TOPK = "topk"  # v1 instance key, v2 request parameter
 LABELS, INDICES, PROBABILITIES = "labels", "indices", "probabilities"
+V2_PARAMETERS = ("model", "architecture", "artifact")  # what every answer names (handlers/core.py), v2's parameters
 V1_SHAPE = 'v1 takes {"instances": [{"image": {"b64": "<base64 image>"}}]}'
 INPUT_METADATA = [{"name": IMAGE, "datatype": "BYTES", "shape": [-1]}]
 OUTPUT_METADATA = [{"name": LABELS, "datatype": "BYTES", "shape": [-1, -1]},
@@ -81,18 +83,20 @@ class KServeModel(Model):
         self.core: ImageCore | None = None  # or, with workers, the pool that runs one in each worker
         self.batcher: Batcher | None = None
         self.rows_here = 0  # rows the core in this process answered (one worker)
+        self.served: ServedModel | None = None  # what its answers and metrics name (handlers/metrics.py), at load
         self.version = UNVERSIONED  # the archive's version (contract/versions.py), read at load
 
     def load(self) -> bool:
         """Open the archive's served artifact after checking its sha256 (in each worker process with `workers`);
         a refusal raises (HandlerSetupError, IntegrityError) and the server does not start."""
         if self.workers is None:
-            self.core = open_core(self.folder, self.device, self.settings, policy=self.policy)
+            self.core = open_archive(self.folder, self.device, self.policy, self.settings, served_name=self.name)
             self.batcher = Batcher(self.core, self.policy)
         else:
             self.core = self.workers(self.folder, self.device, self.settings, self.policy)
             self.batcher = Batcher(self.core, self.policy, lanes=self.core.lanes)
-        self.version = label_of(Manifest.read(self.folder).model_version)
+        self.served = ServedModel.of(self.core.describe())  # the labels of its metrics, and its version header
+        self.version = self.served.version
         self.ready = True
         return self.ready
 
@@ -126,12 +130,14 @@ class KServeModel(Model):
         answers, worker = await self.batcher.answered(rows)
         if worker is None:
             self.rows_here += len(rows)
+        # a bad row raises its RequestError here: serving/kserve/app.py replies with it
+        body = (v2_response(payload, self.name, answered(answers), self.core.TASK) if v2
+                else {"predictions": answered(answers)})
+        # the reply every engine makes (handlers/answers.py); KServe's front records its metrics and request id
+        sent = reply(body, self.served, request_id_of(headers or {}), served_by=worker or self.here())
         if response_headers is not None:
-            response_headers[SERVED_BY] = worker or self.here()
-            response_headers[VERSION_HEADER] = self.version
-        if v2:
-            return v2_response(payload, self.name, answered(answers), self.core.TASK)
-        return {"predictions": answered(answers)}
+            response_headers.update(sent.headers)
+        return sent.body
 
 
 def rows_of(payload, task: str, headers: dict | None = None) -> list[ImageRequest]:
@@ -208,7 +214,7 @@ def v2_response(request: InferRequest, model_name: str, answers: list[dict],
                for name, (datatype, _) in OUTPUTS[task].items()]
     # a request may leave its id out; KServe's response model requires one (its own requests get a uuid)
     return InferResponse(request.id or str(uuid.uuid4()), model_name, outputs, parameters={
-        "model": answers[0]["model"], "artifact": answers[0]["artifact"]},
+        name: answers[0][name] for name in V2_PARAMETERS},
         use_binary_outputs=request.use_binary_outputs, requested_outputs=request.request_outputs)
 
 

@@ -9,8 +9,9 @@ serves (docs/observability.md).
     vision_requests_in_flight{model}                           gauge: requests arrived and not yet answered
     vision_request_failures_total{model,version,form,code}     counter: answers with a 4xx or 5xx code
 
-No label takes unbounded values: model and form come from the model store, version from the archive, code is an
-HTTP status, stage one of STAGES (request ids are logged, never labels).
+No label takes unbounded values: model (the name it is served under, not its architecture: handlers/core.py's
+name_served) and form come from the model store, version from the archive, code is an HTTP status, stage one of
+STAGES (request ids are logged, never labels).
 
 Where an engine answers from several processes (TorchServe's workers, KServe's worker pool, Ray's replicas) each
 process writes its values to files in PROMETHEUS_MULTIPROC_DIR, which the engine sets before any of them starts
@@ -76,7 +77,7 @@ ON = enabled()
 
 @dataclass(frozen=True)
 class ServedModel:
-    """The labels that name what served a request: the model, its archive's version and the form served."""
+    """The labels that name what served a request: the model as served, its archive's version and the form."""
 
     model: str
     version: str = UNVERSIONED

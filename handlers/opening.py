@@ -1,7 +1,8 @@
 """Opening an archive as a request core: the one way TorchServe's handler, KServe's server and workers, Ray's
 replicas and the batch do it, each phase of the start timed (handlers/start_phases.py).
 
-    core = open_archive(Path("model-store/resnet50.mar"), device_of(policy.device), policy, scratch=folder)
+    core = open_archive(Path("model-store/clf.mar"), device_of(policy.device), policy, scratch=folder,
+                        served_name="clf")  # a resnet50 served as clf: its answers say so
 
 An archive (.mar) is unpacked into `scratch` once per content: a folder that already holds this archive's members
 (the names, sizes and CRC-32s of its zip directory, written beside them as UNPACKED_MARK) is opened as it is. That
@@ -78,11 +79,13 @@ def unpacked(archive: Path, folder: Path) -> Path:
 
 
 def open_archive(source: str | Path, device: str = "cpu", policy=None, settings: dict | None = FROM_ARCHIVE,
-                 scratch: str | Path | None = None, **options) -> ImageCore:
+                 scratch: str | Path | None = None, served_name: str | None = None, **options) -> ImageCore:
     """The core of an archive (unpacked into `scratch`) or of a folder, under the engine's `policy` (a
     ServingPolicy; None: the in-process one), serving the form this machine chooses; `settings`: the handler
-    section when the engine has read it already (TorchServe), else the archive's own. `options`: the core's
-    (from_folder: threads, machine, measure, kind, form)."""
+    section when the engine has read it already (TorchServe), else the archive's own. `served_name`: the name the
+    engine serves it under, which its answers, log lines and metric labels carry (None: its architecture, as the
+    batch has it; handlers/core.py's name_served). `options`: the core's (from_folder: threads, machine, measure,
+    kind, form)."""
     from handlers.tasks import open_core  # here: a process that only unpacks (KServe's front) needs no torch
     phases = StartPhases.begin()
     source = Path(source)
@@ -95,4 +98,4 @@ def open_archive(source: str | Path, device: str = "cpu", policy=None, settings:
             folder = unpacked(source, Path(scratch))
         if settings is FROM_ARCHIVE:
             settings = model_config(folder).get("handler") if not source.is_dir() else None
-    return open_core(folder, device, settings, policy=policy, phases=phases, **options)
+    return open_core(folder, device, settings, policy=policy, phases=phases, served_name=served_name, **options)

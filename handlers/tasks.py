@@ -5,11 +5,12 @@ Both send the whole upright image, resized by the archive's resize rule (the mod
 nothing, and a 12 MP photo is not copied whole into the graph), and answer in the photo's own pixels.
 
   detection     {"detections": [{"box": [x1, y1, x2, y2], "label": "dog", "index": 18, "score": 0.93,
-                 "mask": RLE (Mask R-CNN)}, ...], "image": {"width", "height"}, "model", "artifact"};
+                 "mask": RLE (Mask R-CNN)}, ...], "image": {"width", "height"}, "model", "architecture", "artifact"};
                 options score_threshold (at least the model's own) and max_detections (at most its cap)
   segmentation  {"classes": [{"label": "person", "index": 15, "share": 0.231, "mask": RLE}, ...] (the classes
-                present, largest first), "image": {...}, "model", "artifact"}; option masks: rle | png | none
-                (png: one PNG of the class map, each pixel's value its class index, base64 in "class_map_png")
+                present, largest first), "image": {...}, "model", "architecture", "artifact"}; option masks:
+                rle | png | none (png: one PNG of the class map, each pixel's value its class index, base64 in
+                "class_map_png")
 
 RLE is COCO's uncompressed run-length encoding of a binary mask at the photo's size: {"size": [height, width],
 "counts": [zeros, ones, zeros, ...]} in column-major order, which pycocotools' frPyObjects and drawing tools read.
@@ -72,8 +73,7 @@ class WholeImageCore(ImageCore):
         return [(self.backend(row.tensor[None]), row) for row in rows]
 
     def framed(self, answer: dict, row: WholeImage) -> dict:
-        return {**answer, "image": {"width": row.width, "height": row.height}, "model": self.manifest.model.name,
-                "artifact": self.record.kind}
+        return {**answer, "image": {"width": row.width, "height": row.height}, **self.names()}
 
     def label(self, index: int) -> str:
         return self.labels.get(index, str(index))

@@ -21,7 +21,9 @@ import torch
 from handlers.core import ImageCore
 from handlers.tasks import open_core
 
-ANSWER_FIELDS = ("model", "artifact")
+# What a served answer shares with the in-process one: the name it is served under is the server's (an in-process
+# core names its architecture), so the architecture and the form are compared.
+ANSWER_FIELDS = ("architecture", "artifact")
 
 
 class ExpectedAnswer:
@@ -76,7 +78,8 @@ def _answer(folder: Path, form: str, image_bytes: bytes, topk: int) -> dict:
 
 class ServedForms:
     """Each archive's cores in this process, one per form, for answers compared whole (a detector's or a
-    segmenter's): `answer(name, served, body)` is what the form `served` names gives for the same body here;
+    segmenter's), each served under its name here as its server serves it (NAME.mar: NAME):
+    `answer(name, served, body)` is what the form `served` names gives for the same body here;
     `forms[name]` is the archive's first gated form this machine meets, for tests without a server."""
 
     def __init__(self, folders: dict[str, Path], threads: int = 1):
@@ -85,7 +88,8 @@ class ServedForms:
 
     def core(self, name: str, form: str | None = None) -> ImageCore:
         if (name, form) not in self.cores:
-            self.cores[name, form] = open_core(self.folders[name], threads=self.threads, measure=False, form=form)
+            self.cores[name, form] = open_core(self.folders[name], threads=self.threads, measure=False, form=form,
+                                               served_name=name)
         return self.cores[name, form]
 
     def __getitem__(self, name: str) -> ImageCore:
@@ -98,8 +102,8 @@ class ServedForms:
 
 
 def assert_same_answer(served: dict, expected: dict | ExpectedAnswer, atol: float = 1e-4) -> None:
-    """Same labels and indices in the same order, probabilities within atol, same model and artifact. `expected`:
-    another served answer, or an ExpectedAnswer, computed by the form `served` names."""
+    """Same labels and indices in the same order, probabilities within atol, same architecture and artifact.
+    `expected`: another served answer, or an ExpectedAnswer, computed by the form `served` names."""
     if isinstance(expected, ExpectedAnswer):
         expected = expected.for_served(served)
     for name in ANSWER_FIELDS:

@@ -95,7 +95,7 @@ class Scorer:
         record = self.core.record
         common = {
             "input": str(name),
-            "model": self.manifest.model.name,
+            "model": self.core.name,  # its architecture: a batch serves under no name (handlers/core.py's name_served)
             "version": self.core.version,  # what the endpoint's answers and errors name (contract/versions.py)
             "artifact": record.kind,
         }

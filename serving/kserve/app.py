@@ -37,9 +37,10 @@ from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from kserve.protocol.rest.server import RESTServer
 
 from contract.policy import MAX_PHOTOS_PER_REQUEST
+from handlers import answers
 from handlers.metrics import ServedModel
 from handlers.request_error import RequestError
-from handlers.signals import request_id, with_request_id
+from handlers.signals import request_id
 from serving.bounds import BodyLimit
 from serving.kserve import auth, signals, versions
 
@@ -50,17 +51,21 @@ CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data ext
 _bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST server
 
 
-async def request_error_response(request, error: RequestError) -> JSONResponse:
-    return JSONResponse(status_code=error.code, content=with_request_id(error.as_response(),
-                                                                         signals.request_id_of(request)))
+async def request_error_response(request, error: RequestError, served: ServedModel | None = None) -> JSONResponse:
+    """A bad request's reply as every engine makes it (handlers/answers.py), naming the version of the model served
+    (`served`); RequestSignals records it."""
+    return as_json(answers.reply(error, served, signals.request_id_of(request)))
 
 
-async def failure_response(request, error: Exception) -> JSONResponse:
-    """A 500 without the exception's text (it may name files, addresses, a worker's state): that goes to the log,
-    under the id the answer carries."""
+async def failure_response(request, error: Exception, served: ServedModel | None = None) -> JSONResponse:
+    """A 500 without the exception's text (KServe's handlers answer str(exc)): that goes to the log, under the id the
+    answer carries."""
     rid = signals.request_id_of(request) or request_id(None)
-    logger.error("request %s failed: %s: %s", rid or "(no id)", type(error).__name__, error, exc_info=error)
-    return JSONResponse(status_code=500, content=with_request_id(RequestError.server_failure(rid).as_response(), rid))
+    return as_json(answers.failure(error, served, rid))
+
+
+def as_json(sent: answers.Reply) -> JSONResponse:
+    return JSONResponse(status_code=sent.code, content=sent.body, headers=sent.headers)
 
 
 def photos_in(request) -> int:
@@ -76,7 +81,6 @@ class OurRESTServer(RESTServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.config.host = _bind_host
-        self.served: dict = {}  # model name -> (its core, its metrics' labels: handlers/metrics.py)
 
     def _register_endpoints(self, app) -> None:
         super()._register_endpoints(app)
@@ -93,14 +97,22 @@ class OurRESTServer(RESTServer):
         app.add_middleware(auth.TokenAuth)  # outside BodyLimit: a caller without its key is refused unread
         app.add_middleware(signals.RequestSignals, served_of=self.served_of)  # the outermost: sees every answer
 
-    def served_of(self, name: str):
-        """The labels of model name's metrics; None for a name the registry does not hold."""
+    def served_of(self, name: str) -> ServedModel | None:
+        """The labels of model name's metrics (a version switch puts another model under the name); None for a
+        name the registry does not hold, or a model not loaded."""
         model = self.dataplane.model_registry.get_model(name)
-        if model is None or model.core is None:
-            return None
-        if self.served.get(name, (None,))[0] is not model.core:  # a version switch brings another core
-            self.served[name] = (model.core, ServedModel.of(model.core.describe()))
-        return self.served[name][1]
+        return getattr(model, "served", None)
+
+    def route_served(self, request) -> ServedModel | None:
+        """The labels of the model a prediction route names (None: another route, or a name nobody serves)."""
+        model = signals.model_of(request.url.path)
+        return self.served_of(model) if model else None
+
+    async def request_error_response(self, request, error: RequestError) -> JSONResponse:
+        return await request_error_response(request, error, self.route_served(request))
+
+    async def failure_response(self, request, error: Exception) -> JSONResponse:
+        return await failure_response(request, error, self.route_served(request))
 
     async def ready(self):
         return signals.ready_answer(list(self.dataplane.model_registry.get_models().values()))
@@ -112,9 +124,9 @@ class OurRESTServer(RESTServer):
 
     def _add_exception_handlers(self, app) -> None:
         super()._add_exception_handlers(app)
-        app.add_exception_handler(RequestError, request_error_response)
-        app.add_exception_handler(InferenceError, failure_response)
-        app.add_exception_handler(Exception, failure_response)
+        app.add_exception_handler(RequestError, self.request_error_response)
+        app.add_exception_handler(InferenceError, self.failure_response)
+        app.add_exception_handler(Exception, self.failure_response)
 
 
 class RawBytesDataPlane(DataPlane):

@@ -62,15 +62,15 @@ def from_wire(answers: list) -> list:
 
 
 def worker_main(index: int, folder: Path, device: str, settings: dict | None, policy: ServingPolicy,
-                conn) -> None:
-    """A spawned worker: open the core, say so, then answer each batch until told to stop (None) or the front is
-    gone (end of the pipe)."""
+                served_name: str, conn) -> None:
+    """A spawned worker: open the core (served under the model's name), say so, then answer each batch until told
+    to stop (None) or the front is gone (end of the pipe)."""
     from handlers.logs import configure_logging
-    from handlers.tasks import open_core
+    from handlers.opening import open_archive
     configure_logging()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front stops us; a terminal's Ctrl-C reaches it alone
     try:
-        core = open_core(folder, device, settings, policy=policy)
+        core = open_archive(folder, device, policy, settings, served_name=served_name)
     except VisionExportError as error:
         conn.send((REFUSED, str(error), error.exit_code))
         return
@@ -161,7 +161,8 @@ class WorkerPool:
     def _spawn(self, index: int) -> Worker:
         ours, theirs = self.context.Pipe()
         process = self.context.Process(target=worker_main, name=f"{self.model}-worker-{index}", daemon=True,
-                                       args=(index, self.folder, self.device, self.settings, self.policy, theirs))
+                                       args=(index, self.folder, self.device, self.settings, self.policy, self.model,
+                                             theirs))
         process.start()
         theirs.close()
         return Worker(index, process, ours)

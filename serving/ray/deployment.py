@@ -17,7 +17,6 @@ shared folder or the image that carries it (docs/scaling.md).
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 from pathlib import Path
 
@@ -26,20 +25,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from contract.policy import ServingPolicy
-from contract.versions import VERSION_HEADER, split_versioned
+from contract.versions import split_versioned
 from handlers import metrics
+from handlers.answers import Reply, failure, reply
 from handlers.batching import Batcher
 from handlers.logs import SERVED_BY, configure_logging  # SERVED_BY: "NODE_ID REPLICA_ID" here
 from handlers.opening import device_of, open_archive, shared_scratch
 from handlers.request import JSON_TYPE, ImageRequest, request_id_of
 from handlers.request_error import RequestError
-from handlers.signals import with_request_id
 from handlers.start_phases import engine_run_dir
 from serving.auth import refused_response
 from serving.bounds import bounded_body
 from serving.ray.routing import LiveRouting
-
-logger = logging.getLogger("serving.ray")
 
 DESCRIPTION_PATH = "/description"  # GET ROUTE/description: which form serves on this machine, and why
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -53,7 +50,7 @@ def application(args: dict):
     instead, where operators tune them."""
     policy = ServingPolicy.from_dict(args["policy"])
     return RayDeployment.options(name=args["name"], **args.get("options", {})).bind(
-        str(args["archive"]), policy)
+        str(args["archive"]), policy, args["name"])
 
 
 def application_args(archive: Path, policy: ServingPolicy) -> dict:
@@ -64,13 +61,14 @@ def application_args(archive: Path, policy: ServingPolicy) -> dict:
 
 @serve.deployment
 class RayDeployment:
-    def __init__(self, archive: str, policy: ServingPolicy):
+    def __init__(self, archive: str, policy: ServingPolicy, name: str):
         """Open the archive's artifact through the core under the model's policy (handlers/opening.py, unpacked
-        once per run): an archive that fails its sha256 check raises here, and Serve marks the application
-        failed with it."""
+        once per run), served as `name` (a version's application NAME.vN too serves NAME): an archive that fails
+        its sha256 check raises here, and Serve marks the application failed with it."""
         import ray
         configure_logging()
-        self.core = open_archive(archive, device_of(policy.device), policy, scratch=self.scratch(Path(archive)))
+        self.core = open_archive(archive, device_of(policy.device), policy, scratch=self.scratch(Path(archive)),
+                                 served_name=name)
         self.batcher = Batcher(self.core, policy)
         context = serve.get_replica_context()
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
@@ -96,9 +94,8 @@ class RayDeployment:
         timer, rid = metrics.Timer(), request_id_of(request.headers)
         try:
             return await self.predict(request, rid, timer)
-        except Exception as error:  # logged here with its id; the client is told where to look, not what it was
-            logger.exception("request %s failed: %s", rid, error)
-            return as_response(self.outcome(RequestError.server_failure(rid), rid, timer))
+        except Exception as error:  # logged with its id; the client is told where to look, not what it was
+            return as_response(failure(error, self.core.served, rid, timer.seconds(), served_by=self.served_by))
 
     async def predict(self, request: Request, rid: str, timer: metrics.Timer) -> JSONResponse:
         try:
@@ -113,26 +110,22 @@ class RayDeployment:
             self.routing.capture(image)
         return as_response(outcome)
 
-    async def answer(self, image: ImageRequest, timer: metrics.Timer | None = None) -> tuple[dict, int, dict]:
-        """This version's answer to one request: (payload, status code, headers). The HTTP route's and a canary's
+    async def answer(self, image: ImageRequest, timer: metrics.Timer | None = None) -> Reply:
+        """This version's reply to one request: (payload, status code, headers). The HTTP route's and a canary's
         (a live replica's handle calls it with the request it received)."""
         timer = timer or metrics.Timer()
         with metrics.in_flight(self.core.served.model):
             (answer,) = await self.batcher.answer([image])
         return self.outcome(answer, image.request_id, timer)
 
-    def outcome(self, answer, rid: str, timer: metrics.Timer) -> tuple[dict, int, dict]:
-        """The answer with its id (error body; Serve's proxy returns the X-Request-ID header itself, the client's or
-        the one it made and handed us, so adding it here would send it twice), its latency and code recorded."""
-        headers = {SERVED_BY: self.served_by, VERSION_HEADER: self.core.version}
-        code = answer.code if isinstance(answer, RequestError) else 200
-        metrics.observe_request(self.core.served, code, timer.seconds())
-        if isinstance(answer, RequestError):
-            return with_request_id(answer.as_response(), rid), code, headers
-        return answer, code, headers
+    def outcome(self, answer, rid: str, timer: metrics.Timer) -> Reply:
+        """The reply every engine makes (handlers/answers.py), its latency and code recorded. Serve's proxy returns
+        the X-Request-ID header itself (the client's, or the one it made and handed us): no id header here."""
+        return reply(answer, self.core.served, rid, timer.seconds(), served_by=self.served_by)
 
 
-def as_response(outcome: tuple[dict, int, dict]) -> JSONResponse:
+def as_response(outcome: Reply) -> JSONResponse:
+    """Ray's transport of a reply (this replica's, or a canary's handed back as it is)."""
     payload, code, headers = outcome
     return JSONResponse(payload, status_code=code, headers=headers)
 

@@ -142,7 +142,7 @@ def assert_outcome(response: requests.Response, expected: tuple[int, str | None]
     assert response.status_code == status, f"{response.status_code}: {response.text[:300]}"
     body = response.json()
     if status == 200:
-        assert len(body["predictions"]) >= 1 and body["model"] == "resnet18"
+        assert len(body["predictions"]) >= 1 and body["architecture"] == "resnet18"  # whatever name serves it
     else:
         assert body == {"code": status, "error": body["error"], "request_id": body["request_id"]}  # its id too
         assert (words or "") in body["error"] and body["request_id"]

@@ -43,13 +43,16 @@ CAT = ROOT / "examples" / "cat.jpg"
 # Two inference workers that batch: concurrent requests share a batch (the archive pins the delay, 40 ms), each
 # batch goes to a free worker. (One worker, the core in the server process: the serving command's test below.)
 BATCHING = PolicyChoices(workers=2, batch_size=4, threads_per_worker=1)
+NAME = "clf"  # the module's server serves resnet18.mar as clf: answers, logs and labels name clf, not resnet18
 REPLACED_S = 180  # how long a killed worker's replacement may take to serve (imports torch, opens the model)
 
 
 @pytest.fixture(scope="module")
 def served(resnet18_export, tmp_path_factory):
-    settings = KServeSettings(resnet18_export["model_store"], (resnet18_export["model_name"],),
-                              http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve"), flags=BATCHING)
+    store = tmp_path_factory.mktemp("kserve-store")
+    (store / f"{NAME}.mar").hardlink_to(resnet18_export["archive"])
+    settings = KServeSettings(store, (NAME,), http_port=free_port(), run_dir=tmp_path_factory.mktemp("kserve"),
+                              flags=BATCHING)
     with KServe(settings).running(CAT) as process:
         yield settings, process
     assert not group_alive(process.pid), "KServe processes survived stop()"
@@ -65,7 +68,7 @@ def b64(data: bytes) -> str:
 
 
 def predict(settings, body: dict) -> requests.Response:
-    return requests.post(settings.predict_url("resnet18"), json=body, timeout=60)
+    return requests.post(settings.predict_url(NAME), json=body, timeout=60)
 
 
 # ---------------------------------------------------------------- v1
@@ -74,6 +77,7 @@ def test_v1_answers_as_the_artifact_in_process(settings, expect):
     assert response.status_code == 200, response.text
     (answer,) = response.json()["predictions"]
     assert_same_answer(answer, expect(CAT.read_bytes()))
+    assert (answer["model"], answer["architecture"]) == (NAME, "resnet18")  # the name it is served under
 
 
 def test_v1_several_instances_each_with_its_topk(settings, expect):
@@ -108,12 +112,12 @@ def test_one_bad_instance_names_its_row(settings):
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_matrix_as_on_the_torchserve_path(settings, case):
     body, headers, expected = CASES[case]
-    response = requests.post(settings.predict_url("resnet18"), data=body, headers=headers, timeout=60)
+    response = requests.post(settings.predict_url(NAME), data=body, headers=headers, timeout=60)
     status, words = expected  # the same request record on both engines: a text/* body is read as text on both
     assert response.status_code == status, f"{response.status_code}: {response.text[:300]}"
     answer = response.json()
     if status == 200:
-        assert answer["predictions"][0]["model"] == "resnet18"
+        assert answer["predictions"][0]["model"] == NAME
     else:
         assert answer == {"code": status, "error": answer["error"], "request_id": answer["request_id"]}
         assert (words or "") in answer["error"]
@@ -125,7 +129,7 @@ def test_bad_and_good_requests_interleaved_are_batched_and_the_server_survives(s
     jobs = [(CAT.read_bytes(), JPEG, OK) if i % 2 == 0 else bad[i // 2 % len(bad)] for i in range(24)]
     log_size = settings.log_file.stat().st_size
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        responses = list(pool.map(lambda job: requests.post(settings.predict_url("resnet18"), data=job[0],
+        responses = list(pool.map(lambda job: requests.post(settings.predict_url(NAME), data=job[0],
                                                             headers=job[1], timeout=60), jobs))
     for (body, _, (status, _)), response in zip(jobs, responses):
         assert response.status_code == status, response.text
@@ -148,7 +152,7 @@ def _infer(client, images: list, binary: bool, topk: int = 5):
     values = images if binary else [b64(image) for image in images]
     tensor.set_data_from_numpy(np.array(values, dtype=np.object_), binary_data=binary)
     outputs = [triton.InferRequestedOutput(name, binary_data=binary) for name in ("labels", "indices", "probabilities")]
-    return client.infer("resnet18", [tensor], outputs=outputs, parameters={"topk": topk})
+    return client.infer(NAME, [tensor], outputs=outputs, parameters={"topk": topk})
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary-data", "json"])
@@ -158,31 +162,32 @@ def test_v2_answers_as_the_artifact_in_process(client, expect, binary):
     labels, indices, probabilities = (result.as_numpy(n) for n in ("labels", "indices", "probabilities"))
     assert labels.shape == indices.shape == probabilities.shape == (2, 3)
     parameters = result.get_response()["parameters"]  # the form that served, held to that form in-process below
-    assert set(parameters) == {"model", "artifact"} and parameters["model"] == "resnet18"
+    assert parameters == {"model": NAME, "architecture": "resnet18", "artifact": parameters["artifact"]}
+    assert result.get_response()["model_name"] == NAME
     for row, image in enumerate([CAT.read_bytes(), png]):
-        served = {"model": "resnet18", "artifact": parameters["artifact"], "predictions": [
+        served = {**parameters, "predictions": [
             {"label": label.decode() if isinstance(label, bytes) else label, "index": int(index),
              "probability": float(p)} for label, index, p in zip(labels[row], indices[row], probabilities[row])]}
         assert_same_answer(served, expect(image, 3))
 
 
 def test_v2_metadata_and_readiness_as_kserve_documents_them(client, settings):
-    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("resnet18")
-    metadata = client.get_model_metadata("resnet18")
-    assert metadata["name"] == "resnet18"
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(NAME)
+    metadata = client.get_model_metadata(NAME)
+    assert metadata["name"] == NAME
     assert metadata["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1]}]
     assert [o["name"] for o in metadata["outputs"]] == ["labels", "indices", "probabilities"]
-    assert requests.get(f"{settings.url}/v1/models/resnet18", timeout=10).json() == {"name": "resnet18", "ready": True}
-    assert requests.get(f"{settings.url}/v1/models", timeout=10).json() == {"models": ["resnet18"]}
+    assert requests.get(f"{settings.url}/v1/models/{NAME}", timeout=10).json() == {"name": NAME, "ready": True}
+    assert requests.get(f"{settings.url}/v1/models", timeout=10).json() == {"models": [NAME]}
 
 
 def test_the_model_description_says_which_form_serves_here_and_why(settings, resnet18_export):
     served = Manifest.read(resnet18_export["out"]).serving.served
-    described = requests.get(f"{settings.url}/v2/models/resnet18/description", timeout=10)
+    described = requests.get(f"{settings.url}/v2/models/{NAME}/description", timeout=10)
     assert described.status_code == 200, described.text
     assert described.json()["artifact"] == served and described.json()["why"].startswith(f"serving {served} on ")
     # the model's serving policy as resolved by the engine and read from its run config, each value's reason
-    assert described.json()["policy"] == settings.policies["resnet18"].describe()
+    assert described.json()["policy"] == settings.policies[NAME].describe()
     assert {"workers 2: --workers", "batch size 4: --batch-size", "batch delay 40 ms: the archive pins it",
             "threads 1: --threads"} == set(described.json()["policy"]["why"])
     assert [worker["worker"] for worker in described.json()["workers"]] == [1, 2]
@@ -193,7 +198,7 @@ def test_v2_bad_requests_are_400_with_the_reason(client):
     wrong = triton.InferInput("pixels", [1], "BYTES")
     wrong.set_data_from_numpy(np.array([CAT.read_bytes()], dtype=np.object_))
     with pytest.raises(triton.InferenceServerException, match=r"\[400\].*BYTES input named \"image\""):
-        client.infer("resnet18", [wrong])
+        client.infer(NAME, [wrong])
     with pytest.raises(triton.InferenceServerException, match=r"\[415\].*not an image"):
         _infer(client, [b"not an image"], binary=True)
     with pytest.raises(triton.InferenceServerException, match=r"\[400\].*topk"):
@@ -206,8 +211,8 @@ def served_by(responses: list) -> collections.Counter:
     return collections.Counter(response.headers["X-Served-By"] for response in responses)
 
 
-def workers_of(settings) -> list[dict]:
-    return requests.get(f"{settings.url}/v2/models/resnet18/description", timeout=10).json()["workers"]
+def workers_of(settings, model: str = NAME) -> list[dict]:
+    return requests.get(f"{settings.url}/v2/models/{model}/description", timeout=10).json()["workers"]
 
 
 def log_since(settings, offset: int) -> str:
@@ -223,11 +228,11 @@ def test_one_keep_alive_connection_is_answered_by_both_workers(settings, expect)
     connection, or a few the kernel hashed onto one worker's socket, was answered by one worker alone."""
     offset = settings.log_file.stat().st_size
     with requests.Session() as session:
-        responses = [session.post(settings.predict_url("resnet18"), json=cat_body(), timeout=60) for _ in range(12)]
+        responses = [session.post(settings.predict_url(NAME), json=cat_body(), timeout=60) for _ in range(12)]
     assert [r.status_code for r in responses] == [200] * 12
     assert_same_answer(responses[-1].json()["predictions"][0], expect(CAT.read_bytes()))
     time.sleep(1)  # the access log's last line
-    connections = set(re.findall(r'127\.0\.0\.1:(\d+) - "POST /v1/models/resnet18', log_since(settings, offset)))
+    connections = set(re.findall(rf'127\.0\.0\.1:(\d+) - "POST /v1/models/{NAME}', log_since(settings, offset)))
     assert len(connections) == 1, f"the session used {len(connections)} connections"
     shares = served_by(responses)
     assert len(shares) == 2 and min(shares.values()) >= 4, shares
@@ -238,7 +243,7 @@ def test_two_connections_at_once_spread_over_both_workers_and_the_description_co
 
     def send(count: int) -> list:
         with requests.Session() as session:
-            return [session.post(settings.predict_url("resnet18"), json=cat_body(), timeout=60) for _ in range(count)]
+            return [session.post(settings.predict_url(NAME), json=cat_body(), timeout=60) for _ in range(count)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         responses = [response for sent in pool.map(send, [8, 8]) for response in sent]
     assert [r.status_code for r in responses] == [200] * 16
@@ -328,7 +333,7 @@ def test_a_worker_that_cannot_start_again_stops_the_server_with_the_reason(resne
             data = bytearray(artifact.read_bytes())
             data[-1] ^= 1
             artifact.write_bytes(bytes(data))
-        first, _ = workers_of(settings)
+        first, _ = workers_of(settings, "resnet18")
         os.kill(first["pid"], signal.SIGKILL)
         assert process.wait(timeout=REPLACED_S * 3) == 1  # by itself: it neither hangs nor serves on half
     log = settings.log_file.read_text()
@@ -342,18 +347,18 @@ READY_LOST_S = 5  # how soon readiness says no after the model's last worker die
 
 def test_a_request_id_is_returned_on_answers_and_errors_and_logged_with_stage_times(settings):
     offset = settings.log_file.stat().st_size
-    answer = requests.post(settings.predict_url("resnet18"), json=cat_body(), headers={"X-Request-ID": "cat-4711"},
+    answer = requests.post(settings.predict_url(NAME), json=cat_body(), headers={"X-Request-ID": "cat-4711"},
                            timeout=60)
     assert answer.status_code == 200 and answer.headers["X-Request-ID"] == "cat-4711"
-    error = requests.post(settings.predict_url("resnet18"), json={"instances": [{"image": {"b64": b64(b"nope")}}]},
+    error = requests.post(settings.predict_url(NAME), json={"instances": [{"image": {"b64": b64(b"nope")}}]},
                           headers={"X-Request-ID": "bad-4712"}, timeout=60)
     assert error.status_code == 415 and error.json()["request_id"] == "bad-4712"
-    made = requests.post(settings.predict_url("resnet18"), json=cat_body(), timeout=60).headers["X-Request-ID"]
+    made = requests.post(settings.predict_url(NAME), json=cat_body(), timeout=60).headers["X-Request-ID"]
     assert re.fullmatch(r"[0-9a-f]{32}", made)
     time.sleep(1)
     log = log_since(settings, offset)
     line = next(line for line in log.splitlines() if "request cat-4711 " in line)
-    assert "model=resnet18" in line and "version=" in line and "form=" in line and "code=200" in line
+    assert f"model={NAME} " in line and "version=" in line and "form=" in line and "code=200" in line
     assert "inference_ms=" in line and "decode_ms=" in line
     assert any("request bad-4712 " in line and "code=415" in line for line in log.splitlines())
     assert any(f"request {made} " in line for line in log.splitlines())
@@ -365,9 +370,11 @@ def test_prometheus_p99_agrees_with_heys_and_the_dashboard_queries_answer(settin
     body.write_text(json.dumps(cat_body()))
     assert predict(settings, {"instances": [{"image": {"b64": b64(b"nope")}}]}).status_code == 415  # a failure
     with prometheus({"kserve": f"{settings.url}/metrics"}, tmp_path / "prometheus") as server:
-        agrees_with_hey(server, settings.predict_url("resnet18"), body, "application/json", "resnet18")
-        check_dashboard(server, ROOT / "serving" / "grafana" / "vision-export.json", "resnet18")
+        agrees_with_hey(server, settings.predict_url(NAME), body, "application/json", NAME)
+        check_dashboard(server, ROOT / "serving" / "grafana" / "vision-export.json", NAME)
     text = requests.get(f"{settings.url}/metrics", timeout=10).text
+    assert re.search(rf'^vision_request_duration_seconds_count{{[^}}]*model="{NAME}"[^}}]*}} [1-9]', text, re.M)
+    assert 'model="resnet18"' not in text  # every label names the model as served, never its architecture
     assert 'vision_stage_duration_seconds_bucket{form="' in text and 'vision_batch_size_count{' in text
     assert 'stage="queue"' in text  # each request's wait for a free worker, recorded by the server's batcher
 
@@ -383,7 +390,7 @@ def test_not_ready_when_the_models_last_worker_dies_ready_again_when_replaced_no
 
     outage = watch_readiness(
         kill_every_worker,
-        lambda: requests.post(settings.predict_url("resnet18"), json=cat_body(), timeout=REPLACED_S),
+        lambda: requests.post(settings.predict_url(NAME), json=cat_body(), timeout=REPLACED_S),
         f"{settings.url}/health/ready", READY_LOST_S, REPLACED_S, live_url=f"{settings.url}/health/live")
     for response in outage.responses:
         if response.status_code == 200:  # never a wrong answer: a 200 is the artifact's

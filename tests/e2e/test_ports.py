@@ -39,11 +39,15 @@ def requests_counted(signals_url: str, model: str) -> float:
 
 def test_two_servers_side_by_side_each_report_their_own_metrics_and_readiness(resnet18_server, resnet18_export,
                                                                               tmp_path):
-    first, model = resnet18_server, resnet18_export["model_name"]
+    """The second serves resnet18.mar as clf: its answers and its metric labels name clf, its architecture apart."""
+    first, model = resnet18_server, "clf"
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / f"{model}.mar").hardlink_to(resnet18_export["archive"])
     ports = {flag: str(free_port()) for flag in FLAGS}
     second_signals = f"http://127.0.0.1:{ports['--signals-port']}"
     run_dir = tmp_path / "second"
-    common = ["--model-store", str(resnet18_export["model_store"]), "--models", model, "--workers", "1"]
+    common = ["--model-store", str(store), "--models", model, "--workers", "1"]
     started = run_serving(*common, "--run-dir", str(run_dir), *(w for pair in ports.items() for w in pair), "--detach")
     try:
         assert started.returncode == 0, started.stdout + started.stderr
@@ -55,8 +59,12 @@ def test_two_servers_side_by_side_each_report_their_own_metrics_and_readiness(re
             answer = requests.post(f"http://127.0.0.1:{ports['--inference-port']}/predictions/{model}",
                                    data=CAT.read_bytes(), headers={"Content-Type": "image/jpeg"}, timeout=60)
             assert answer.status_code == 200, answer.text
+            assert (answer.json()["model"], answer.json()["architecture"]) == (model, resnet18_export["model_name"])
         assert requests_counted(second_signals, model) == before[second_signals] + SENT
-        assert requests_counted(first.signals_url, model) == before[first.signals_url]
+        assert requests_counted(first.signals_url, model) == before[first.signals_url] == 0
+        assert requests_counted(second_signals, resnet18_export["model_name"]) == 0  # no label names the architecture
+        log = (run_dir / "logs" / "model_log.log").read_text(errors="replace")
+        assert re.search(rf"request \S+ model={model} version=", log), log[-2000:]  # its request lines too
     finally:
         stopped = run_serving("stop", "--run-dir", str(run_dir), timeout=120)
     assert "TorchServe stopped" in stopped.stdout, stopped.stdout + stopped.stderr

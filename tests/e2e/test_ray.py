@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import zipfile
 
@@ -35,12 +36,15 @@ CAT = ROOT / "examples" / "cat.jpg"
 # One replica of one CPU: the machine's other core stays free for the tampered deployment and the test itself.
 ONE_REPLICA = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
                             reason="tests: one replica")
+NAME = "clf"  # the module's application serves resnet18.mar as clf: answers and labels name clf, not resnet18
 
 
 @pytest.fixture(scope="module")
 def served(resnet18_export, tmp_path_factory):
-    settings = RaySettings(resnet18_export["model_store"], (resnet18_export["model_name"],), http_port=free_port(),
-                           run_dir=tmp_path_factory.mktemp("ray"), policy=ONE_REPLICA, signals_port=free_port())
+    store = tmp_path_factory.mktemp("ray-store")
+    (store / f"{NAME}.mar").hardlink_to(resnet18_export["archive"])
+    settings = RaySettings(store, (NAME,), http_port=free_port(), run_dir=tmp_path_factory.mktemp("ray"),
+                           policy=ONE_REPLICA, signals_port=free_port())
     engine = RayServe(settings)
     with engine.running(CAT) as process:
         yield settings, process
@@ -53,7 +57,7 @@ def settings(served) -> RaySettings:
     return served[0]
 
 
-def post(settings: RaySettings, body: bytes, headers: dict | None = None, model: str = "resnet18", **kwargs):
+def post(settings: RaySettings, body: bytes, headers: dict | None = None, model: str = NAME, **kwargs):
     return requests.post(settings.predictions_url(model), data=body, headers=headers, timeout=60, **kwargs)
 
 
@@ -61,6 +65,7 @@ def test_answers_as_the_artifact_in_process_and_names_where_it_ran(settings, exp
     response = post(settings, CAT.read_bytes(), JPEG)
     assert response.status_code == 200, response.text
     assert_same_answer(response.json(), expect(CAT.read_bytes()))
+    assert (response.json()["model"], response.json()["architecture"]) == (NAME, "resnet18")
     node, replica = response.headers[SERVED_BY].split()
     assert len(node) == 56 and replica, response.headers  # Ray's node id: 28 bytes in hex
 
@@ -68,7 +73,7 @@ def test_answers_as_the_artifact_in_process_and_names_where_it_ran(settings, exp
 def test_json_and_form_bodies_with_their_topk(settings, expect):
     as_json = post(settings, json.dumps({"data": b64(CAT.read_bytes()), "topk": 2}).encode(),
                    {"Content-Type": "application/json"})
-    form = requests.post(settings.predictions_url("resnet18"), files={"file": CAT.read_bytes()},
+    form = requests.post(settings.predictions_url(NAME), files={"file": CAT.read_bytes()},
                          data={"topk": "3"}, timeout=60)
     assert as_json.status_code == 200 and form.status_code == 200, (as_json.text, form.text)
     assert_same_answer(as_json.json(), expect(CAT.read_bytes(), 2))
@@ -92,14 +97,14 @@ def test_bad_input_matrix_as_on_the_torchserve_path(settings, case):
 
 
 def test_a_form_without_a_file_and_a_get_without_a_body(settings):
-    form = requests.post(settings.predictions_url("resnet18"), files={"topk": (None, "3")}, timeout=60)
+    form = requests.post(settings.predictions_url(NAME), files={"topk": (None, "3")}, timeout=60)
     assert_outcome(form, (400, "no image in the request"))
-    assert_outcome(requests.get(settings.predictions_url("resnet18"), timeout=60), (400, "empty request"))
+    assert_outcome(requests.get(settings.predictions_url(NAME), timeout=60), (400, "empty request"))
 
 
 def test_the_model_description_says_which_form_serves_here_and_why(settings, resnet18_export):
     served = Manifest.read(resnet18_export["out"]).serving.served
-    described = requests.get(settings.predictions_url("resnet18") + "/description", timeout=60)
+    described = requests.get(settings.predictions_url(NAME) + "/description", timeout=60)
     assert described.status_code == 200, described.text
     assert described.json()["artifact"] == served and described.json()["why"].startswith(f"serving {served} on ")
     assert described.json()["policy"] == ONE_REPLICA.describe()  # as the run config holds it, its reasons too
@@ -149,10 +154,12 @@ def test_signals_ids_metrics_scraped_by_prometheus_and_health(settings, tmp_path
     assert requests.get(f"{settings.signals_url}/health/ready", timeout=30).json() == {"ready": True}
     with prometheus({"ray": f"{settings.signals_url}/metrics"}, tmp_path / "prometheus") as server:
         # the client's wait from Serve's proxy log: our replica's timer starts behind the proxy
-        agrees_with_hey(server, settings.predictions_url("resnet18"), CAT, "image/jpeg", "resnet18", concurrency=1)
+        agrees_with_hey(server, settings.predictions_url(NAME), CAT, "image/jpeg", NAME, concurrency=1)
     text = requests.get(f"{settings.signals_url}/metrics", timeout=10).text
     assert 'code="415"' in text and "vision_stage_duration_seconds_bucket" in text
-    assert 'vision_front_request_duration_seconds_count{code="415",model="resnet18"}' in text
+    assert f'vision_front_request_duration_seconds_count{{code="415",model="{NAME}"}}' in text
+    assert re.search(rf'^vision_request_duration_seconds_count{{[^}}]*model="{NAME}"[^}}]*}} [1-9]', text, re.M)
+    assert 'model="resnet18"' not in text  # every label names the model as served, never its architecture
     assert 'stage="queue"' in text  # each request's wait for its batch, recorded by the replica's batcher
 
 
@@ -162,7 +169,7 @@ REPLACED_S = 180  # a new replica: a process, the archive unpacked, its artifact
 
 def replica_pids(process) -> list[int]:
     """The model's replica processes in the Ray session the server process started (Ray titles them by class)."""
-    return [pid for pid in session_members(process.pid) if "ServeReplica:resnet18" in process_name(pid)]
+    return [pid for pid in session_members(process.pid) if f"ServeReplica:{NAME}" in process_name(pid)]
 
 
 def test_not_ready_when_the_replica_dies_ready_again_when_replaced_no_wrong_answer(served, expect):
@@ -173,7 +180,7 @@ def test_not_ready_when_the_replica_dies_ready_again_when_replaced_no_wrong_answ
     (replica,) = replica_pids(process)
     outage = watch_readiness(
         lambda: os.kill(replica, signal.SIGKILL),
-        lambda: requests.post(settings.predictions_url("resnet18"), data=CAT.read_bytes(), headers=JPEG,
+        lambda: requests.post(settings.predictions_url(NAME), data=CAT.read_bytes(), headers=JPEG,
                               timeout=REPLACED_S),
         f"{settings.signals_url}/health/ready", READY_LOST_S, REPLACED_S)
     for response in outage.responses:

@@ -10,10 +10,12 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from prometheus_client import REGISTRY
 from ts.context import Context, RequestProcessor
 
 from contract.records import ContractError, Manifest
-from handlers.image_classifier import TorchServeHandler, select_device, torchserve_request
+from contract.versions import VERSION_HEADER
+from handlers.image_classifier import ID_HEADER, TorchServeHandler, select_device, torchserve_request
 from runtime import IntegrityError, RunOptions, open_artifact
 from runtime.onnxruntime import CUDA_PROVIDER
 from tests.answers import assert_same_answer, expected_answer
@@ -38,11 +40,11 @@ def model_dir(resnet18_unpacked):
     return resnet18_unpacked
 
 
-def _context(model_dir, rows, headers=None, config_overrides=None):
+def _context(model_dir, rows, headers=None, config_overrides=None, name="resnet18"):
     config = yaml.safe_load((model_dir / "model-config.yaml").read_text())
     config["handler"].update(config_overrides or {})
     mar_manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())  # TorchServe's, not ours
-    context = Context("resnet18", str(model_dir), mar_manifest, batch_size=len(rows), gpu=None,
+    context = Context(name, str(model_dir), mar_manifest, batch_size=len(rows), gpu=None,
                       mms_version="0.12.0", model_yaml_config=config)
     context.request_processor = [RequestProcessor((headers or {}).get(i, {})) for i in range(len(rows))]
     return context
@@ -66,6 +68,26 @@ def test_batch_with_one_bad_image_answers_each_request_with_its_status(model_dir
     assert [context.get_response_status(i)[0] for i in range(3)] == [200, 415, 200]
     assert_same_answer(responses[0], expected_answer(model_dir, _jpeg()))
     assert_same_answer(responses[2], expected_answer(model_dir, _png(), topk=2))
+
+
+def test_a_model_served_under_its_own_name_is_named_so_in_answers_headers_and_metrics(model_dir):
+    """resnet18.mar registered as clf (TorchServe's model name): its answers, description and metric labels say clf,
+    the architecture is a field of its own, and every row, an error too, carries its version and id headers."""
+    rows = [{"body": bytearray(_jpeg())}, {"body": bytearray(b"definitely not an image")}]
+    handler, context = _handler(model_dir, rows, name="clf")
+    labels = {**handler.core.served.labels(), "code": "200"}
+    before = REGISTRY.get_sample_value("vision_request_duration_seconds_count", labels) or 0.0
+    failed = REGISTRY.get_sample_value("vision_request_failures_total", {**labels, "code": "415"}) or 0.0
+    answer, error = handler.handle(rows, context)
+    assert (answer["model"], answer["architecture"]) == ("clf", "resnet18") and labels["model"] == "clf"
+    assert {key: handler.core.describe()[key] for key in ("model", "architecture")} == {
+        "model": "clf", "architecture": "resnet18"}
+    assert REGISTRY.get_sample_value("vision_request_duration_seconds_count", labels) == before + 1
+    assert REGISTRY.get_sample_value("vision_request_failures_total", {**labels, "code": "415"}) == failed + 1
+    for index in range(2):
+        headers = context.get_response_headers(index)
+        assert headers[VERSION_HEADER] == answer["version"] and headers[ID_HEADER]
+    assert error["request_id"] == context.get_response_headers(1)[ID_HEADER]
 
 
 def test_the_archives_answer_is_the_in_process_answer(model_dir, resnet18_export):

@@ -14,8 +14,10 @@ import tritonclient.http as triton
 from kserve.protocol.infer_type import InferInput, InferRequest
 
 from contract.policy import Machine, PolicyChoices, resolve_policy
+from contract.versions import VERSION_HEADER
 from handlers.batching import Batcher
 from handlers.kserve_model import KServeModel, answered, v1_rows, v2_rows
+from handlers.logs import SERVED_BY
 from handlers.request_body import image_of, requested_topk
 from handlers.request_error import RequestError
 from serving.kserve.app import binary_request
@@ -31,7 +33,7 @@ BATCHING = resolve_policy(Machine(0, 1), flags=PolicyChoices(batch_size=4, max_b
 
 @pytest.fixture(scope="module")
 def model(resnet18_unpacked) -> KServeModel:
-    model = KServeModel("resnet18", resnet18_unpacked, BATCHING)
+    model = KServeModel("clf", resnet18_unpacked, BATCHING)  # served under a name unlike its architecture
     model.load()
     return model
 
@@ -90,11 +92,15 @@ def test_one_bad_row_of_several_names_its_index():
     assert raised.value.code == 415
 
 
-def test_v2_answer_is_the_cores_as_tensors(model, resnet18_unpacked):
-    response = asyncio.run(model.predict(tritonclient_request([CAT], topk=3)))
+def test_v2_answer_is_the_cores_as_tensors_naming_the_model_as_served(model, resnet18_unpacked):
+    headers: dict = {}
+    response = asyncio.run(model.predict(tritonclient_request([CAT], topk=3), {}, headers))
     outputs = {output.name: output for output in response.outputs}
     expected = expected_answer(resnet18_unpacked, CAT, 3)
-    served = {"model": response.parameters["model"], "artifact": response.parameters["artifact"], "predictions": [
+    assert response.model_name == response.parameters["model"] == "clf"
+    assert response.parameters["architecture"] == "resnet18"
+    assert headers == {VERSION_HEADER: model.core.version, SERVED_BY: model.here()}  # the reply every engine makes
+    served = {**response.parameters, "predictions": [
         {"label": label.decode(), "index": int(index), "probability": float(p)} for label, index, p in zip(
             outputs["labels"].data[0], outputs["indices"].data[0], outputs["probabilities"].data[0])]}
     assert_same_answer(served, expected)
@@ -114,7 +120,7 @@ def test_batch_size_one_answers_at_once(model):
     unbatched = resolve_policy(Machine(0, 1), flags=PolicyChoices(batch_size=1, max_batch_delay_ms=0))
     batcher = Batcher(model.core, unbatched)
     (answer,) = asyncio.run(batcher.answer(v1_rows(CAT)))
-    assert answer["model"] == "resnet18"
+    assert (answer["model"], answer["architecture"]) == ("clf", "resnet18")
 
 
 def test_the_model_runs_and_describes_the_policy_it_was_given(model):
@@ -127,10 +133,11 @@ def test_a_pool_of_two_workers_answers_as_the_core_each_batch_to_the_one_free_lo
     """Two spawned worker processes (serving/kserve/pool.py), each with its own core: a batch's answers and its
     rows' errors as the core in process gives them, and one caller's batches alternate between the workers."""
     two = resolve_policy(Machine(0, 2), flags=PolicyChoices(workers=2, threads_per_worker=1))
-    pool = WorkerPool.open("resnet18", resnet18_unpacked, "cpu", None, two)
+    pool = WorkerPool.open("clf", resnet18_unpacked, "cpu", None, two)
     try:
         answered = pool.run_batch(v1_rows(CAT) + v1_rows(b"not an image"))
         assert_same_answer(answered.answers[0], expected_answer(resnet18_unpacked, CAT))
+        assert answered.answers[0]["model"] == pool.describe()["model"] == "clf"  # each worker's core, as served
         error = answered.answers[1]
         assert isinstance(error, RequestError) and error.code == 415 and "not an image" in error.message
         workers = [pool.run_batch(v1_rows(CAT)).worker for _ in range(4)]
