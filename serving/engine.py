@@ -113,7 +113,7 @@ class Engine(ABC):
         return image, "image/jpeg"
 
     def answer_of(self, response: requests.Response) -> dict:
-        """The answer to one image ({"model", "artifact", "predictions": [{"label", "probability"...}]})."""
+        """The answer to one image ({"model", "architecture", "artifact", "predictions": [{"label", ...}]})."""
         return response.json()
 
     @abstractmethod
