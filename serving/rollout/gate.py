@@ -20,6 +20,7 @@ from typing import Callable
 
 from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION
 from gates.verdict import Sides, Verdict
+from handlers.request_body import TOPK_HEADER, option_header
 from serving.rollout.candidate import Candidate, carried_photos
 
 # Declared thresholds: the share of photos that must agree, and what agreeing means per task. A retrained model
@@ -52,7 +53,7 @@ def comparator(task: str) -> Callable[..., Verdict]:
     return functools.partial(compare_class_maps, min_mask_iou=MIN_MASK_IOU)
 
 # What each task's gate asks for beyond the photo: a classifier's top-5, a segmenter's class map as PNG.
-REQUEST_HEADERS = {CLASSIFICATION: {"X-TopK": "5"}, DETECTION: {}, SEGMENTATION: {"X-Masks": "png"}}
+REQUEST_HEADERS = {CLASSIFICATION: {TOPK_HEADER: "5"}, DETECTION: {}, SEGMENTATION: {option_header("masks"): "png"}}
 
 
 @dataclass
