@@ -32,6 +32,7 @@ from serving.deploy.common import (
 )
 from serving.deploy.kserve_predictor import scrape_annotations, write_engine_material
 from serving.settings import archive_version, torchserve_version
+from serving.torchserve.config import METRICS_PORT
 
 STORAGE_URI_PLACEHOLDER = "pvc://vision-export-models/{model}-{device}"  # docs/scaling.md: or s3://BUCKET/...
 VERSION_ANNOTATION = "vision-export/model-version"  # the archive's version (contract/versions.py), vN
@@ -58,7 +59,7 @@ def kserve_config_properties(model_name: str, mar_name: str, device: str, ts_ver
         *(f"# Serving policy of the pod: {line}" for line in policy.lines()),
         f"inference_address=http://0.0.0.0:{KSERVE_PORT}",
         f"management_address=http://127.0.0.1:{KSERVE_PORT + 1}",  # the pod's own processes only: never a Service
-        "metrics_address=http://0.0.0.0:8082",
+        f"metrics_address=http://0.0.0.0:{METRICS_PORT}",
         "grpc_inference_port=7070",
         "grpc_management_port=7071",
         "enable_envvars_config=true",
@@ -83,7 +84,7 @@ def inference_service(model_name: str, device: str, numbers: ReplicaNumbers, sto
         "metadata": {"name": name, "annotations": {
             "vision-export/throughput-source": numbers.source,
             "vision-export/replica-requests-per-second": f"{numbers.requests_per_s:.1f}",
-            **scrape_annotations(8082)}},  # TorchServe's own metrics port in this runtime's config
+            **scrape_annotations(METRICS_PORT)}},  # TorchServe's own metrics port in this runtime's config
         "spec": {"predictor": {
             **autoscaling(device, numbers),
             "model": {
