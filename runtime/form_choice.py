@@ -129,26 +129,26 @@ def candidate_unmet(candidate: dict[str, Any], machine: MachineProfile) -> str |
     return f"not fast here: {why}" if why else None
 
 
-def runtime_unmet(record: Any, machine: MachineProfile) -> str | None:
-    """Why this environment's runtime cannot run a recorded form on the machine's GPU although the form could
-    (ONNX Runtime without its CUDA provider); None on a CPU, whose runtimes the serving environment installs (a
-    missing one is named when the form opens)."""
-    if machine.device != CUDA:
+def runtime_unmet(record: Any, device: str) -> str | None:
+    """Why this environment's runtime cannot run a recorded form on the GPU it serves on (`device`, the real one,
+    whatever profile a test simulates) although the form could (ONNX Runtime without its CUDA provider); None on a
+    CPU, whose runtimes the serving environment installs (a missing one is named when the form opens)."""
+    if not device.startswith(CUDA):
         return None
     why = backend_class(record.format).unavailable(CUDA)
     return f"cannot run here: {why}" if why else None
 
 
 def met_candidates(gated: list[dict[str, Any]], machine: MachineProfile, recorded: Any = None,
-                   runtimes: Any = None) -> tuple[list[str], dict[str, str]]:
+                   runtimes: Any = None, device: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The gated candidates this machine meets, in the declared order (only those `recorded` holds, when given),
-    and why each one it does not meet is not served. `runtimes` (the manifest's records, when serving here): a
-    candidate this environment's runtime cannot run (runtime_unmet) is not met either."""
+    and why each one it does not meet is not served. `runtimes` (the manifest's records) and `device` (what this
+    process serves on), when serving here: a candidate this environment's runtime cannot run there is not met."""
     met, skipped = [], {}
     for candidate in gated:
         why = candidate_unmet(candidate, machine)
-        if why is None and runtimes is not None and candidate["kind"] in runtimes:
-            why = runtime_unmet(runtimes[candidate["kind"]], machine)
+        if why is None and runtimes is not None and device is not None and candidate["kind"] in runtimes:
+            why = runtime_unmet(runtimes[candidate["kind"]], device)
         if why is not None:
             skipped[candidate["kind"]] = why
         elif recorded is None or candidate["kind"] in recorded:
@@ -156,10 +156,12 @@ def met_candidates(gated: list[dict[str, Any]], machine: MachineProfile, recorde
     return met, skipped
 
 
-def declared_choice(gated: list[dict[str, Any]], machine: MachineProfile, runtimes: Any = None) -> Choice:
+def declared_choice(gated: list[dict[str, Any]], machine: MachineProfile, runtimes: Any = None,
+                    device: str | None = None) -> Choice:
     """The first candidate, in the export's order, whose needs this machine meets (the export ends its list with a
-    form that needs nothing, so some form always serves); with `runtimes` (serving here), also runnable here."""
-    met, skipped = met_candidates(gated, machine, runtimes=runtimes)
+    form that needs nothing, so some form always serves); with `runtimes` and `device` (serving here), also
+    runnable here."""
+    met, skipped = met_candidates(gated, machine, runtimes=runtimes, device=device)
     if not met:
         return Choice(None, machine, skipped)
     order = [candidate["kind"] for candidate in gated]
@@ -167,13 +169,13 @@ def declared_choice(gated: list[dict[str, Any]], machine: MachineProfile, runtim
     return Choice(met[0], machine, {kind: why for kind, why in skipped.items() if kind in earlier})
 
 
-def may_serve_here(manifest: Manifest, machine: MachineProfile) -> list[str]:
+def may_serve_here(manifest: Manifest, machine: MachineProfile, device: str | None = None) -> list[str]:
     """The kinds `choose` may open on this machine: the gated candidates it meets, or the decided kind of an export
     without them (older ones, or one form asked for)."""
     decision = manifest.decision()
     if not decision.gated:
         return [decision.served_kind()]
-    return met_candidates(decision.gated, machine, manifest.artifacts, manifest.artifacts)[0]
+    return met_candidates(decision.gated, machine, manifest.artifacts, manifest.artifacts, device)[0]
 
 
 def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: int, batch: int, device: str,
@@ -182,12 +184,12 @@ def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: i
     else measured among the candidates it meets (`measure`, what the engines ask), else the first it meets; an
     export without gated candidates serves its decided kind."""
     if form is not None:
-        return named_choice(manifest, machine, form)
+        return named_choice(manifest, machine, form, device)
     decision = manifest.decision()
     if not decision.gated:
         return Choice(decision.served_kind(), machine, {})
     measured = measured_choice(folder, manifest, machine, threads, batch, device, rebuild) if measure else None
-    choice = measured or declared_choice(decision.gated, machine, manifest.artifacts)
+    choice = measured or declared_choice(decision.gated, machine, manifest.artifacts, device)
     if choice.kind is None:
         raise FormChoiceError(f"none of this archive's forms can be served on {machine.describe()}: "
                               + "; ".join(f"{k}: {why}" for k, why in choice.skipped.items())
@@ -198,10 +200,10 @@ def choose(folder: Path, manifest: Manifest, machine: MachineProfile, threads: i
     return choice
 
 
-def named_choice(manifest: Manifest, machine: MachineProfile, form: str) -> NamedChoice:
+def named_choice(manifest: Manifest, machine: MachineProfile, form: str, device: str | None = None) -> NamedChoice:
     """The form a caller names, when it is one of the gated candidates this machine meets (may_serve_here): the
     same check a measured choice passes, so a name cannot open a form the export's gates kept out."""
-    allowed = may_serve_here(manifest, machine)
+    allowed = may_serve_here(manifest, machine, device)
     if form not in allowed:
         raise FormChoiceError(f"{form!r} is not among the forms this archive may serve on {machine.describe()} "
                               f"({', '.join(allowed) or 'none'}): name one of those, or leave the choice to the "
@@ -213,7 +215,7 @@ def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, t
                     device: str, rebuild: str) -> MeasuredChoice | None:
     """The candidate to serve, measured (or read from an earlier measurement); None when there is nothing to choose
     between (one candidate or none met) or the environment asks for the declared order."""
-    met, skipped = met_candidates(manifest.decision().gated, machine, manifest.artifacts, manifest.artifacts)
+    met, skipped = met_candidates(manifest.decision().gated, machine, manifest.artifacts, manifest.artifacts, device)
     mode = os.environ.get(CHOICE_ENV, "")
     if len(met) < 2 or mode == "declared":
         return None

@@ -117,7 +117,7 @@ def _form_problems(archive: Path, folder: Path, device: str) -> dict[str, str]:
     from runtime.machine import this_machine_profile
     try:
         manifest = Manifest.read(folder)
-        records = [manifest.artifacts[kind] for kind in may_serve_here(manifest, this_machine_profile(device))]
+        records = [manifest.artifacts[kind] for kind in may_serve_here(manifest, this_machine_profile(device), device)]
     except KeyError as missing:
         raise ServingError(f"{archive}: not an archive of `python -m export` ({missing.args[0]}); "
                            "rebuild it with `python -m export`") from None

@@ -138,7 +138,8 @@ def test_a_gpu_server_skips_the_forms_its_runtimes_cannot_run_on_the_gpu_and_say
     manifest = gated_as(two_candidates, ["onnx-traced", "scripted"])
     choice = form_choice.choose(two_candidates, manifest, gpu, 1, 1, "cuda", REBUILD, measure=False)
     assert choice.kind == "scripted" and "no CUDAExecutionProvider" in choice.skipped["onnx-traced"]
-    assert form_choice.may_serve_here(manifest, gpu) == ["scripted"]
+    assert form_choice.may_serve_here(manifest, gpu, "cuda") == ["scripted"]
+    assert form_choice.may_serve_here(manifest, gpu) == ["onnx-traced", "scripted"]  # a profile simulated on a CPU
     assert form_choice.declared_choice(manifest.decision().gated, gpu).kind == "onnx-traced"  # an export's target
     only_onnx = gated_as(two_candidates, ["onnx-dynamo", "onnx-traced"])
     with pytest.raises(form_choice.FormChoiceError, match="onnx-dynamo: cannot run here: ONNX Runtime here has no"):
