@@ -17,7 +17,7 @@ from serving.auth import MANAGEMENT, auth_headers
 from serving.kserve.config import SETTINGS_FILE, KServeSettings
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import LOAD_TIMEOUT_S, Switchboard, answer_of
-from serving.settings import REQUEST_TIMEOUT_S, ServingError
+from serving.settings import REQUEST_TIMEOUT_S
 
 
 class KServeSwitchboard(Switchboard):
@@ -25,12 +25,9 @@ class KServeSwitchboard(Switchboard):
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
-        path = self.run_dir.absolute() / SETTINGS_FILE
-        if not path.is_file():
-            raise ServingError(f"no KServe run config in {self.run_dir} ({SETTINGS_FILE}): start the server with "
-                               "`python -m serving --engine kserve --detach` from the same --run-dir")
-        self.settings = KServeSettings.read(path)
-        self.base = f"http://127.0.0.1:{self.settings.http_port}"  # the version routes answer loopback only
+        self.settings = KServeSettings.read(
+            self.run_config(SETTINGS_FILE, "KServe", "python -m serving --engine kserve --detach"))
+        self.base = f"http://127.0.0.1:{self.settings.http_port}"  # without tokens the version routes answer loopback only
 
     @property
     def model_store(self) -> Path:

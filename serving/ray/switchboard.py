@@ -36,11 +36,7 @@ class RaySwitchboard(Switchboard):
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
-        path = self.run_dir.absolute() / SETTINGS_FILE
-        if not path.is_file():
-            raise ServingError(f"no Ray run config in {self.run_dir} ({SETTINGS_FILE}): start the server with "
-                               "`python -m serving --engine ray --detach` from the same --run-dir")
-        self.settings = RaySettings.read(path)
+        self.settings = RaySettings.read(self.run_config(SETTINGS_FILE, "Ray", "python -m serving --engine ray --detach"))
         self.connected = False
         self.new_router = False  # made by this command: the replicas have not polled it yet
 

@@ -26,6 +26,14 @@ class Switchboard(ABC):
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
 
+    def run_config(self, file_name: str, label: str, start: str) -> Path:
+        """RUN_DIR/file_name, the run config the engine's start wrote, or the error saying how to start one."""
+        path = self.run_dir.absolute() / file_name
+        if not path.is_file():
+            raise ServingError(f"no {label} run config in {self.run_dir} ({file_name}): start the server with "
+                               f"`{start}` from the same --run-dir")
+        return path
+
     @property
     @abstractmethod
     def model_store(self) -> Path:

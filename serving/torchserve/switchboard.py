@@ -23,7 +23,7 @@ from handlers.routes import ROUTES_FOLDER, Canary, ModelRoutes
 from handlers.routing import ended
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import DRAIN_GRACE_S, LOAD_TIMEOUT_S, Switchboard, answer_of
-from serving.settings import REQUEST_TIMEOUT_S, ServingError
+from serving.settings import REQUEST_TIMEOUT_S
 from serving.torchserve.config import KEY_FILE, RUN_CONFIG, TOKEN_SWITCH, read_properties
 from serving.torchserve.logs import load_failure
 
@@ -50,11 +50,7 @@ class TorchServeSwitchboard(Switchboard):
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
-        config = self.run_dir.absolute() / RUN_CONFIG
-        if not config.is_file():
-            raise ServingError(f"no TorchServe run config in {self.run_dir} ({RUN_CONFIG}): start the server with "
-                               "`python -m serving --detach` from the same --run-dir")
-        self.properties = read_properties(config)
+        self.properties = read_properties(self.run_config(RUN_CONFIG, "TorchServe", "python -m serving --detach"))
         self.inference_url = on_loopback(self.properties["inference_address"])
         self.management_url = on_loopback(self.properties["management_address"])
         self.tokens = self.properties.get(TOKEN_SWITCH, "true").lower() == "false"
