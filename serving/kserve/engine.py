@@ -71,8 +71,9 @@ class KServe(Engine):
 
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         import requests
-        url, body = self.settings.predict_url(model), v1_body(image)
-        return url, lambda: requests.post(url, json=body, timeout=PROBE_TIMEOUT_S, headers=self.request_headers())
+        url, (body, content_type) = self.settings.predict_url(model), self.client_body(Path(image).read_bytes())
+        headers = {"Content-Type": content_type, **self.request_headers()}
+        return url, lambda: requests.post(url, data=body, timeout=PROBE_TIMEOUT_S, headers=headers)
 
     def client_body(self, image: bytes) -> tuple[bytes, str]:
         return json.dumps(v1_instances(image)).encode(), "application/json"
