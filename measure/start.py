@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,9 +89,14 @@ def start_once(args: argparse.Namespace, cold: bool) -> dict:
     finally:
         subprocess.run([sys.executable, "-m", "serving", "stop", "--engine", args.engine, "--run-dir", str(run_dir)],
                        capture_output=True, text=True, timeout=START_TIMEOUT_S)
-    return {"engine": args.engine, "store": str(args.store), "cold": cold, "command": command,
-            "returncode": done.returncode, "output": done.stdout + done.stderr, "returned_s": round(returned, 3),
-            "began": began, "processes": read_phases(run_dir), "cpu": cpu_name(), "cores": os.cpu_count()}
+    run = {"engine": args.engine, "store": str(args.store), "cold": cold, "command": command,
+           "returncode": done.returncode, "output": done.stdout + done.stderr, "returned_s": round(returned, 3),
+           "began": began, "processes": read_phases(run_dir), "cpu": cpu_name(), "cores": os.cpu_count()}
+    if done.returncode == 0:
+        shutil.rmtree(run_dir)  # its phases are read; a failed start keeps its logs, named in the output
+    else:
+        run["run_dir"] = str(run_dir)
+    return run
 
 
 def report(run: dict) -> str:
@@ -98,6 +104,8 @@ def report(run: dict) -> str:
     head = (f"{run['engine']}, {'cold (the choice at load measured afresh)' if run['cold'] else 'warm (the kept choice)'}"
             f", on {run['cpu']} ({run['cores']} cores): `python -m serving --detach` returned after "
             f"{run['returned_s']:.1f} s")
+    if "run_dir" in run:
+        head += f" and FAILED (exit {run['returncode']}): its logs are kept in {run['run_dir']}"
     rows = ["| process | model | started after | " + " | ".join(SHOWN[phase] for phase in PHASES)
             + " | ready after | CPU to open |",
             "|---|---|" + "---:|" * (len(PHASES) + 3)]

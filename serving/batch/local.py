@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ PARENT_CHECK_S = 1.0  # how soon a worker ends once the driver is gone
 _scorer = None  # the pool process's own Scorer, opened once by its initializer
 
 
-def open_scorer(model_path: str, policy: dict) -> None:
+def open_scorer(model_path: str, policy: dict, scratch: str) -> None:
     """The pool process's start: its Scorer, Ctrl-C left to the driver (which stops the pool), and an end of its
     own when the driver dies (a SIGKILL of it must not leave the workers holding their models)."""
     global _scorer
@@ -35,7 +36,7 @@ def open_scorer(model_path: str, policy: dict) -> None:
     threading.Thread(target=end_with_parent, args=(os.getppid(),), daemon=True).start()
     from serving.batch.scoring import Scorer
 
-    _scorer = Scorer(model_path, policy)
+    _scorer = Scorer(model_path, policy, scratch=scratch)
 
 
 def end_with_parent(parent: int) -> None:
@@ -61,12 +62,20 @@ def answered_locally(
     model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_per_call: int
 ) -> Iterator[list[dict]]:
     """Each call's output rows as it ends (any order: run.py gathers them by shard), from a pool of the policy's
-    workers (spawned: no copy of the driver's threads). A worker that ends a call takes the next at once."""
+    workers (spawned: no copy of the driver's threads). A worker that ends a call takes the next at once. The
+    archive is unpacked once into the run's scratch folder, removed here when the run ends (workers that are
+    terminated clean up nothing of their own)."""
+    with tempfile.TemporaryDirectory(prefix="batch-model-") as scratch:
+        yield from answered_by_pool(model_path, pending, policy, rows_per_call, scratch)
+
+
+def answered_by_pool(model_path: Path, pending: list[Shard], policy: ServingPolicy, rows_per_call: int,
+                     scratch: str) -> Iterator[list[dict]]:
     pool = ProcessPoolExecutor(
         max_workers=policy.workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=open_scorer,
-        initargs=(str(model_path.absolute()), policy.to_dict()),
+        initargs=(str(model_path.absolute()), policy.to_dict(), scratch),
     )
     waiting: set[Future] = set()
     try:

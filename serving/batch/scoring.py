@@ -38,12 +38,15 @@ class Scorer:
     """One copy of the served model: __call__ answers a batch of photos (Ray Data's numpy batch: columns input,
     shard, path, data, inside) with a batch of output rows (output.SCHEMA's columns, plus shard and each stage's ms)."""
 
-    def __init__(self, model_path: str, policy: dict, device: str = "cpu"):
+    def __init__(self, model_path: str, policy: dict, device: str = "cpu", scratch: str | None = None):
+        """`scratch`: a folder its caller removes, where Scorers of one run unpack the archive once (None: a
+        folder of this Scorer's own, removed with it: a Ray Data actor's)."""
         logging.getLogger("handlers").setLevel(logging.WARNING)  # not a "batch of 1" line per photo
-        self.scratch = tempfile.TemporaryDirectory(prefix="batch-model-")
+        self.own_scratch = tempfile.TemporaryDirectory(prefix="batch-model-") if scratch is None else None
+        folder = Path(scratch) / Path(model_path).stem if scratch else Path(self.own_scratch.name)
         self.policy = ServingPolicy.from_dict(policy)
         # an export folder as it is, an archive unpacked as the engines unpack it (handlers/opening.py)
-        self.core = open_archive(model_path, device, self.policy, scratch=self.scratch.name)
+        self.core = open_archive(model_path, device, self.policy, scratch=folder)
         self.manifest: Manifest = self.core.manifest
 
     def __call__(self, batch: dict) -> dict:

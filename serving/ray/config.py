@@ -5,6 +5,8 @@ process reads with each model's policy as resolved here; and what a serving poli
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,13 +58,24 @@ class RaySettings(ServingSettings):
         return self.run_dir.absolute() / ADDRESS_FILE
 
     def temp_dir(self) -> Path:
-        """Ray's temp dir: RUN_DIR/ray, or a link there to a short folder when the run dir's path is long."""
+        """Ray's temp dir: RUN_DIR/ray, or a link there to a short folder when the run dir's path is long (one
+        per run dir, named by its path, so that restarts reuse it)."""
         link = self.run_dir.absolute() / TEMP_DIR
         if len(str(link)) <= MAX_TEMP_DIR_CHARS:
             return link
         if not link.is_symlink():
-            link.symlink_to(tempfile.mkdtemp(prefix="ray-"))
+            short = Path(tempfile.gettempdir()) / f"ray-{hashlib.sha1(str(link).encode()).hexdigest()[:12]}"
+            short.mkdir(exist_ok=True)
+            link.symlink_to(short)
         return link.resolve()
+
+    def remove_short_temp_dir(self) -> None:
+        """The short folder temp_dir() linked, removed once our own node has stopped (Ray's session logs in it
+        go too: ours are in the run dir's logs)."""
+        link = self.run_dir.absolute() / TEMP_DIR
+        if link.is_symlink():
+            shutil.rmtree(link.resolve())
+            link.unlink()
 
     def write(self) -> Path:
         """The run config the server process reads, each model's policy resolved here."""

@@ -83,8 +83,14 @@ class RayDeployment:
         run_dir = engine_run_dir()
         if run_dir is not None:
             return shared_scratch(archive, run_dir)
-        self.folder = tempfile.TemporaryDirectory(prefix=f"{archive.stem}-")  # removed with the replica
+        self.folder = tempfile.TemporaryDirectory(prefix=f"{archive.stem}-")  # removed by __del__
         return Path(self.folder.name)
+
+    def __del__(self):
+        """Serve's shutdown hook for a replica stopped gracefully: its own unpacked folder goes with it (a
+        replica killed outright leaves it, as any process's temporary files)."""
+        if getattr(self, "folder", None) is not None:
+            self.folder.cleanup()
 
     async def __call__(self, request: Request) -> JSONResponse:
         if (refused := refused_response(request.headers.get("authorization"))) is not None:

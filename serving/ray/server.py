@@ -190,7 +190,15 @@ def main(argv: list[str]) -> int:
         if own_cluster:
             stop_head(head)
             settings.address_file.unlink(missing_ok=True)
+            remove_temp_dir(settings)
     return code
+
+
+def remove_temp_dir(settings: RaySettings) -> None:
+    try:
+        settings.remove_short_temp_dir()
+    except OSError as error:  # the server has stopped; a folder left behind is told, not fatal
+        logger.warning("Ray's temp dir was not removed: %s", error)
 
 
 def stop_head(head) -> None:

@@ -84,9 +84,12 @@ def scored(resnet18_export, tmp_path_factory):
         path.write_bytes(body)
     command = batch_command(resnet18_export["archive"], folder, out)
     before_kill = killed_once_a_part_is_written(command + ["--address", "local"], out)
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    temporary = tmp_path_factory.mktemp("batch-tmp")  # the run's TMPDIR: what it leaves there is seen
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                             env={**os.environ, "TMPDIR": str(temporary)})
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     return {
+        "temporary": temporary,
         "bodies": bodies,
         "out": out,
         "before_kill": before_kill,
@@ -105,6 +108,10 @@ def test_killed_and_resumed_ends_with_exactly_one_row_per_photo(scored):
         path = scored["out"] / name
         assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, mtime), name
     assert not list(scored["out"].glob(".*.tmp"))
+
+
+def test_a_run_on_this_machine_leaves_no_unpacked_archive_behind(scored):
+    assert list(scored["temporary"].glob("batch-model-*")) == []
 
 
 def test_each_row_equals_the_endpoints_answer_or_error(scored, resnet18_server):
