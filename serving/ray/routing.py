@@ -22,7 +22,7 @@ import ray
 
 from handlers.request import ImageRequest
 from handlers.request_body import image_of
-from handlers.routing import CanaryShare, Outcome, ended, outcome_of_status, summed
+from handlers.routing import CanaryShare, Capture, Outcome, ended, outcome_of_status, summed
 from serving.ray.config import NAMESPACE  # Serve's: its replicas and the router live there
 
 logger = logging.getLogger("serving.ray")
@@ -41,12 +41,12 @@ class Route:
 
     epoch: int = 0
     canary: dict | None = None  # {"id", "label", "percent"}; percent 0 once ended (its counts still arrive)
-    capture: dict | None = None  # {"id", "count"}
-    kept: list = field(default_factory=list)
+    capture: Capture | None = None  # the photos of the next requests kept (handlers/routing.py)
+    capture_id: int = 0  # which capture a replica's photo was sent for: one sent for an earlier one is not kept
     replicas: dict = field(default_factory=dict)  # replica id -> (time of its last poll, its report)
 
     def routes(self) -> dict:
-        capturing = self.capture if self.capture and len(self.kept) < self.capture["count"] else None
+        capturing = {"id": self.capture_id, "count": self.capture.count} if self.capture and self.capture.room else None
         return {"epoch": self.epoch, "canary": self.canary, "capture": capturing}
 
     def live_reports(self) -> list[dict]:
@@ -78,19 +78,19 @@ class RoutingTable:
 
     def set_capture(self, name: str, count: int) -> int:
         route = self.names.setdefault(name, Route())
-        route.capture = {"id": route.epoch + 1, "count": count} if count > 0 else None
-        route.kept = []
+        route.capture = Capture(count) if count > 0 else None
+        route.capture_id = route.epoch + 1
         route.epoch += 1
         return route.epoch
 
     def keep(self, name: str, capture: int, request_id: str, photo: bytes) -> None:
         route = self.names.get(name)
-        if route and route.capture and route.capture["id"] == capture and len(route.kept) < route.capture["count"]:
-            route.kept.append((request_id, photo))
+        if route and route.capture and route.capture_id == capture:
+            route.capture.keep([(request_id, photo)])
 
     def captured(self, name: str) -> list:
         route = self.names.get(name)
-        return list(route.kept) if route else []
+        return list(route.capture.kept) if route and route.capture else []
 
     def settled(self, name: str, epoch: int) -> bool:
         """Every live replica has polled having seen epoch, and holds no canary request."""
@@ -112,7 +112,7 @@ class RoutingTable:
         route = self.names.get(name)
         if route is None:
             return 0
-        route.canary, route.capture, route.kept = None, None, []
+        route.canary, route.capture = None, None
         route.epoch += 1
         return route.epoch
 
