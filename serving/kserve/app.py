@@ -22,15 +22,33 @@
   process, and each model with the policy's worker processes behind it (serving/kserve/pool.py): its batcher
   hands each batch to a free worker, as TorchServe's frontend does, whatever the connections.
 
-KServe builds its REST server from a module-level name: install() points that name at our subclass.
+How each is added (kserve 0.21): OurModelServer, KServe's ModelServer subclassed, holds what they need (the host,
+the models' versions, the registry) and adds them:
+- routes (ours, the rollout's, the OpenAPI page): on KServe's FastAPI app, `kserve.model_server.app`, before the
+  server starts, as KServe's own custom predictor example adds to it. They come before KServe's routes, so our
+  /metrics answers in place of KServe's;
+- the data plane: ModelServer's `dataplane` attribute, set when the server is made;
+- the bind address, our middleware and our exception handlers: kserve 0.21 has no public way. Its REST server's
+  uvicorn config binds 0.0.0.0, and create_application() adds KServe's middleware and exception handlers to the
+  app once the server starts, after anything added before: KServe's InferenceError and Exception handlers would
+  replace ours, and its timing middleware would wrap ours. So OurRESTServer, the one override, sets the host in
+  its uvicorn config and adds ours after KServe's in create_application(). ModelServer.start() makes its REST
+  server by calling the name `RESTServer` of the module kserve.model_server (no API: an import of KServe's), with
+  arguments of its own; OurModelServer.start() points that name at OurRESTServer, bound to this server. The
+  names this relies on are asserted in tests/serving/kserve/test_app.py, which fails if a kserve release renames
+  or moves one.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
+import kserve.model_server
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse
+from kserve import ModelServer
 from kserve.errors import InferenceError, InvalidInput
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput, deserialize_bytes_tensor
@@ -42,13 +60,14 @@ from handlers.metrics import ServedModel
 from handlers.request_error import RequestError
 from handlers.signals import request_id
 from serving.bounds import BodyLimit
-from serving.kserve import auth, signals, versions
+from serving.kserve import auth, signals
+from serving.kserve.versions import Versions, add_routes
 
 logger = logging.getLogger("serving.kserve")
 
 DESCRIPTION_ROUTE = "/v2/models/{model_name}/description"  # ours: which form serves on this machine, and why
 CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data extension: the JSON part's length
-_bind_host = "127.0.0.1"  # set by install(); read when KServe makes its REST server
+DOCS_PATH = "/docs"  # KServe's own place for its OpenAPI page
 
 
 async def request_error_response(request, error: RequestError, served: ServedModel | None = None) -> JSONResponse:
@@ -77,30 +96,46 @@ def photos_in(request) -> int:
     return max((int(shape[0]) for shape in shapes), default=1)
 
 
-class OurRESTServer(RESTServer):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.config.host = _bind_host
+class OurModelServer(ModelServer):
+    """KServe's ModelServer with one HTTP process (the module docstring), our routes, middleware, exception handlers
+    and data plane, bound to `host`."""
 
-    def _register_endpoints(self, app) -> None:
-        super()._register_endpoints(app)
-        app.add_api_route(DESCRIPTION_ROUTE, self.description, methods=["GET"])
-        versions.add_routes(app, self.dataplane)  # rollout's routes, loopback clients only
+    def __init__(self, host: str, versions: Versions, http_port: int):
+        super().__init__(http_port=http_port, workers=1, enable_grpc=False)
+        self.host = host
+        self.versions = versions
+        self.dataplane = RawBytesDataPlane(model_registry=self.registered_models)
+
+    def start(self, models: list) -> None:
+        self.add_routes(kserve.model_server.app)
+        kserve.model_server.RESTServer = functools.partial(OurRESTServer, server=self)  # the module docstring
+        super().start(models)
+
+    def add_routes(self, app) -> None:
+        """Ours, before KServe's own (added when the server starts): our /metrics is matched first."""
         app.add_api_route(signals.METRICS_ROUTE, signals.metrics_route, methods=["GET"])
-        app.router.routes.insert(0, app.router.routes.pop())  # first: KServe's own /metrics is matched after it
+        app.add_api_route(DESCRIPTION_ROUTE, self.description, methods=["GET"])
+        add_routes(app, self.versions, self.registered_models)  # rollout's routes, loopback clients only
         app.add_api_route(signals.LIVE_ROUTE, signals.live_route, methods=["GET"])
         app.add_api_route(signals.READY_ROUTE, self.ready, methods=["GET"])
+        openapi_page_on(app)
 
-    def _add_middlewares(self, app) -> None:
-        super()._add_middlewares(app)
+    def add_middlewares(self, app) -> None:
+        """After KServe's own (its timing middleware): the last added is the outermost."""
         app.add_middleware(BodyLimit)  # inside RequestSignals: a refused body is answered with its id and counted
         app.add_middleware(auth.TokenAuth)  # outside BodyLimit: a caller without its key is refused unread
         app.add_middleware(signals.RequestSignals, served_of=self.served_of)  # the outermost: sees every answer
 
+    def add_exception_handlers(self, app) -> None:
+        """After KServe's own: ours replace its InferenceError and Exception handlers."""
+        app.add_exception_handler(RequestError, self.request_error_response)
+        app.add_exception_handler(InferenceError, self.failure_response)
+        app.add_exception_handler(Exception, self.failure_response)
+
     def served_of(self, name: str) -> ServedModel | None:
         """The labels of model name's metrics (a version switch puts another model under the name); None for a
         name the registry does not hold, or a model not loaded."""
-        model = self.dataplane.model_registry.get_model(name)
+        model = self.registered_models.get_model(name)
         return getattr(model, "served", None)
 
     def route_served(self, request) -> ServedModel | None:
@@ -115,18 +150,36 @@ class OurRESTServer(RESTServer):
         return await failure_response(request, error, self.route_served(request))
 
     async def ready(self):
-        return signals.ready_answer(list(self.dataplane.model_registry.get_models().values()))
+        return signals.ready_answer(list(self.registered_models.get_models().values()))
 
     async def description(self, model_name: str) -> dict:
         """The model description: which form serves on this machine and why, the core's describe() (TorchServe
         shows the same as customizedMetadata). KServe's v2 metadata has no field for it."""
         return self.dataplane.get_model_from_registry(model_name).describe()  # unknown name: KServe's 404
 
-    def _add_exception_handlers(self, app) -> None:
-        super()._add_exception_handlers(app)
-        app.add_exception_handler(RequestError, self.request_error_response)
-        app.add_exception_handler(InferenceError, self.failure_response)
-        app.add_exception_handler(Exception, self.failure_response)
+
+class OurRESTServer(RESTServer):
+    """KServe's REST server bound to our server's host, our middleware and exception handlers added after KServe's
+    own: the one override of KServe's internals (the module docstring says why)."""
+
+    def __init__(self, *args, server: OurModelServer, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.server = server
+        self.config.host = server.host
+
+    def create_application(self) -> None:
+        super().create_application()
+        self.server.add_middlewares(kserve.model_server.app)
+        self.server.add_exception_handlers(kserve.model_server.app)
+
+
+def openapi_page_on(app) -> None:
+    """KServe's OpenAPI page (Swagger UI) at /docs, beside its /openapi.json: KServe adds the page only when its own
+    command line says --enable_docs_url; the same page is added here."""
+    async def docs(_request):
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - OpenAPI")
+    if not any(getattr(route, "path", None) == DOCS_PATH for route in app.routes):
+        app.add_route(DOCS_PATH, docs, include_in_schema=False)
 
 
 class RawBytesDataPlane(DataPlane):
@@ -169,11 +222,3 @@ def binary_request(body: bytes, json_length: int, model_name: str) -> InferReque
     outputs = [RequestedOutput(o["name"], o.get("parameters")) for o in head.get("outputs") or []] or None
     return InferRequest(model_name, inputs, request_id=head.get("id"), parameters=head.get("parameters"),
                         request_outputs=outputs)
-
-
-def install(host: str) -> None:
-    """Our REST server where KServe's ModelServer makes one (its one process: serving/kserve/worker.py)."""
-    global _bind_host
-    import kserve.model_server
-    _bind_host = host
-    kserve.model_server.RESTServer = OurRESTServer

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import logging
 import uuid
 from collections import Counter
@@ -39,7 +38,6 @@ logger = logging.getLogger("serving.kserve")
 ROUTE = "/rollout/{name}"
 SETTLE_POLL_S = 0.05  # how often an ending canary looks whether the requests it holds were answered
 DRAIN_TIMEOUT_S = 120  # the old version's requests in hand are answered within this, or it unloads anyway
-_state: Versions | None = None
 
 
 @dataclass
@@ -48,21 +46,20 @@ class Canary:
     says (handlers/routing.py): what it serves is the client's answer; a request it fails, hangs on or declines is
     counted and answered by the live version."""
 
-    model: KServeModel
+    model: VersionedModel
     share: CanaryShare
 
     def report(self) -> dict:
         return {"label": self.share.label, "percent": self.share.percent, **ended(self.share.counts.as_dict())}
 
-    async def answer(self, live, *args, **kwargs):
-        """The canary's answer, or live's (an awaitable function of the same arguments) where it did not serve."""
+    async def answer(self, live, payload, headers, response_headers):
+        """The canary's answer, or live's (an awaitable function) where it did not serve."""
         async def forward() -> tuple[Outcome, object]:
             try:
-                return Outcome.SERVED, await self.model.predict(*args, **kwargs)
+                return Outcome.SERVED, await self.model.predict(payload, headers, response_headers)
             except RequestError as error:  # the client's bad request (4xx), or the candidate's workers broken (5xx)
                 return outcome_of_status(error.code), None
-        return await self.share.answer(request_id_in(args[1] if len(args) > 1 else kwargs.get("headers")),
-                                       forward, lambda: live(*args, **kwargs))
+        return await self.share.answer(request_id_in(headers), forward, live)
 
 
 def request_id_in(headers) -> str:
@@ -80,41 +77,50 @@ def keep_photos(capture: Capture, model: KServeModel, payload, headers) -> None:
     capture.keep(photos)
 
 
+class VersionedModel(KServeModel):
+    """A version of a model as our server serves it: KServe calls its predict, which asks the server's versions
+    (Versions.predict) who answers; its own answer is KServeModel's predict (answer)."""
+
+    versions: Versions  # the server's, handed over when they adopt or load it
+
+    async def predict(self, payload, headers: dict | None = None, response_headers: dict | None = None):
+        return await self.versions.predict(self, payload, headers, response_headers)
+
+    async def answer(self, payload, headers: dict | None = None, response_headers: dict | None = None):
+        return await super().predict(payload, headers, response_headers)
+
+
 class Versions:
     def __init__(self, settings, make_model):
         self.settings = settings
-        self.make_model = make_model  # (archive, unpacked folder, model's name) -> the model, loaded
-        self.loaded: dict[str, dict[str, KServeModel]] = {}
+        self.make_model = make_model  # (archive, unpacked folder, model's name) -> the VersionedModel, loaded
+        self.loaded: dict[str, dict[str, VersionedModel]] = {}
         self.in_flight: Counter = Counter()
         self.canaries: dict[str, Canary] = {}  # name -> the version that takes a share of its requests
         self.captures: dict[str, Capture] = {}  # name -> the photos of its next requests, kept
 
-    def adopt(self, model: KServeModel) -> None:
-        """A model the server started with: its version known, its requests counted."""
-        self.loaded.setdefault(model.name, {})[model.version] = self.counted(model)
+    def adopt(self, model: VersionedModel, label: str | None = None) -> None:
+        """A model the server serves (one it started with: under its archive's version): its requests come here."""
+        model.versions = self
+        self.loaded.setdefault(model.name, {})[label or model.version] = model
 
-    def counted(self, model: KServeModel) -> KServeModel:
-        """The model's predict counts the requests it holds (what a drain waits on)."""
-        predict = model.predict
+    async def predict(self, model: VersionedModel, payload, headers, response_headers):
+        """A request KServe gave the model: its photos kept while a capture has room, a canary's share sent to the
+        canary, the rest answered by the model itself, counted while it holds them (what a drain waits on)."""
+        capture = self.captures.get(model.name)
+        if capture is not None and capture.room:
+            keep_photos(capture, model, payload, headers)
 
-        @functools.wraps(predict)
-        async def counting(*args, **kwargs):
-            capture = self.captures.get(model.name)
-            if capture is not None and capture.room and args:
-                keep_photos(capture, model, args[0], args[1] if len(args) > 1 else kwargs.get("headers"))
-            canary = self.canaries.get(model.name)
-            if canary is not None and canary.model is not model and canary.share.takes():
-                return await canary.answer(live, *args, **kwargs)
-            return await live(*args, **kwargs)
-
-        async def live(*args, **kwargs):
+        async def live():
             self.in_flight[id(model)] += 1
             try:
-                return await predict(*args, **kwargs)
+                return await model.answer(payload, headers, response_headers)
             finally:
                 self.in_flight[id(model)] -= 1
-        model.predict = counting  # type: ignore[method-assign]
-        return model
+        canary = self.canaries.get(model.name)
+        if canary is not None and canary.model is not model and canary.share.takes():
+            return await canary.answer(live, payload, headers, response_headers)
+        return await live()
 
     def default(self, registry, name: str) -> str:
         model = registry.get_model(name)
@@ -135,7 +141,7 @@ class Versions:
             raise HTTPException(422, f"{name} {label} cannot be served: {error}") from None
         if isinstance(model.core, WorkerPool):
             model.core.essential = False  # a candidate whose workers break must not stop the live version's server
-        self.loaded.setdefault(name, {})[label] = self.counted(model)
+        self.adopt(model, label)
         registry.update(model, f"{name}.{label}")  # asked directly at /v1/models/NAME.vN:predict
         logger.info("%s %s loaded beside %s", name, label, self.default(registry, name))
 
@@ -207,50 +213,36 @@ class Versions:
         logger.info("%s %s unloaded", name, label)
 
 
-def install(settings, models: list, make_model) -> None:
-    global _state
-    _state = Versions(settings, make_model)
-    for model in models:
-        _state.adopt(model)
-
-
-def add_routes(app, dataplane) -> None:
-    """The routes above, on the REST server's app (serving/kserve/app.py)."""
-    registry = dataplane.model_registry
-
-    def state() -> Versions:
-        # who may call these routes is decided once, for every route, by serving/kserve/auth.py's middleware
-        if _state is None:
-            raise HTTPException(503, "this server does not manage versions")
-        return _state
+def add_routes(app, versions: Versions, registry) -> None:
+    """The routes above, on KServe's app (serving/kserve/app.py), over the server's versions and its models'
+    registry. Who may call them is decided once, for every route, by serving/kserve/auth.py's middleware."""
 
     async def describe(name: str) -> dict:
-        versions = state()
         canary = versions.canaries.get(name)
         return {"default": versions.default(registry, name), "loaded": sorted(versions.loaded.get(name, {})),
                 "canary": canary.report() if canary else None}
 
     async def load(name: str, label: str) -> dict:
-        await state().load(registry, name, label)
+        await versions.load(registry, name, label)
         return {"loaded": label}
 
     async def set_default(name: str, label: str) -> dict:
-        state().set_default(registry, name, label)
+        versions.set_default(registry, name, label)
         return {"default": label}
 
     async def canary(name: str, label: str, percent: float) -> dict:
-        return await state().canary(registry, name, label, percent)
+        return await versions.canary(registry, name, label, percent)
 
     async def unload(name: str, label: str) -> dict:
-        await state().unload(registry, name, label)
+        await versions.unload(registry, name, label)
         return {"unloaded": label}
 
     async def capture(name: str, count: int) -> dict:
-        state().capture(name, count)
+        versions.capture(name, count)
         return {"capturing": count}
 
     async def captured(name: str) -> dict:
-        return {"captured": state().captured(name)}
+        return {"captured": versions.captured(name)}
 
     app.add_api_route(ROUTE, describe, methods=["GET"])
     app.add_api_route(ROUTE + "/capture", capture, methods=["PUT"])  # before /{label}: "capture" is no label

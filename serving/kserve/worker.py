@@ -23,22 +23,22 @@ from serving.kserve.pool import WorkerPool
 from serving.ports import bind_error
 
 if TYPE_CHECKING:
-    from handlers.kserve_model import KServeModel
+    from serving.kserve.versions import VersionedModel
 
 # The pool's workers are spawned processes that import this module first: kserve (seconds of imports) is imported
 # where it is used, so that they do not import it too.
 
 logger = logging.getLogger("serving.kserve")
 PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
-DOCS_PATH = "/docs"  # KServe's own place for its OpenAPI page
 SERVER_IMPORTS = ("handlers.kserve_model", "serving.kserve.app")  # kserve and torch: imported while workers start
 
 
 def model_of(name: str, settings: KServeSettings, archive: Path | None = None, unpacked: Path | None = None
-             ) -> KServeModel:
+             ) -> VersionedModel:
     """The model under its policy as the run config holds it (its archive's pins applied where it was resolved);
-    another version's archive, unpacked in a folder of its own, under the same policy (serving/kserve/versions.py).
-    Its worker processes are spawned first: this process's own imports (kserve, torch) run while they start."""
+    another version's archive, unpacked in a folder of its own, under the same policy; served as one of the
+    server's versions (serving/kserve/versions.py). Its worker processes are spawned first: this process's own
+    imports (kserve, torch) run while they start."""
     from handlers import opening
     policy = settings.policies[name]
     from runtime.integrity import verify_archive_signature  # here: the pool's spawned workers import this module
@@ -46,8 +46,8 @@ def model_of(name: str, settings: KServeSettings, archive: Path | None = None, u
     folder = opening.unpacked(archive or settings.archive(name), unpacked or settings.unpacked(name))
     device, handler = opening.device_of(policy.device), opening.model_config(folder).get("handler")
     pool = WorkerPool.open(name, folder, device, handler, policy) if policy.workers > 1 else None
-    from handlers.kserve_model import KServeModel
-    model = KServeModel(name, folder, policy, device, handler, (lambda *_: pool) if pool else None)
+    from serving.kserve.versions import VersionedModel
+    model = VersionedModel(name, folder, policy, device, handler, (lambda *_: pool) if pool else None)
     model.load()
     return model
 
@@ -59,34 +59,19 @@ def serve(settings: KServeSettings) -> int:
         return PORT_TAKEN
     threading.Thread(target=lambda: [importlib.import_module(name) for name in SERVER_IMPORTS], daemon=True).start()
     models = [model_of(name, settings) for name in settings.models]
-    from kserve import ModelServer
-
-    from serving.kserve import app, versions
+    from serving.kserve.app import OurModelServer
+    from serving.kserve.versions import Versions
+    versions = Versions(settings, lambda archive, folder, name: model_of(name, settings, archive, folder))
+    for model in models:
+        versions.adopt(model)
     for name, policy in settings.policies.items():
         logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
-    app.install(settings.host)
-    versions.install(settings, models, lambda archive, folder, name: model_of(name, settings, archive, folder))
-    server = ModelServer(http_port=settings.http_port, workers=1, enable_grpc=False)  # one HTTP process: app.py
-    openapi_page_on()
-    server.dataplane = app.RawBytesDataPlane(model_registry=server.registered_models)
-    server.start(models)
+    OurModelServer(settings.host, versions, settings.http_port).start(models)
     broken = [model.core.broken for model in models if isinstance(model.core, WorkerPool) and model.core.broken]
     if broken:
         logger.error("stopped: %s", "; ".join(broken))
         return 1
     return 0
-
-
-def openapi_page_on() -> None:
-    """KServe's OpenAPI page (Swagger UI) at /docs, beside its /openapi.json: its app is made when kserve is imported
-    and adds the page only when KServe's own command line says --enable_docs_url; the same page is added here."""
-    from fastapi.openapi.docs import get_swagger_ui_html
-    from kserve.model_server import app as kserve_app
-
-    async def docs(_request):
-        return get_swagger_ui_html(openapi_url=kserve_app.openapi_url, title=f"{kserve_app.title} - OpenAPI")
-    if not any(getattr(route, "path", None) == DOCS_PATH for route in kserve_app.routes):
-        kserve_app.add_route(DOCS_PATH, docs, include_in_schema=False)
 
 
 def main(argv: list[str]) -> int:

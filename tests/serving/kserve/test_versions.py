@@ -11,10 +11,9 @@ import pytest
 from kserve.model_repository import ModelRepository
 
 from contract.policy import ServingPolicy
-from handlers.kserve_model import KServeModel
 from handlers.request_error import RequestError
 from serving.kserve.pool import WorkerPool
-from serving.kserve.versions import Versions
+from serving.kserve.versions import VersionedModel, Versions
 from tests.conftest import ROOT
 
 NAME = "resnet18"
@@ -24,13 +23,14 @@ ONE_WORKER = ServingPolicy(workers=1, batch_size=1, max_batch_delay_ms=5, thread
 
 
 @pytest.fixture(scope="module")
-def live(resnet18_unpacked) -> KServeModel:
-    model = KServeModel(NAME, resnet18_unpacked, ONE_WORKER)
+def live(resnet18_unpacked) -> VersionedModel:
+    model = VersionedModel(NAME, resnet18_unpacked, ONE_WORKER)
     model.load()
     return model
 
 
-def predict_all(versions: Versions, live: KServeModel, bodies: list) -> list:
+def predict_all(live: VersionedModel, bodies: list) -> list:
+    """What KServe does with each request: the model's predict (Versions.predict decides who answers)."""
     async def run():
         return [await live.predict(body, {}, {}) for body in bodies]
     return asyncio.run(run())
@@ -40,17 +40,16 @@ def test_a_failing_canary_is_counted_and_the_live_version_answers(live, resnet18
     registry, versions = ModelRepository(), Versions(settings=None, make_model=None)
     registry.update(live)
     versions.adopt(live)
-    broken = KServeModel(NAME, resnet18_unpacked, ONE_WORKER)  # registered but never loaded: every predict fails
-    broken.version = "v2"
-    versions.loaded[NAME]["v2"] = versions.counted(broken)
+    broken = VersionedModel(NAME, resnet18_unpacked, ONE_WORKER)  # registered but never loaded: every predict fails
+    versions.adopt(broken, "v2")
     asyncio.run(versions.canary(registry, NAME, "v2", 99.999))
     photo = {"instances": [{"image": {"b64": base64.b64encode(CAT.read_bytes()).decode()}}]}
-    answers = predict_all(versions, live, [photo] * 4)
+    answers = predict_all(live, [photo] * 4)
     assert all(answer["predictions"][0]["version"] == live.version for answer in answers)  # the live version's
     report = asyncio.run(versions.canary(registry, NAME, "v2", 0))
     assert (report["asked"], report["served"], report["failed"]) == (1, 0, 1), report  # no more after its failure
     with pytest.raises(RequestError):  # a bad request is the client's: refused as it is, by either version
-        predict_all(versions, live, [{"instances": []}])
+        predict_all(live, [{"instances": []}])
 
 
 def test_a_candidates_pool_that_breaks_refuses_its_own_requests_and_leaves_the_server_serving(resnet18_unpacked):
