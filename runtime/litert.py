@@ -34,6 +34,11 @@ def contract_name(model_name: str) -> str:
     return stem + ".litert.json"
 
 
+def output_names(count: int) -> list[str]:
+    """The signature's names of a file's outputs, in the module's order: litert-torch writes output_0, output_1, ..."""
+    return [f"output_{i}" for i in range(count)]
+
+
 def import_interpreter() -> ModuleType:
     """ai_edge_litert.interpreter, or an ArtifactError saying how to install it (only `.tflite` files need it)."""
     try:
@@ -81,8 +86,8 @@ class LiteRTBackend(Backend):
 
     def _run(self, image: np.ndarray) -> list[torch.Tensor]:
         outputs = self.runner(**{self.input_name: image})
-        # litert-torch names the module's outputs output_0, output_1, ... in the module's order
-        return [torch.from_numpy(np.array(outputs[f"output_{i}"])) for i in range(len(outputs))]
+        # np.array copies: the next image's run must not change this one's outputs
+        return [torch.from_numpy(np.array(outputs[name])) for name in output_names(len(outputs))]
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "input_shape": list(self.input_shape), "litert_threads": self.threads}

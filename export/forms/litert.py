@@ -24,7 +24,7 @@ from contract.records import LABELS_NAME
 from export.errors import ExportError
 from export.forms.exporters import Artifact, BuildContext
 from runtime import RunOptions, open_artifact
-from runtime.litert import INSTALL, SIGNATURE, contract_name, import_interpreter
+from runtime.litert import INSTALL, SIGNATURE, contract_name, import_interpreter, output_names
 from runtime.timing import time_runs
 
 LATENCY_WARMUP, LATENCY_RUNS = 3, 20  # batch-1 milliseconds, median of single calls
@@ -67,9 +67,7 @@ def write_contract(context: BuildContext, path, size: int) -> dict:
     contract = {
         "model": path.name, "signature": SIGNATURE, "precision": "fp32", "litert_torch": _version("litert-torch"),
         "ai_edge_litert": _version("ai-edge-litert"),
-        "input": {**input_layout(path, tuple(context.example[:1].shape)), "dtype": "float32",
-                  "values": "RGB in [0, 1] (pixel / 255)",
-                  "normalisation": "in the graph: send the pixels scaled to [0, 1], nothing subtracted"},
+        **signature(path, tuple(context.example[:1].shape)),
         "preprocessing": ({"resize_shorter_side_to": image.resize, "centre_crop": list(image.crop),
                            "interpolation": image.interpolation, "source": image.source} if image else None),
         "outputs": list(context.io.outputs),
@@ -82,16 +80,20 @@ def write_contract(context: BuildContext, path, size: int) -> dict:
     return contract
 
 
-def input_layout(path, example_shape: tuple[int, ...]) -> dict:
-    """The input's shape as LiteRT's interpreter reports it: the module's own NCHW, which the backend and the
-    contract promise (a converter that moved the channels to the input would be refused here, not mislabelled)."""
-    interpreter = import_interpreter().Interpreter(model_path=str(path))
-    details = interpreter.get_signature_runner(SIGNATURE).get_input_details()
-    shape = [int(d) for d in next(iter(details.values()))["shape"]]
+def signature(path, example_shape: tuple[int, ...]) -> dict:
+    """The input's name and shape as LiteRT's interpreter reports them: the module's own NCHW, which the backend and
+    the contract promise (a converter that moved the channels to the input would be refused here, not mislabelled),
+    and the signature's names of the outputs, in the module's order."""
+    runner = import_interpreter().Interpreter(model_path=str(path)).get_signature_runner(SIGNATURE)
+    (name, details), = runner.get_input_details().items()
+    shape = [int(d) for d in details["shape"]]
     if shape != list(example_shape):
         raise ConversionError(f"litert-torch wrote an input of shape {shape} for an NCHW example of "
                               f"{list(example_shape)}")
-    return {"shape": shape, "layout": "NCHW"}
+    return {"input": {"name": name, "shape": shape, "layout": "NCHW", "dtype": "float32",
+                      "values": "RGB in [0, 1] (pixel / 255)",
+                      "normalisation": "in the graph: send the pixels scaled to [0, 1], nothing subtracted"},
+            "signature_outputs": output_names(len(runner.get_output_details()))}
 
 
 def latency(path, example: torch.Tensor) -> dict[str, float]:

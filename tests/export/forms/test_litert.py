@@ -67,10 +67,15 @@ def test_its_input_contract_is_beside_it_hashed_with_it_and_says_what_the_interp
     assert (contract["model"], contract["signature"], contract["precision"]) == ("model.tflite", "serving_default",
                                                                               "fp32")
     assert contract["input"]["shape"] == [1, 3, 32, 32] and contract["input"]["layout"] == "NCHW"
+    assert contract["input"]["name"] == backend_input(out) and contract["signature_outputs"] == ["output_0"]
     assert contract["input"]["normalisation"].startswith("in the graph")
     assert contract["preprocessing"]["centre_crop"] == [32, 32]
     assert contract["bytes"] == (out / "model.tflite").stat().st_size
     assert contract["latency_ms_batch1"]["threads_1"] > 0
+
+
+def backend_input(out) -> str:
+    return open_artifact("litert", out / "model.tflite").input_name
 
 
 @needs_litert
