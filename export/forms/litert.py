@@ -4,8 +4,9 @@ LiteRT's interpreter loads on Android, iOS, Linux and boards (docs/devices.md), 
 The file takes one image at the example's height x width: a device feeds one fixed-size image, and the serving
 backend runs a batch one image at a time. So the module itself is converted, at that one size, not its torch.export
 form: that form keeps a size-dependent branch (EfficientNet-Lite's resize) as torch.cond, which LiteRT's converter
-has no lowering for, and a file of one size takes one path of it. litert-torch keeps the module's NCHW input (it transposes inside the
-graph for LiteRT's NHWC kernels); the contract records the input shape the interpreter reports, checked, not assumed.
+has no lowering for, and a file of one size takes one path of it. litert-torch keeps the module's NCHW input (it
+transposes inside the graph for LiteRT's NHWC kernels); the contract records the input shape the interpreter
+reports, checked, not assumed.
 
 A model litert-torch cannot convert is refused with the converter's own reason.
 """
