@@ -8,7 +8,7 @@ ARCH ?= resnet50
 WEIGHTS ?= auto
 PORT ?= 8080
 
-.PHONY: setup run export serve test test-fast bench bench-inprocess gpu-check clean
+.PHONY: setup run export serve test test-fast bench bench-inprocess gpu-check clean litert-env
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,6 +19,21 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+# LiteRT's converter in an environment of its own: litert-torch's pins would downgrade .venv's typing_extensions and
+# pydantic (the serving stack's). Its packages come first; a .pth adds .venv's site-packages after them (with their
+# own .pth files), so torch and the rest are not installed twice. Then: .venv-litert/bin/python -m export ...
+LITERT_VENV ?= .venv-litert
+$(LITERT_VENV)/.installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m venv $(LITERT_VENV)
+	echo '*' > $(LITERT_VENV)/.gitignore
+	main=$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))'); \
+	own=$$($(LITERT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))'); \
+	echo "import site; site.addsitedir('$$main')" > "$$own/layered-over-main-venv.pth"
+	$(LITERT_VENV)/bin/python -m pip install --quiet -e '.[litert]'
+	touch $@
+
+litert-env: $(LITERT_VENV)/.installed
 
 export: setup
 	$(PY) -m export resnet --arch $(ARCH) --weights $(WEIGHTS)

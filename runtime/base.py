@@ -30,6 +30,7 @@ BACKENDS: dict[str, str] = {
     "aoti": "runtime.aoti:AOTInductorBackend",
     "openvino": "runtime.openvino:OpenVinoBackend",
     "executorch": "runtime.executorch:ExecuTorchBackend",
+    "litert": "runtime.litert:LiteRTBackend",
 }
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 from contract.records import CLASSIFICATION, DETECTION
 from export.errors import ExportError
-from export.forms import executorch, exporters, openvino_ir, torch_export
+from export.forms import executorch, exporters, litert, openvino_ir, torch_export
 from export.forms.tolerances import (
     AOTINDUCTOR_TOLERANCE,
     EXPORTED_PROGRAM_TOLERANCE,
@@ -32,6 +32,7 @@ from runtime.machine import BF16_FLAGS, CPU, CUDA, Needs
 # Formats: the runtime backend that opens a kind's file (keys of runtime.base.BACKENDS).
 TORCHSCRIPT, TORCH_EXPORT, AOTI, ONNX, OPENVINO = "torchscript", "torch-export", "aoti", "onnx", "openvino"
 EXECUTORCH = "executorch"
+LITERT = "litert"
 FP32 = "fp32"  # the precision every fp32 kind computes in; variants name theirs
 
 # Which input sizes a kind accepts (a row's `input_sizes`).
@@ -135,6 +136,11 @@ EXECUTORCH_TOLERANCE = ONNX_TOLERANCE
 EXECUTORCH_OFF = ("a device program (docs/devices.md): its lowering is slow and a server has faster forms "
                   "(docs/results/2026-11-28-executorch/); built when named (its int8 comes with it under --precision)")
 EXECUTORCH_WHY = "XNNPACK's CPU kernels through ExecuTorch's runtime; on a CUDA machine other forms serve"
+# LiteRT's interpreter runs XNNPACK too: ONNX Runtime's tolerance. Its converter lives in an environment of its own
+# (`make litert-env`: its pins would downgrade the serving stack's), so a server rarely has its runtime: never ranked.
+LITERT_TOLERANCE = ONNX_TOLERANCE
+LITERT_OFF = ("a device file (docs/devices.md) whose converter needs its own environment (make litert-env); built "
+              "when named")
 BACKBONE_BF16_WHY = ("oneDNN runs the bf16 convolutions natively only with avx512_bf16/amx_bf16; elsewhere they are "
                      "emulated, slower than fp32 (docs/results/2026-11-23-precision-ladder/)")
 
@@ -217,6 +223,15 @@ for _kind in (
                     "(docs/results/2026-11-28-executorch/); CPU only",
         tolerance=EXECUTORCH_TOLERANCE, build=executorch.lower, runs_on=Needs(CPU), fast_why=EXECUTORCH_WHY,
         off_by_default=EXECUTORCH_OFF, for_devices=True),
+    ArtifactKind(
+        name=LITERT, file_name="model.tflite", companions=("model.litert.json",), format=LITERT,
+        exporter="litert_torch.convert (torch.export -> LiteRT's converter) -> .tflite", input_sizes=EXAMPLE_SIZE,
+        serving_rank=None,
+        rank_reason="a device file: its runtime lives in its own environment (make litert-env), which a server "
+                    "seldom has; served only when asked (--serve)",
+        tolerance=LITERT_TOLERANCE, build=litert.convert, runs_on=Needs(CPU),
+        fast_why="XNNPACK's CPU kernels through LiteRT's interpreter; on a CUDA machine other forms serve",
+        off_by_default=LITERT_OFF, for_devices=True),
     ArtifactKind(
         name="onnx-int8", file_name="model.int8.onnx", format=ONNX,
         exporter="onnxruntime.quantization.quantize_static (QDQ)", input_sizes=SOURCE_SIZES, serving_rank=5,
