@@ -50,8 +50,11 @@ serve: setup
 
 # Two pytest-xdist workers (a 2-core machine's worth); each test module runs whole on one (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: setup
+# Then the litert kind's tests, in the one environment that has litert-torch (in .venv they skip, saying so).
+LITERT_TESTS := tests/export/forms/test_litert.py tests/runtime/test_litert.py
+test: setup litert-env
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -v -rs --durations=25
+	$(LITERT_VENV)/bin/python -m pytest -v -rs $(LITERT_TESTS)
 
 test-fast: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -q -m "not slow"

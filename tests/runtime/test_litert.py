@@ -21,8 +21,8 @@ from runtime.litert import contract_name
 
 SIZE = (3, 16, 16)
 needs_litert = pytest.mark.skipif(importlib.util.find_spec("litert_torch") is None,
-                                  reason="litert-torch is not installed here: make litert-env, then "
-                                         ".venv-litert/bin/python -m pytest tests/runtime/test_litert.py")
+                                  reason="litert-torch is not installed here: `make test` runs these next in .venv-litert "
+                                         "(make litert-env)")
 
 
 class Small(nn.Module):

@@ -24,8 +24,8 @@ from tests.conftest import ROOT, export_in_process
 from tests.export.user_models import PLAIN, PLAIN_SHAPE
 
 needs_litert = pytest.mark.skipif(importlib.util.find_spec("litert_torch") is None,
-                                  reason="litert-torch is not installed here: make litert-env, then "
-                                         ".venv-litert/bin/python -m pytest tests/export/forms/test_litert.py")
+                                  reason="litert-torch is not installed here: `make test` runs these next in .venv-litert "
+                                         "(make litert-env)")
 
 
 def export_plain(out, *extra: str):
