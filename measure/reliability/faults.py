@@ -1,13 +1,13 @@
 """Kill a worker under load and measure what it costs, on each engine: `python -m measure faults`.
 
   python -m measure faults [--engine torchserve|kserve|ray] [--model-store model-store] [--model NAME]
-                           [--clients 4] [--out fault-results]
+                           [--clients 4] [--before-kill 3] [--out fault-results]
 
 Starts the engine on free loopback ports with the archive (--model, default the store's only archive) and
 WORKERS workers, waits until every worker has opened the model (measure/reliability/workers.py says how each
-engine lists them), keeps CLIENTS threads sending predictions back to back, SIGKILLs one worker (TorchServe's
-worker process, one of KServe's pool, a Ray Serve replica), and measures how many requests failed, how many
-answers were wrong (a 200 whose answer is not the one its form gave before the kill), how long until the
+engine lists them), keeps CLIENTS threads sending predictions back to back, after --before-kill seconds
+SIGKILLs one worker (TorchServe's worker process, one of KServe's pool, a Ray Serve replica), and measures how
+many requests failed, how many answers were wrong (a 200 whose answer is not the one its form gave before the kill), how long until the
 replacement (a new pid in the killed one's place) gave its first answer, where its start's seconds went (its
 start phases, handlers/start_phases.py), and whether every request after that succeeded. Prints the figures
 with the machine's load average, writes faults.json and faults.md to --out, and exits non-zero when more
@@ -44,7 +44,7 @@ from serving.settings import REQUEST_TIMEOUT_S
 RECOVERY_TARGET_S = {"torchserve": 5, "kserve": 5, "ray": 10}
 ENGINES = tuple(RECOVERY_TARGET_S)
 WORKERS = 2  # one killed, the other answers meanwhile (KServe runs a pool of workers only from two on)
-LOAD_BEFORE_KILL_S = 3  # steady load before the kill
+LOAD_BEFORE_KILL_S = 3  # steady load before the kill (--before-kill: a server that has served a while)
 LOAD_AFTER_RECOVERY_S = 3  # and after recovery: every one of these requests must succeed
 GIVE_UP_S = 60  # a replacement that has not answered by then is reported as not recovered
 POLL_S = 0.2
@@ -106,7 +106,7 @@ def summary(result: KillResult) -> str:
     if not result.recovered:
         recovery = f"no replacement worker answered within {GIVE_UP_S} s"
     else:
-        started = "" if result.respawn_s is None else f"its process started {result.respawn_s:.1f} s after the kill; "
+        started = started_text(result.respawn_s)
         recovery = (f"the replacement answered {result.recovery_s:.1f} s after the kill (target {target} s): "
                     f"{started}{phases_text(result.phases) or 'no start phases recorded'}")
     load = f"; load average {'/'.join(f'{value:.2f}' for value in result.load_average)}" if result.load_average else ""
@@ -115,6 +115,15 @@ def summary(result: KillResult) -> str:
             f"{result.requests_after_recovery} later requests failed{load}"
             + (f" (outcomes: {', '.join(f'{k} x{n}' for k, n in sorted(result.outcomes.items()))})"
                if result.outcomes else ""))
+
+
+def started_text(respawn_s: float | None) -> str:
+    if respawn_s is None:
+        return ""
+    if respawn_s < 0:  # a spare (KServe's pool) whose imports were done before the kill
+        return (f"a spare process started {-respawn_s:.1f} s before the kill took its place (its process and "
+                "imports phase is its age); ")
+    return f"its process started {respawn_s:.1f} s after the kill; "
 
 
 def phases_text(phases: dict) -> str:
@@ -162,9 +171,10 @@ def replacement_phases(run_dir: Path, pid: int) -> dict | None:
     return next((phases for phases in read_phases(run_dir) if phases["pid"] == pid), None)
 
 
-def kill_worker_under_load(engine, process, model: str, image: Path, clients: int) -> KillResult:
-    """On engine's running server (process: its server process): load, SIGKILL one of model's workers, wait
-    until its replacement has answered, load on; the figures."""
+def kill_worker_under_load(engine, process, model: str, image: Path, clients: int,
+                           before_kill_s: float = LOAD_BEFORE_KILL_S) -> KillResult:
+    """On engine's running server (process: its server process): before_kill_s of load, SIGKILL one of model's
+    workers, wait until its replacement has answered, load on; the figures."""
     before = wait_all_serving(engine, model, process.pid, FaultError)
     client = Client(engine, model, image.read_bytes())
     client.predict()  # each form's reference answer, before any kill
@@ -179,7 +189,7 @@ def kill_worker_under_load(engine, process, model: str, image: Path, clients: in
     with ThreadPoolExecutor(clients) as pool:
         for _ in range(clients):
             pool.submit(keep_sending)
-        time.sleep(LOAD_BEFORE_KILL_S)
+        time.sleep(before_kill_s)
         killed_at, killed_unix, killed_boot_s = time.monotonic(), time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
         os.kill(before[0], signal.SIGKILL)
         load_average = [round(value, 2) for value in os.getloadavg()]
@@ -236,14 +246,17 @@ def _main(argv: list[str] | None) -> int:
     parser = load_command_parser("faults", __doc__, out="fault-results")
     parser.add_argument("--engine", choices=ENGINES, default="torchserve")
     parser.add_argument("--clients", type=int, default=4, help="threads sending back to back (default 4)")
+    parser.add_argument("--before-kill", type=float, default=LOAD_BEFORE_KILL_S,
+                        help=f"seconds of load before the kill, once every worker has opened the model (default "
+                             f"{LOAD_BEFORE_KILL_S}; longer: a server whose spare, where it has one, is ready)")
     args = parser.parse_args(argv)
-    if args.clients < 1:
-        raise FaultError("--clients must be at least 1")
+    if args.clients < 1 or args.before_kill < 0:
+        raise FaultError("--clients must be at least 1, --before-kill 0 or more")
     model = archive_name(args.model_store, args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     engine = engines.get(args.engine)(fault_settings(args.engine, args.model_store, model, args.out, args.token_auth))
     with engine.running(args.image) as process:
-        result = kill_worker_under_load(engine, process, model, args.image, args.clients)
+        result = kill_worker_under_load(engine, process, model, args.image, args.clients, args.before_kill)
     found, missed = problems(result), missed_target(result)
     atomic_write_text(args.out / "faults.json",
                       json.dumps({**asdict(result), "problems": found, "missed_target": missed}, indent=2))

@@ -38,6 +38,12 @@ def test_a_recovery_that_lost_only_requests_in_flight_passes_and_says_where_the_
     assert "(outcomes: ConnectionError x1, HTTP 200 x136)" in text  # how the lost request was lost
 
 
+def test_a_spare_that_started_before_the_kill_is_said_to_have_taken_the_place():
+    text = summary(result(respawn_s=-42.5, phases={"process_and_imports": 44.0, "form_opened": 0.4}))
+    assert ("a spare process started 42.5 s before the kill took its place (its process and imports phase is its "
+            "age); process and imports 44.00 s, form opened 0.40 s") in text
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_slow_replacement_misses_its_engines_target_but_is_no_misbehaviour(engine):
     slow = result(engine=engine, recovery_s=RECOVERY_TARGET_S[engine] + 1.8)
