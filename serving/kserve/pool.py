@@ -311,14 +311,17 @@ class WorkerPool:
         """The spare, told to take worker index's place; None when there is none alive."""
         with self.lock:
             spare, self.spare = self.spare, None
-        if spare is None or not spare.process.is_alive():
+        if spare is None:
             return None
         try:
-            spare.conn.send(index)
+            if spare.process.is_alive():
+                spare.conn.send(index)
+                spare.index = index
+                return spare
         except OSError:  # it died meanwhile
-            return None
-        spare.index = index
-        return spare
+            pass
+        spare.conn.close()
+        return None
 
     def _renew_spare(self) -> None:
         """A spare, unless the pool has one or is closing (spawned under the lock: close() then stops it too)."""
