@@ -243,11 +243,13 @@ class WorkerPool:
                 self.lock.notify()
 
     def describe(self) -> dict:
-        """The core's description (from the first worker), and each worker: pid, rows answered, replacements."""
+        """The core's description (from the first worker), each worker (pid, rows answered, replacements) and the
+        spare's pid (None while there is none)."""
         with self.lock:
             workers = [{"worker": index, "pid": worker.process.pid, "rows": self.rows[index],
                         "restarts": self.restarts[index]} for index, worker in sorted(self.workers.items())]
-        return {**self.description, "workers": workers}
+            spare = self.spare.process.pid if self.spare else None
+        return {**self.description, "workers": workers, "spare": spare}
 
     def not_answering(self) -> str | None:
         """Why no worker can take a batch now (None: one can): what readiness asks (serving/kserve/signals.py)."""
