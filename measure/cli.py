@@ -22,7 +22,9 @@ COMMANDS = {
                  "the request path's ceiling in one process (decode, preprocess, inference, encode), per body"),
     "decoders": ("measure.request_path.decoders", "main", "JPEG decoders compared per body size"),
     "soak": ("measure.reliability.soak", "main", "a served model held under steady load: errors and worker memory"),
-    "faults": ("measure.reliability.faults", "main", "a worker killed under load: requests lost, seconds to recover"),
+    "faults": ("measure.reliability.faults", "main",
+               "a worker killed under load on each engine (--engine): requests lost, wrong answers, seconds until "
+               "its replacement answers and where they went"),
     "rollout": ("measure.reliability.rollout", "main",
                 "a rollout and a rollback under load: failed requests, versions answering, switch time, latency"),
     "attack": ("measure.reliability.attack", "main",

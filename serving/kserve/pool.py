@@ -9,7 +9,10 @@ worker in one run of six (docs/results/2026-11-25-serving-overhead/analysis.md, 
 
 A worker gets the batch's rows (image bytes and options, handlers.core.ImageRequest) and answers each row's
 answer dict or its RequestError, as the core in process would. A worker that dies is logged at once and
-replaced (its index kept); the batch it was answering gets a 500 that names it, the others go on. A
+replaced (its index kept); the batch it was answering gets a 500 that names it, the others go on. The
+replacement is the pool's spare when it has one: a process spawned once the workers serve, which has done a
+worker's imports (torch and the core: most of a new worker's seconds) and waits to be told whose place it
+takes, so that it only opens the model; a new spare is spawned once it serves. A
 replacement that cannot start (RESTART_TRIES in a row) breaks the pool: logged, requests waiting for a worker
 answered 503; a pool the server serves by (essential) then stops the server, which exits non-zero
 (serving/kserve/worker.py) rather than hang, while a rollout's candidate beside it (not essential) only fails its
@@ -44,6 +47,7 @@ ROW_ERROR = "request-error"  # a row's RequestError on the wire: (ROW_ERROR, cod
 RESTART_TRIES = 3  # starts of a dead worker's replacement before the server gives up and stops
 WATCH_S = 1.0  # how often the watcher looks again for workers started since
 STOP_S = 10  # how long a worker told to stop may take before it is terminated
+SPARE = 0  # the index a spare is spawned with: it learns its own when it takes a dead worker's place
 
 
 @dataclass
@@ -69,6 +73,8 @@ def worker_main(index: int, folder: Path, device: str, settings: dict | None, po
     from handlers.opening import open_archive
     configure_logging()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front stops us; a terminal's Ctrl-C reaches it alone
+    if index == SPARE:
+        index = standing_by(conn)
     try:
         core = open_archive(folder, device, policy, settings, served_name=served_name)
     except VisionExportError as error:
@@ -92,6 +98,20 @@ def worker_main(index: int, folder: Path, device: str, settings: dict | None, po
         conn.send((ANSWERS, to_wire(answers)))
 
 
+def standing_by(conn) -> int:
+    """A spare's wait, its imports done: the index of the worker whose place it takes; it leaves when told to
+    stop (None) or when the front is gone (end of the pipe)."""
+    import handlers.core  # noqa: F401  (torch and the core, imported by open_archive's open_core otherwise)
+    import handlers.tasks  # noqa: F401
+    try:
+        index = conn.recv()
+    except (EOFError, OSError):
+        index = None
+    if index is None:
+        leave()
+    return index
+
+
 def leave() -> None:
     """End a worker at once: the interpreter's own finalization of torch and ONNX Runtime takes 2 s (4 s of a
     stop with two workers, measured) and there is nothing of ours left to clean up."""
@@ -106,7 +126,7 @@ class Worker:
 
     @property
     def name(self) -> str:
-        return f"worker {self.index} pid {self.process.pid}"
+        return f"{'spare' if self.index == SPARE else f'worker {self.index}'} pid {self.process.pid}"
 
     def exit_code(self) -> int | None:
         self.process.join(1)
@@ -124,6 +144,7 @@ class WorkerPool:
         self.context = multiprocessing.get_context("spawn")
         self.lock = threading.Condition()
         self.workers: dict[int, Worker] = {}  # index -> the worker serving now (absent while one is replaced)
+        self.spare: Worker | None = None  # a worker process with its imports done, for the next dead worker's place
         self.idle: deque[Worker] = deque()  # the free workers, the one free longest first
         self.rows = Counter()  # rows answered, per index
         self.restarts = Counter()  # replacements, per index
@@ -157,6 +178,7 @@ class WorkerPool:
         threading.Thread(target=self._watch, name=f"{self.model}-workers", daemon=True).start()
         logger.info("%s: %d inference workers (pids %s), batches to the one free longest", self.model, self.lanes,
                     ", ".join(str(w.process.pid) for w in started))
+        self._renew_spare()
 
     def _spawn(self, index: int) -> Worker:
         ours, theirs = self.context.Pipe()
@@ -221,11 +243,13 @@ class WorkerPool:
                 self.lock.notify()
 
     def describe(self) -> dict:
-        """The core's description (from the first worker), and each worker: pid, rows answered, replacements."""
+        """The core's description (from the first worker), each worker (pid, rows answered, replacements) and the
+        spare's pid (None while there is none)."""
         with self.lock:
             workers = [{"worker": index, "pid": worker.process.pid, "rows": self.rows[index],
                         "restarts": self.restarts[index]} for index, worker in sorted(self.workers.items())]
-        return {**self.description, "workers": workers}
+            spare = self.spare.process.pid if self.spare else None
+        return {**self.description, "workers": workers, "spare": spare}
 
     def not_answering(self) -> str | None:
         """Why no worker can take a batch now (None: one can): what readiness asks (serving/kserve/signals.py)."""
@@ -261,8 +285,8 @@ class WorkerPool:
 
     def _restart(self, index: int) -> None:
         reason = ""
-        for _ in range(RESTART_TRIES):
-            worker = self._spawn(index)
+        for attempt in range(RESTART_TRIES):
+            worker = (self._take_spare(index) if attempt == 0 else None) or self._spawn(index)
             try:
                 self._await_ready(worker)
             except VisionExportError as error:
@@ -278,11 +302,34 @@ class WorkerPool:
                     self.lock.notify()
             if serving:
                 logger.info("%s: inference %s serves in place of the one that exited", self.model, worker.name)
+                self._renew_spare()
             else:
                 self._stop_processes([worker])
             return
         self._fail(f"{self.model}: inference worker {index} could not be started again ({RESTART_TRIES} tries): "
                    f"{reason}")
+
+    def _take_spare(self, index: int) -> Worker | None:
+        """The spare, told to take worker index's place; None when there is none alive."""
+        with self.lock:
+            spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        try:
+            if spare.process.is_alive():
+                spare.conn.send(index)
+                spare.index = index
+                return spare
+        except OSError:  # it died meanwhile
+            pass
+        spare.conn.close()
+        return None
+
+    def _renew_spare(self) -> None:
+        """A spare, unless the pool has one or is closing (spawned under the lock: close() then stops it too)."""
+        with self.lock:
+            if self.spare is None and not self.closing:
+                self.spare = self._spawn(SPARE)
 
     def _fail(self, reason: str) -> None:
         with self.lock:
@@ -303,7 +350,7 @@ class WorkerPool:
                 return
             self.closing = True
             self.lock.notify_all()
-            workers = list(self.workers.values())
+            workers = list(self.workers.values()) + ([self.spare] if self.spare else [])
         self._stop_processes(workers)
 
     def _stop_processes(self, workers: list[Worker]) -> None:

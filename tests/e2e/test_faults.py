@@ -1,6 +1,6 @@
-"""Faults under load against a real TorchServe: a worker killed with SIGKILL is restarted and only requests
-in flight may fail; a whole server killed and started again serves again; a hanging worker is answered
-with a timeout error, not a hung client. Figures (requests lost, seconds to recover) are printed."""
+"""Faults under load: on every engine, a worker killed with SIGKILL is replaced and only requests in flight may
+fail; against a real TorchServe, a whole server killed and started again serves again, and a hanging worker is
+answered with a timeout error, not a hung client. Figures (requests lost, seconds to recover) are printed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import requests
 from contract.records import Manifest
 from export.package.archive import build_archive
 from measure.reliability import faults, workers
+from serving import engine as engines
 from serving.torchserve import server
 from serving.torchserve.config import on_free_ports
 from tests.answers import assert_same_answer, expected_answer
@@ -39,19 +40,25 @@ def served_settings(model_store, run_dir, model_name):
     return settings
 
 
-def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(resnet18_export, tmp_path):
-    settings = served_settings(resnet18_export["model_store"], tmp_path / "run", resnet18_export["model_name"])
-    with server.running(settings, CAT):
-        result = faults.kill_worker_under_load(settings, CAT, LOAD_THREADS)
+@pytest.mark.parametrize("engine_name", faults.ENGINES)
+def test_a_killed_worker_is_replaced_and_only_requests_in_flight_fail(engine_name, resnet18_export, tmp_path):
+    """On every engine: a worker (TorchServe's, one of KServe's pool, a Ray Serve replica) SIGKILLed under load is
+    replaced by one that answers, only requests in flight fail, no answer is wrong, every later request succeeds.
+    The seconds are printed against the engine's target, not held to it: they depend on how busy the machine is
+    (`python -m measure faults` reports them, docs/results/2026-11-28-recovery/)."""
+    if engine_name == "ray":
+        pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[ray]' (an optional extra)")
+    model = resnet18_export["model_name"]
+    engine = engines.get(engine_name)(faults.fault_settings(engine_name, resnet18_export["model_store"], model,
+                                                            tmp_path))
+    with engine.running(CAT) as process:
+        result = faults.kill_worker_under_load(engine, process, model, CAT, LOAD_THREADS)
     print("\n" + faults.summary(result))
-    assert result.recovered and result.killed_pid not in result.pids_after
-    assert len(result.pids_after) == len(result.pids_before)
-    # TorchServe's reaction is bounded here; the cold start of the new worker (Python, imports, model load)
-    # depends on how busy the machine is (docs/results/2026-11-22-reliability/). The bound on the whole recovery,
-    # faults.RECOVERY_LIMIT_S, is what `python -m measure faults` enforces and reports.
-    assert result.respawn_s <= faults.RESPAWN_LIMIT_S
-    assert result.failed <= LOAD_THREADS  # at most the requests in flight at the kill
-    assert result.requests_after_recovery > 0 and result.failed_after_recovery == 0
+    assert faults.problems(result) == []
+    assert result.killed_pid not in result.pids_after and len(result.pids_after) == len(result.pids_before)
+    assert result.respawn_s is not None and result.phases.get("first_answer") is not None  # its start, phase by phase
+    if engine_name == "kserve":  # the pool's spare, its process started before the kill, took the dead one's place
+        assert result.respawn_s < 0
     assert result.outcomes.get("HTTP 200", 0) == result.requests - result.failed  # every loss has its reason
 
 

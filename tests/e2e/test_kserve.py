@@ -380,13 +380,15 @@ def test_prometheus_p99_agrees_with_heys_and_the_dashboard_queries_answer(settin
 
 
 def test_not_ready_when_the_models_last_worker_dies_ready_again_when_replaced_no_wrong_answer(settings, expect):
-    """Both workers killed: readiness says no within READY_LOST_S and yes once the pool replaced them; the requests
-    sent meanwhile wait for a worker or get a 5xx naming the dead one, never a wrong answer."""
+    """Both workers killed, and the pool's spare (which would take a place within a second): readiness says no
+    within READY_LOST_S and yes once the pool replaced them; the requests sent meanwhile wait for a worker or get
+    a 5xx naming the dead one, never a wrong answer."""
     workers = workers_of(settings)
+    spare = requests.get(f"{settings.url}/v2/models/{NAME}/description", timeout=10).json()["spare"]
 
     def kill_every_worker() -> None:
-        for worker in workers:
-            os.kill(worker["pid"], signal.SIGKILL)
+        for pid in [worker["pid"] for worker in workers] + ([spare] if spare else []):
+            os.kill(pid, signal.SIGKILL)
 
     outage = watch_readiness(
         kill_every_worker,
