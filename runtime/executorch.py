@@ -13,13 +13,13 @@ on a freed pool. A process therefore runs all its programs at the count last ask
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from runtime import device_programs
 from runtime.base import ArtifactError, ArtifactRunError, Backend, Outputs, RunOptions, host_outputs
 
 METHOD = "forward"  # the method the exporter writes and a device's Module calls
@@ -27,9 +27,8 @@ INSTALL = "pip install '.[executorch]'"
 
 
 def contract_name(program_name: str) -> str:
-    """The input contract written beside a program: model.pte -> model.executorch.json."""
-    stem = program_name[:-len(".pte")] if program_name.endswith(".pte") else program_name
-    return stem + ".executorch.json"
+    """The input contract written beside it: model.pte -> model.executorch.json."""
+    return device_programs.contract_name(program_name, ".pte", "executorch")
 
 
 def import_runtime() -> ModuleType:
@@ -62,14 +61,8 @@ class ExecuTorchBackend(Backend):
     format = "executorch"
 
     def __init__(self, path: Path, options: RunOptions, name: str | None = None):
-        if options.torch_device.type != "cpu":
-            raise ArtifactError(f"ExecuTorch programs run on the CPU here (XNNPACK), not {options.device}; serve "
-                                "another form on a CUDA machine")
+        self.contract = device_programs.read_contract(path, contract_name(path.name), options, "ExecuTorch programs")
         super().__init__(path, options, name)
-        contract = path.with_name(contract_name(path.name))
-        if not contract.is_file():
-            raise ArtifactError(f"{path.name}'s input contract {contract.name} is missing beside it; re-run the export")
-        self.contract = json.loads(contract.read_text())
         self.program = import_runtime().Runtime.get().load_program(path)
         if METHOD not in self.program.method_names:
             raise ArtifactError(f"{path.name} has no method {METHOD!r} (it has "

@@ -12,7 +12,6 @@ refuse, saying so.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from runtime import device_programs
 from runtime.base import ArtifactError, ArtifactRunError, Backend, Outputs, RunOptions, host_outputs
 
 SIGNATURE = "serving_default"  # the signature litert-torch writes and a device's runner calls
@@ -28,10 +28,9 @@ INSTALL = ("make litert-env, then run with .venv-litert/bin/python (its own envi
            "would downgrade the main one's typing_extensions and pydantic)")
 
 
-def contract_name(model_name: str) -> str:
-    """The input contract written beside a model: model.tflite -> model.litert.json."""
-    stem = model_name[:-len(".tflite")] if model_name.endswith(".tflite") else model_name
-    return stem + ".litert.json"
+def contract_name(program_name: str) -> str:
+    """The input contract written beside it: model.tflite -> model.litert.json."""
+    return device_programs.contract_name(program_name, ".tflite", "litert")
 
 
 def output_names(count: int) -> list[str]:
@@ -56,14 +55,8 @@ class LiteRTBackend(Backend):
     format = "litert"
 
     def __init__(self, path: Path, options: RunOptions, name: str | None = None):
-        if options.torch_device.type != "cpu":
-            raise ArtifactError(f"LiteRT files run on the CPU here (XNNPACK), not {options.device}; serve another "
-                                "form on a CUDA machine")
+        self.contract = device_programs.read_contract(path, contract_name(path.name), options, "LiteRT files")
         super().__init__(path, options, name)
-        contract = path.with_name(contract_name(path.name))
-        if not contract.is_file():
-            raise ArtifactError(f"{path.name}'s input contract {contract.name} is missing beside it; re-run the export")
-        self.contract = json.loads(contract.read_text())
         self.threads = interpreter_threads(options.threads)
         interpreter = import_interpreter().Interpreter(model_path=str(path), num_threads=self.threads)
         if SIGNATURE not in interpreter.get_signature_list():

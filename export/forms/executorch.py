@@ -14,8 +14,6 @@ fail to load on every device.
 
 from __future__ import annotations
 
-import os
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -24,12 +22,10 @@ from contract.files import atomic_write_bytes, atomic_write_text
 from contract.records import LABELS_NAME
 from export.errors import ExportError
 from export.forms.exporters import BATCH_DIM, Artifact, BuildContext, export_example
-from runtime import RunOptions, open_artifact
+from runtime.device_programs import batch1_latency
 from runtime.executorch import INSTALL, METHOD, contract_name, import_runtime
-from runtime.timing import time_runs
 
 MAX_BATCH = 8  # the largest batch a program is planned for; its buffers grow with it
-LATENCY_WARMUP, LATENCY_RUNS = 3, 20  # batch-1 milliseconds, median of single calls
 
 
 class LoweringError(ExportError):
@@ -132,19 +128,10 @@ def save_contract(path, contract: dict, lowered: Lowered, example: torch.Tensor)
                              "portable_ops": list(lowered.portable_ops)},
                 "bytes": len(lowered.program)}
     atomic_write_text(path.with_name(contract_name(path.name)), _json(contract))
-    contract["latency_ms_batch1"] = latency(path, example)
+    contract["latency_ms_batch1"] = batch1_latency("executorch", path, example)
     atomic_write_text(path.with_name(contract_name(path.name)), _json(contract))
     return contract
 
-
-def latency(path, example: torch.Tensor) -> dict[str, float]:
-    """Median batch-1 milliseconds through ExecuTorch's runtime at one XNNPACK thread and at every core."""
-    results = {}
-    for threads in dict.fromkeys((1, len(os.sched_getaffinity(0)))):
-        run = open_artifact("executorch", path, RunOptions(threads=threads))
-        results[f"threads_{threads}"] = round(statistics.median(
-            time_runs(lambda run=run: run(example), LATENCY_WARMUP, LATENCY_RUNS, min_seconds=0)), 3)
-    return results
 
 
 def _operator(target) -> str:

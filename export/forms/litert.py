@@ -14,21 +14,14 @@ A model litert-torch cannot convert is refused with the converter's own reason.
 from __future__ import annotations
 
 import importlib
-import os
-import statistics
 from types import ModuleType
-
-import torch
 
 from contract.files import atomic_write_bytes, atomic_write_text
 from contract.records import LABELS_NAME
 from export.errors import ExportError
 from export.forms.exporters import Artifact, BuildContext
-from runtime import RunOptions, open_artifact
+from runtime.device_programs import batch1_latency
 from runtime.litert import INSTALL, SIGNATURE, contract_name, import_interpreter, output_names
-from runtime.timing import time_runs
-
-LATENCY_WARMUP, LATENCY_RUNS = 3, 20  # batch-1 milliseconds, median of single calls
 
 
 class ConversionError(ExportError):
@@ -76,7 +69,7 @@ def write_contract(context: BuildContext, path, size: int) -> dict:
         "bytes": size,
     }
     atomic_write_text(path.with_name(contract_name(path.name)), _json(contract))
-    contract["latency_ms_batch1"] = latency(path, context.example[:1])
+    contract["latency_ms_batch1"] = batch1_latency("litert", path, context.example[:1])
     atomic_write_text(path.with_name(contract_name(path.name)), _json(contract))
     return contract
 
@@ -96,15 +89,6 @@ def signature(path, example_shape: tuple[int, ...]) -> dict:
                       "normalisation": "in the graph: send the pixels scaled to [0, 1], nothing subtracted"},
             "signature_outputs": output_names(len(runner.get_output_details()))}
 
-
-def latency(path, example: torch.Tensor) -> dict[str, float]:
-    """Median batch-1 milliseconds through LiteRT's interpreter at one thread and at every core."""
-    results = {}
-    for threads in dict.fromkeys((1, len(os.sched_getaffinity(0)))):
-        run = open_artifact("litert", path, RunOptions(threads=threads))
-        results[f"threads_{threads}"] = round(statistics.median(
-            time_runs(lambda run=run: run(example), LATENCY_WARMUP, LATENCY_RUNS, min_seconds=0)), 3)
-    return results
 
 
 def _version(package: str) -> str:
