@@ -72,8 +72,11 @@ class KServe(Engine):
     def probe(self, model: str, image: Path) -> tuple[str, Callable[[], requests.Response]]:
         import requests
         url, (body, content_type) = self.settings.predict_url(model), self.client_body(Path(image).read_bytes())
-        headers = {"Content-Type": content_type, **self.request_headers()}
-        return url, lambda: requests.post(url, data=body, timeout=PROBE_TIMEOUT_S, headers=headers)
+
+        def post() -> requests.Response:  # the key file read at each try: the server writes it as it starts
+            return requests.post(url, data=body, timeout=PROBE_TIMEOUT_S,
+                                 headers={"Content-Type": content_type, **self.request_headers()})
+        return url, post
 
     def client_body(self, image: bytes) -> tuple[bytes, str]:
         return json.dumps(v1_instances(image)).encode(), "application/json"
