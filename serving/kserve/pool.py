@@ -315,13 +315,16 @@ class WorkerPool:
             spare, self.spare = self.spare, None
         if spare is None:
             return None
+        why = "it had exited"
         try:
             if spare.process.is_alive():
                 spare.conn.send(index)
                 spare.index = index
                 return spare
-        except OSError:  # it died meanwhile
-            pass
+        except OSError as error:  # it died meanwhile
+            why = f"it could not be told ({error})"
+        logger.warning("%s: %s cannot take worker %d's place, %s (exit code %s): a new worker starts instead",
+                       self.model, spare.name, index, why, spare.exit_code())
         spare.conn.close()
         return None
 
