@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from contract.policy import Machine, PolicyChoices, ServingPolicy, resolve_policy
+from runtime.machine import cuda_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +26,8 @@ RESOLVED_HERE = "this worker's own resolution (no run config names this model)"
 
 
 def this_machine_resources() -> Machine:
-    """(GPUs that CUDA can use here, CPU cores available to this process)."""
-    import torch
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return Machine(gpus, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    """(GPUs that CUDA can use here, CPU cores available to this process), without importing torch."""
+    return Machine(cuda_gpus(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def machine_policy(gpus: int, cores: int) -> ServingPolicy:

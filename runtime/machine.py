@@ -4,8 +4,12 @@ forms: runtime/form_choice.py)."""
 
 from __future__ import annotations
 
+import ast
+import ctypes
+import importlib.util
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,55 @@ def int8_saturates(flags: set[str], architecture: str | None = None) -> bool:
 
 def is_x86(architecture: str | None = None) -> bool:
     return (architecture or platform.machine()).lower() in ("x86_64", "amd64", "i686", "x86")
+
+
+# ---------------------------------------------------------------- GPUs, counted without importing torch
+
+def cuda_gpus() -> int:
+    """The GPUs the installed torch can use here, as torch.cuda.device_count() counts them (0 where
+    torch.cuda.is_available() is False). Where torch is not imported yet, the NVIDIA driver is asked directly, as
+    torch itself asks it: a process that only decides a serving policy (`python -m serving`, before it launches
+    the server) then does not pay for importing torch."""
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    built_for = torch_cuda_version()
+    if built_for is None:  # a CPU build of torch, or no torch
+        return 0
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no NVIDIA driver
+        return 0
+    version, count = ctypes.c_int(), ctypes.c_int()
+    if driver.cuInit(0) != 0 or driver.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return 0
+    if version.value < int(built_for.split(".")[0]) * 1000:  # older than torch's CUDA major: torch finds no GPU
+        return 0
+    return count.value if driver.cuDeviceGetCount(ctypes.byref(count)) == 0 else 0
+
+
+def torch_cuda_version() -> str | None:
+    """The CUDA version the installed torch was built for (torch.version.cuda), read from its version file
+    without importing torch; None for a CPU build or where torch is not installed."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:  # `cuda: Optional[str] = '13.0'`, or without the annotation
+        targets: list[ast.expr]
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        elif isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == "cuda" for target in targets):
+            version = ast.literal_eval(value)
+            return version if isinstance(version, str) else None
+    return None
 
 
 # ---------------------------------------------------------------- machine profiles and what a form needs of one
@@ -95,8 +148,7 @@ def this_machine_profile(device: str | None = None) -> MachineProfile:
     there, unless `device` says otherwise)."""
     flags = cpu_flags()
     if device is None:
-        import torch
-        device = CUDA if torch.cuda.is_available() else CPU
+        device = CUDA if cuda_gpus() else CPU
     device = CUDA if device.startswith(CUDA) else CPU
     return MachineProfile(profile_name(flags, device == CUDA), frozenset(flags), device)
 

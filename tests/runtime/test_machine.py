@@ -1,8 +1,13 @@
 """The machine facts a runtime or export decision depends on."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from runtime import form_choice, machine
+from tests.conftest import ROOT
 
 
 def test_int8_weights_are_reduced_to_7_bits_only_where_the_kernels_would_saturate():
@@ -73,3 +78,23 @@ def test_needs_round_trip_through_the_manifest_form():
     assert machine.Needs.from_dict(needs.as_dict()) == needs
     assert machine.Needs.from_dict({}) == machine.Needs()
     assert needs.words() == "a CPU, avx512_bf16 or amx_bf16, avx512_vnni or avx_vnni or amx_int8"
+
+
+COUNT_THEN_TORCH = """
+import json, sys
+from runtime.machine import cuda_gpus, torch_cuda_version
+counted, built_for, before = cuda_gpus(), torch_cuda_version(), "torch" in sys.modules
+import torch
+print(json.dumps({"counted": counted, "built_for": built_for, "imported_before": before,
+                  "torch_counts": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                  "torch_built_for": torch.version.cuda, "counted_after": cuda_gpus()}))
+"""
+
+
+def test_gpus_are_counted_as_torch_counts_them_without_importing_it():
+    done = subprocess.run([sys.executable, "-c", COUNT_THEN_TORCH], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not found["imported_before"], "counting GPUs imported torch"
+    assert found["built_for"] == found["torch_built_for"]
+    assert found["counted"] == found["torch_counts"] == found["counted_after"]

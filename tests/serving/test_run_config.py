@@ -3,6 +3,8 @@ command's flags (serving/settings.py, contract/policy.py), and writes it into To
 (`python -m serving config`): TorchServe's `models=` keys and the line the handler reads as it is."""
 
 import json
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -14,6 +16,7 @@ from handlers.policy import machine_policy, policies_in
 from serving import cli
 from serving.torchserve.config import CPU_JVM_FLAGS, LOG_CONFIG, LOG_CONFIG_FLAG, ServerSettings, run_config_text
 from serving.torchserve.engine import TorchServe
+from tests.conftest import ROOT
 
 
 def parse(argv: list[str]):
@@ -160,3 +163,22 @@ def test_our_log_configuration_drops_debug_and_per_request_echoes_but_keeps_the_
     assert [r.get("ref") for r in loggers["MODEL_LOG"].iter("AppenderRef")] == ["model_log"]
     denied = {f.get("regex") for f in root.iter("RegexFilter") if f.get("onMatch") == "DENY"}
     assert denied == {r"result=\{\}, pattern=\{\}", r"Backend response time: \{\}", r"Sending response for jobId \{\}"}
+
+
+CONFIG_THEN_MODULES = """
+import json, sys
+from serving import cli
+code = cli.main(sys.argv[1:])
+print(json.dumps({"code": code, "torch": sorted(name for name in sys.modules if name.split(".")[0] == "torch")}))
+"""
+
+
+def test_the_command_resolves_its_policies_without_importing_torch(tmp_path):
+    """`python -m serving` decides each model's policy before it launches the server, which does the work: the
+    machine's GPUs are asked of the driver, not of torch, whose import would delay every start."""
+    store, out = store_with(tmp_path / "store", "resnet50"), tmp_path / "config.properties"
+    done = subprocess.run([sys.executable, "-c", CONFIG_THEN_MODULES, "config", "--model-store", str(store),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"code": 0, "torch": []}, done.stderr[-2000:]
+    assert models_setting(out.read_text())["resnet50"]["1.0"]["minWorkers"] >= 1
