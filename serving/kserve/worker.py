@@ -31,19 +31,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger("serving.kserve")
 PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
 SERVER_IMPORTS = ("handlers.kserve_model", "serving.kserve.app")  # kserve and torch: imported while workers start
+# What model_of needs to spawn the workers (no torch): imported first, so that spawning waits on no import of the
+# thread's, which shares modules of handlers/ and runtime/ with it
+WORKER_START_IMPORTS = ("handlers.opening", "runtime.integrity")
 
 
-def model_of(name: str, settings: KServeSettings, archive: Path | None = None, unpacked: Path | None = None
-             ) -> VersionedModel:
-    """The model under its policy as the run config holds it (its archive's pins applied where it was resolved);
-    another version's archive, unpacked in a folder of its own, under the same policy; served as one of the
-    server's versions (serving/kserve/versions.py). Its worker processes are spawned first: this process's own
-    imports (kserve, torch) run while they start."""
+def unpacked_archive(name: str, settings: KServeSettings, archive: Path | None = None,
+                     folder: Path | None = None) -> Path:
+    """The model's archive (or another version's, into a folder of its own), its signature checked where a key is
+    set, unpacked once per content (handlers/opening.py)."""
+    from handlers import opening
+    from runtime.integrity import verify_archive_signature  # here: the pool's spawned workers import this module
+    archive = archive or settings.archive(name)
+    verify_archive_signature(archive)  # who made it, where a key is set
+    return opening.unpacked(archive, folder or settings.unpacked(name))
+
+
+def model_of(name: str, settings: KServeSettings, folder: Path) -> VersionedModel:
+    """The unpacked model under its policy as the run config holds it (its archive's pins applied where it was
+    resolved; another version under the same policy), served as one of the server's versions
+    (serving/kserve/versions.py). Its worker processes are spawned first: this process's own imports (kserve,
+    torch) run while they start."""
     from handlers import opening
     policy = settings.policies[name]
-    from runtime.integrity import verify_archive_signature  # here: the pool's spawned workers import this module
-    verify_archive_signature(archive or settings.archive(name))  # who made it, where a key is set
-    folder = opening.unpacked(archive or settings.archive(name), unpacked or settings.unpacked(name))
     device, handler = opening.device_of(policy.device), opening.model_config(folder).get("handler")
     pool = WorkerPool.open(name, folder, device, handler, policy) if policy.workers > 1 else None
     from serving.kserve.versions import VersionedModel
@@ -57,11 +67,17 @@ def serve(settings: KServeSettings) -> int:
     if taken is not None:
         logger.error("cannot serve on %s:%d: %s", settings.host, settings.http_port, taken)
         return PORT_TAKEN
+    for name in WORKER_START_IMPORTS:  # before the thread: it would hold their import locks while it imports torch
+        importlib.import_module(name)
+    # Unpacked before the imports start: beside a thread importing, each of the unpacking's many small writes
+    # waits for the GIL, and a large archive took several times as long
+    folders = {name: unpacked_archive(name, settings) for name in settings.models}
     threading.Thread(target=lambda: [importlib.import_module(name) for name in SERVER_IMPORTS], daemon=True).start()
-    models = [model_of(name, settings) for name in settings.models]
+    models = [model_of(name, settings, folders[name]) for name in settings.models]
     from serving.kserve.app import OurModelServer
     from serving.kserve.versions import Versions
-    versions = Versions(settings, lambda archive, folder, name: model_of(name, settings, archive, folder))
+    versions = Versions(settings, lambda archive, folder, name: model_of(
+        name, settings, unpacked_archive(name, settings, archive, folder)))
     for model in models:
         versions.adopt(model)
     for name, policy in settings.policies.items():
