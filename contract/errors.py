@@ -35,7 +35,7 @@ class ImageProblem(Enum):
     """What is wrong with an image the decoder refuses (handlers/ answers each with its HTTP status)."""
 
     NOT_AN_IMAGE = "not an image"  # PIL cannot identify the bytes
-    UNSUPPORTED_FORMAT = "unsupported format"  # PIL reads it, but it is not in runtime.images.ACCEPTED_FORMATS
+    UNSUPPORTED_FORMAT = "unsupported format"  # PIL reads it, but it is not in contract.policy.ACCEPTED_FORMATS
     TOO_LARGE = "too large"  # over MAX_PIXELS or MAX_SIDE (a decompression bomb included)
     TOO_SMALL = "too small"  # under MIN_SIDE
     CORRUPT = "corrupt"  # PIL failed while parsing or decoding it

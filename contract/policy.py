@@ -33,6 +33,8 @@ PINNED = "the archive pins it"
 # (KServe's v1 instances, v2's batch), each a full decode and inference a single client could otherwise queue.
 MAX_BODY_BYTES = 8 * 2**20
 MAX_PHOTOS_PER_REQUEST = 32
+# The image formats a request may carry (as PIL names them); another one PIL can read is refused all the same
+ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO")
 
 
 class PolicyError(VisionExportError):

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from contract.errors import VisionExportError
-from runtime.images import ACCEPTED_FORMATS
+from contract.policy import ACCEPTED_FORMATS  # not runtime.images: a rollout reads photos without torch
 
 # scikit-image's bundled photographs (no download), split so that calibration and held-out never share one.
 CALIBRATION_PHOTOS = ("astronaut", "coffee", "hubble_deep_field", "retina", "camera", "coins", "brick", "grass")

@@ -26,6 +26,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from contract.errors import ImageError, ImageProblem
+from contract.policy import ACCEPTED_FORMATS
 from contract.records import ImageContract, ResizeRule
 from runtime import transforms  # torchvision's kernels without importing torchvision (a worker's start)
 
@@ -33,7 +34,6 @@ from runtime import transforms  # torchvision's kernels without importing torchv
 MAX_PIXELS = 40_000_000  # 40 megapixels: any camera photo; a decompression bomb is far larger
 MAX_SIDE = 12_000
 MIN_SIDE = 8
-ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO")
 DRAFT_FORMATS = ("JPEG", "MPO")  # libjpeg's DCT scaling: JPEG only
 # Draft decoding keeps both sides >= 2x the resize: the antialiased resize then still averages at least two
 # decoded pixels per output pixel, so the answer stays close to the exact one (measured per export, gated).

@@ -15,6 +15,8 @@ import contextlib
 import signal
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from contract.errors import EXIT_INTERRUPTED, INTERRUPTIONS, Stopped
@@ -34,7 +36,15 @@ from serving.rollout.candidate import (
     leave_store,
     prepare,
 )
-from serving.rollout.gate import PHOTO_COUNT, REQUEST_HEADERS, GateResult, Photos, photos_for, run_gate
+from serving.rollout.gate import (
+    PHOTO_COUNT,
+    REQUEST_HEADERS,
+    GateResult,
+    Photos,
+    comparator,
+    photos_for,
+    run_gate,
+)
 from serving.rollout.switchboard import Switchboard
 from serving.settings import DEFAULT_RUN_DIR, ServingError
 
@@ -122,7 +132,8 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
             raise RolloutRefused(f"{name} already serves {live} ({candidate.archive}): nothing to roll out")
         try:  # whatever ends the rollout before the switch (a refusal, an error, a signal) undoes it
             check_task(candidate, task, name)
-            caveats = prove(board, args, candidate, live, task, given or photos_for(args.photos, candidate))
+            caveats = prove(board, args, candidate, live, task,
+                            lambda: given or photos_for(args.photos, candidate))
         except BaseException as error:
             raise undone(board, name, live, candidate, error, isinstance(error, RolloutRefused)) from None
         switch(board, name, live, candidate)
@@ -132,15 +143,19 @@ def rollout(board: Switchboard, args: argparse.Namespace) -> int:
 
 
 def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, live: str, task: str,
-          photos: Photos) -> list[str]:
-    """The candidate loaded beside the live version and held to the gate, then to --shadow and --canary; what the
-    operator overrode to get there (the rollout's outcome says it)."""
+          read_photos: Callable[[], Photos]) -> list[str]:
+    """The candidate loaded beside the live version and held to the gate (its photos read meanwhile: the load is
+    a wait on the server), then to --shadow and --canary; what the operator overrode to get there (the rollout's
+    outcome says it)."""
     name = args.name
     say(f"rollout of {name} on {board.engine}: live {live}, candidate {candidate.label} "
         f"({candidate.archive}, content {candidate.manifest.model_version.content[:12]})")  # type: ignore[union-attr]
     started = time.monotonic()
-    board.load_beside(name, candidate)
-    say(f"{candidate.label} loaded beside {live} and answering ({time.monotonic() - started:.1f} s)")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-photos") as reader:
+        reading = reader.submit(gate_prepared, task, read_photos)
+        board.load_beside(name, candidate)
+        say(f"{candidate.label} loaded beside {live} and answering ({time.monotonic() - started:.1f} s)")
+        photos = reading.result()
     headers = REQUEST_HEADERS[task]
 
     def gate_on(photos: Photos):
@@ -153,6 +168,13 @@ def prove(board: Switchboard, args: argparse.Namespace, candidate: Candidate, li
     if args.canary is not None:
         canary(board, args, candidate, lambda: gate_on(photos))
     return caveats
+
+
+def gate_prepared(task: str, read_photos: Callable[[], Photos]) -> Photos:
+    """The gate's photos, and its task's comparator imported (torch, for some): what the gate needs before it
+    asks both versions, done while the candidate loads."""
+    comparator(task)
+    return read_photos()
 
 
 def undone(board: Switchboard, name: str, live: str, candidate: Candidate, error: BaseException,

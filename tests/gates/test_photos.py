@@ -3,9 +3,13 @@ model's own domain, refused with what to give when it holds no photo."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from gates.photos import CALIBRATION_PHOTOS, HOLDOUT_PHOTOS, PhotoFolderError, folder_photos, held_out_photos
+from tests.conftest import ROOT
 
 
 def test_held_out_photos_are_pngs_of_the_held_out_half():
@@ -25,3 +29,11 @@ def test_a_folder_gives_its_photos_and_an_empty_one_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PhotoFolderError, match="holds no photos .* own domain"):
         folder_photos(tmp_path / "empty", 5)
+
+
+def test_reading_the_photos_imports_no_torch():
+    """A rollout reads its photos while the candidate loads, before its comparator needs torch: a fresh interpreter
+    reads them and has not imported it."""
+    code = "import sys; from gates.photos import held_out_photos; held_out_photos(2); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
