@@ -106,20 +106,29 @@ def report(run: dict) -> str:
             f"{run['returned_s']:.1f} s")
     if "run_dir" in run:
         head += f" and FAILED (exit {run['returncode']}): its logs are kept in {run['run_dir']}"
+    return "\n".join([head, "", *phases_rows(run["processes"], run["began"]), "", PHASES_NOTE])
+
+
+PHASES_NOTE = ("seconds; started after and ready after: since the command began; a process with no first answer got "
+               "no request (one real answer per model makes it ready); CPU to open: the process's CPU seconds from "
+               "its birth to the start of opening (its imports), which a busy machine inflates far less than their "
+               "wall-clock seconds")
+
+
+def phases_rows(processes: list[dict], began: float) -> list[str]:
+    """A markdown table's lines: a row per process that opened a model, its phases in seconds, its birth and its
+    first answer counted from `began` (a Unix time: when the command that started it began)."""
     rows = ["| process | model | started after | " + " | ".join(SHOWN[phase] for phase in PHASES)
             + " | ready after | CPU to open |",
             "|---|---|" + "---:|" * (len(PHASES) + 3)]
-    for process in run["processes"]:
+    for process in processes:
         seconds = process["seconds"]
-        ready = "" if process["ready_at"] is None else f"{process['ready_at'] - run['began']:.2f}"
+        ready = "" if process["ready_at"] is None else f"{process['ready_at'] - began:.2f}"
         rows.append(f"| pid {process['pid']} | {process['model']} {process['version']} | "
-                    f"{process['born'] - run['began']:.2f} | "
+                    f"{process['born'] - began:.2f} | "
                     + " | ".join(f"{seconds[phase]:.2f}" if phase in seconds else "" for phase in PHASES)
                     + f" | {ready} | {imports_cpu(process)} |")
-    return "\n".join([head, "", *rows, "", "seconds; started after and ready after: since the command began; a "
-                      "process with no first answer got no request (one real answer per model makes it ready); CPU to open: the "
-                      "process's CPU seconds from its birth to the start of opening (its imports), which a busy "
-                      "machine inflates far less than their wall-clock seconds"])
+    return rows
 
 
 def imports_cpu(process: dict) -> str:

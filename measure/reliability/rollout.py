@@ -13,6 +13,7 @@ after which every answer came from the new version.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import threading
@@ -23,8 +24,10 @@ from typing import TYPE_CHECKING
 
 from contract.policy import ServingPolicy
 from contract.versions import VERSION_HEADER, label_of, record_default
+from handlers.start_phases import read_phases
 from measure.command import write_tables
 from measure.loadgen import percentile
+from measure.start import PHASES_NOTE, phases_rows
 from serving.rollout.candidate import checked_manifest
 from serving.settings import EXAMPLE_IMAGE, PROJECT_ROOT, REQUEST_TIMEOUT_S, ServingSettings
 
@@ -175,18 +178,32 @@ def _main(argv: list[str] | None) -> int:
     settings, url = engine_settings(args.engine, args.model_store, run_dir, args.model)
     server = engines.get(args.engine)(settings)
     with server.running(args.image):
-        rows, log = under_load(url, server, args, run_dir)
+        rows, log, began = under_load(url, server, args, run_dir)
+    new = label_of(checked_manifest(args.candidate).model_version)
+    candidate = [p for p in read_phases(run_dir) if p["version"] == new and p["born"] >= began]
+    beside = loaded_beside(log, new, candidate, began)
+    print(beside)
     context = {"model": args.model, "live": args.live, "candidate": str(args.candidate), "engine": args.engine,
-               "concurrency": CONCURRENCY, "log": log}
-    write_tables(args.out, f"rollout-{args.engine}", markdown(rows), context, rows)
+               "concurrency": CONCURRENCY, "log": log, "candidate_phases": candidate}
+    write_tables(args.out, f"rollout-{args.engine}", markdown(rows) + "\n\n" + beside, context, rows)
     return 0 if not any(row["failed"] for row in rows) else 1
 
 
-def under_load(url: str, server: Engine, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict], str]:
+def loaded_beside(log: str, new: str, processes: list[dict], began: float) -> str:
+    """Where the candidate's load beside the live version went: the rollout's own figure and the phases of each
+    process that opened the candidate, counted from the rollout command's start."""
+    said = re.search(rf"^{re.escape(new)} loaded beside .*$", log, re.MULTILINE)
+    return "\n".join([f"The rollout said: {said.group(0) if said else 'no load beside (see its output)'}", "",
+                       *phases_rows(processes, began), "", PHASES_NOTE.replace("the command", "the rollout command")])
+
+
+def under_load(url: str, server: Engine, args: argparse.Namespace,
+               run_dir: Path) -> tuple[list[dict], str, float]:
+    """The phases' rows, the commands' output, and when the rollout command began (a Unix time)."""
     load = VersionedLoad(url, args.image.read_bytes(), engine=server).start()
     try:
         time.sleep(args.steady)
-        steady_end = time.monotonic()
+        steady_end, began = time.monotonic(), time.time()
         rolled = serving_command("rollout", args.model, str(args.candidate), "--run-dir", str(run_dir),
                                  *(["--accept-weak-evidence"] if args.accept_weak_evidence else []))
         rollback_start = time.monotonic()
@@ -206,4 +223,4 @@ def under_load(url: str, server: Engine, args: argparse.Namespace, run_dir: Path
     log += "".join(f"failed: sent at {s.start - start:.1f} s, after {s.end - s.start:.1f} s: {s.error}\n"
                    for s in failures(samples))
     print(log)
-    return rows, log
+    return rows, log, began

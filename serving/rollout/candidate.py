@@ -63,13 +63,30 @@ def prepare(path: Path, name: str, model_store: Path) -> Candidate:
     return Candidate(into_store(path, name, manifest, Path(model_store)), manifest, added)
 
 
+def manifest_in(members: zipfile.ZipFile) -> Manifest:
+    """The manifest an archive carries, as it is (nothing checked against it)."""
+    with tempfile.TemporaryDirectory(prefix="rollout-manifest-") as folder:
+        members.extract(MANIFEST_NAME, folder)
+        return Manifest.read(Path(folder))
+
+
+def served_manifest(archive: Path) -> Manifest:
+    """The manifest of an archive a server opened already (its workers checked what they serve): read, not checked
+    again."""
+    try:
+        with zipfile.ZipFile(archive) as members:
+            return manifest_in(members)
+    except (zipfile.BadZipFile, KeyError, OSError) as error:
+        raise RolloutRefused(f"{archive} is not a readable archive of `python -m export` ({error}): truncated or "
+                             "damaged; re-export it") from None
+
+
 def checked_manifest(archive: Path) -> Manifest:
     """The archive's manifest, once every file it ships is the one its manifest recorded (sha256)."""
     verify_archive_signature(archive)  # and, where a key is set, once its signature says who made it
     try:
-        with zipfile.ZipFile(archive) as members, tempfile.TemporaryDirectory(prefix="rollout-check-") as folder:
-            members.extract(MANIFEST_NAME, folder)
-            manifest = Manifest.read(Path(folder))
+        with zipfile.ZipFile(archive) as members:
+            manifest = manifest_in(members)
             problems = {}
             for record in manifest.artifacts.values():
                 for path, sha256 in {record.path: record.sha256, **record.companions}.items():

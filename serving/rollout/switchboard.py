@@ -11,7 +11,7 @@ from pathlib import Path
 
 from contract.records import Manifest
 from contract.versions import UNVERSIONED, archive_name, parse_label
-from serving.rollout.candidate import Candidate, RolloutRefused, checked_manifest
+from serving.rollout.candidate import Candidate, RolloutRefused, served_manifest
 from serving.settings import ServingError
 
 DRAIN_GRACE_S = 3.0  # after the switch, requests the old version already took finish before it unloads
@@ -84,12 +84,13 @@ class Switchboard(ABC):
         self.unload(name, label)
 
     def live_manifest(self, name: str) -> Manifest:
-        """The live version's manifest, from its archive in the store."""
+        """The live version's manifest, from its archive in the store (its task: which gate judges the candidate).
+        Read, not checked: the server checked what it serves when it opened it."""
         label = self.live(name)
         archive = self.model_store / (f"{name}.mar" if label == UNVERSIONED else archive_name(name, parse_label(label)))
         if not archive.is_file():
             raise ServingError(f"{name} serves {label}, whose archive {archive} is no longer in the store")
-        return checked_manifest(archive)
+        return served_manifest(archive)
 
     def refuse_unless_loaded(self, name: str) -> None:
         if not self.loaded(name):

@@ -21,6 +21,7 @@ import requests
 from contract.versions import UNVERSIONED
 from handlers.routes import ROUTES_FOLDER, Canary, ModelRoutes
 from handlers.routing import ended
+from serving.processes import POLL_INTERVAL_S
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import DRAIN_GRACE_S, LOAD_TIMEOUT_S, Switchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S
@@ -116,7 +117,7 @@ class TorchServeSwitchboard(Switchboard):
             if failure and failure != logged_before:
                 last = failure
                 break
-            time.sleep(1.0)
+            time.sleep(POLL_INTERVAL_S)
         self.forget(name, label)
         raise RolloutRefused(f"{label} loaded but never answered a prediction: {last}")
 
