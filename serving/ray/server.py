@@ -47,8 +47,10 @@ def start_head(settings: RaySettings):
 
 
 def wait_for_head(settings: RaySettings, node, address: str) -> None:
-    """Return once our head node's GCS answers (ServingError with its log's end if `ray start` exits)."""
+    """Return once our head node is up, its GCS answering and its raylet registered (ServingError with its log's
+    end if `ray start` exits)."""
     cluster.wait_for_gcs(address, node, settings.log_dir / "ray-head.log")
+    cluster.wait_for_live_node(address, node, settings.log_dir / "ray-head.log")
     settings.address_file.write_text(address)
     logger.info("started a Ray head node at %s (temp dir %s)", address, settings.temp_dir())
 
