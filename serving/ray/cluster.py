@@ -29,6 +29,9 @@ AUTH_MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "R
 DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
 NODE_UP_TIMEOUT_S = 60  # `ray start` until its GCS answers (several processes start, on a slow shared machine)
 NODE_STOP_TIMEOUT_S = 20  # SIGTERM to SIGKILL for a node's processes
+# How often we ask whether a node starting is up: ray.init, finding no live node yet, asks again only a second
+# later, and the head node's first driver is what starts its prestarted workers (Serve's controller and proxy).
+NODE_POLL_S = 0.1
 # A node's agents do not stop on SIGTERM (they wait to notice their raylet's end): they hold no state, and are
 # killed at once when their node is ended.
 AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
@@ -98,6 +101,22 @@ def wait_for_gcs(address: str, node: subprocess.Popen | None, log: Path, timeout
         except OSError:
             time.sleep(0.5)
     raise ServingError(f"Ray's GCS at {address} did not answer within {timeout:.0f} s: {log_tail(log)}")
+
+
+def wait_for_live_node(address: str, node: subprocess.Popen, log: Path, timeout: float = NODE_UP_TIMEOUT_S) -> None:
+    """Return once the GCS at address lists a live node (the raylet of node, our `ray start`, has registered), so
+    that ray.init finds it at once; ServingError with the log's end if the node exits or is not up in time."""
+    from ray._raylet import GcsClient  # ray.init's own client of the GCS (Ray pinned in pyproject.toml)
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+    client = GcsClient(address=address)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if node.poll() is not None:
+            raise ServingError(f"`ray start` exited with code {node.returncode}: {log_tail(log)}")
+        if client.get_all_node_info(timeout=timeout, state_filter=GcsNodeInfo.GcsNodeState.ALIVE):
+            return
+        time.sleep(NODE_POLL_S)
+    raise ServingError(f"no Ray node of the cluster at {address} was up within {timeout:.0f} s: {log_tail(log)}")
 
 
 def log_tail(log: Path, lines: int = 5) -> str:

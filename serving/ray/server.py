@@ -9,6 +9,7 @@ An application that cannot be deployed (an archive failing its sha256 check) sto
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -32,27 +33,47 @@ logger = logging.getLogger("serving.ray")
 # users reach the head (or a load balancer in front of the nodes' proxies, docs/scaling.md).
 PROXY_LOCATION = "HeadOnly"
 WATCH_INTERVAL_S = 1.0
+# The driver's slowest imports (the deployment's are our request core's, torch's), done while the head starts.
+DRIVER_IMPORTS = ("ray.serve", "serving.ray.deployment")
 
 
 def start_head(settings: RaySettings):
-    """Our own head node, its processes in this process's session; (its `ray start` process, its address)."""
+    """Our own head node's `ray start`, launched (its processes in this process's session); (that process, the
+    address its GCS will answer at): wait_for_head waits for it, meanwhile the driver prepares the deployments."""
     port = settings.gcs_port or free_port()
-    temp_dir = settings.temp_dir()
-    command = cluster.node_command(temp_dir, head_cpus(settings.policies, this_machine_resources().cores), head_port=port)
-    node = cluster.start_node(command, settings.log_dir / "ray-head.log")
-    address = f"{settings.host}:{port}"
+    command = cluster.node_command(settings.temp_dir(), head_cpus(settings.policies, this_machine_resources().cores),
+                                   head_port=port)
+    return cluster.start_node(command, settings.log_dir / "ray-head.log"), f"{settings.host}:{port}"
+
+
+def wait_for_head(settings: RaySettings, node, address: str) -> None:
+    """Return once our head node is up, its GCS answering and its raylet registered (ServingError with its log's
+    end if `ray start` exits)."""
     cluster.wait_for_gcs(address, node, settings.log_dir / "ray-head.log")
+    cluster.wait_for_live_node(address, node, settings.log_dir / "ray-head.log")
     settings.address_file.write_text(address)
-    logger.info("started a Ray head node at %s (temp dir %s)", address, temp_dir)
-    return node, address
+    logger.info("started a Ray head node at %s (temp dir %s)", address, settings.temp_dir())
 
 
-def deploy(settings: RaySettings) -> None:
-    """One application per archive; each call returns once its replicas run (serve.run waits for them), or raises
-    ServingError with Serve's reason when it cannot deploy (a replica's constructor failing, e.g. the sha256)."""
+def prepare(settings: RaySettings) -> dict[str, Path]:
+    """{name: its archive} with every archive verified, and Serve's and our deployment's imports done: the driver's
+    own work, done while a head node of ours starts (its processes on the other cores) instead of after it."""
+    from handlers.opening import device_of
+    for module in DRIVER_IMPORTS:
+        importlib.import_module(module)
+    archives = {}
+    for name in settings.models:
+        archives[name] = settings.archive(name).absolute()  # a rollout's default version, else NAME.mar
+        verify_archive(archives[name], device_of(settings.policies[name].device), settings.run_dir.absolute())
+    return archives
+
+
+def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
+    """One application per archive (prepare verified them); each call returns once its replicas run (serve.run
+    waits for them), or raises ServingError with Serve's reason when it cannot deploy (a replica's constructor
+    failing, e.g. the sha256)."""
     from ray import serve
 
-    from handlers.opening import device_of
     from serving.ray.deployment import application, application_args
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
@@ -66,9 +87,7 @@ def deploy(settings: RaySettings) -> None:
         options = with_key_file(signals.with_metrics_env(deployment_options(policy), folder), settings)
         logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
                     options["autoscaling_config"])
-        archive = settings.archive(name).absolute()  # a rollout's default version, else NAME.mar
-        verify_archive(archive, device_of(policy.device), settings.run_dir.absolute())
-        app = application({**application_args(archive, policy), "options": options})
+        app = application({**application_args(archives[name], policy), "options": options})
         try:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
@@ -168,14 +187,14 @@ def main(argv: list[str]) -> int:
     sigterm_interrupts()  # a stop while the node starts or Serve deploys still cleans up
     head, code = None, 0
     try:
+        head, address = start_head(settings) if settings.address is None else (None, settings.address)
+        archives = prepare(settings)  # while the head node starts
+        if head is not None:
+            wait_for_head(settings, head, address)
         import ray
-        if settings.address is None:
-            head, address = start_head(settings)
-        else:
-            address = settings.address
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
         sigterm_interrupts()  # ray.init put its own in place (sys.exit, which would skip our clean-up)
-        deploy(settings)
+        deploy(settings, archives)
         code = serve_until_stopped(settings, head)
     except INTERRUPTIONS:
         logger.info("stopped while starting")
