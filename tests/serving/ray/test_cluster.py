@@ -2,8 +2,11 @@
 raylet registered (what ray.init looks for, once a second); a `ray start` that exits is told with its code."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,13 +20,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     """(the `ray start` process, its GCS address, its log) of a one-CPU head node of ours, ended after the module."""
-    folder = tmp_path_factory.mktemp("head")
-    temp_dir, log = folder / "ray", folder / "head.log"
-    temp_dir.mkdir()
+    log = tmp_path_factory.mktemp("head") / "head.log"
+    # Ray's socket paths under its temp dir must fit AF_UNIX's 107 bytes: pytest's folders are too deep for it
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-test-"))
     port = free_port()
     node = cluster.start_node(cluster.node_command(temp_dir, 1, head_port=port), log, new_session=True)
-    yield node, f"127.0.0.1:{port}", log
-    cluster.end_session(os.getsid(node.pid))
+    try:
+        yield node, f"127.0.0.1:{port}", log
+    finally:
+        if node.poll() is None:
+            cluster.end_session(os.getsid(node.pid))
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_the_wait_for_a_starting_head_node_returns_once_the_gcs_lists_it_live(head):
