@@ -177,9 +177,9 @@ def _main(argv: list[str] | None) -> int:
     record_default(run_dir, args.model, args.live)  # the start serves it
     settings, url = engine_settings(args.engine, args.model_store, run_dir, args.model)
     server = engines.get(args.engine)(settings)
+    new = label_of(checked_manifest(args.candidate).model_version)  # checked before anything starts
     with server.running(args.image):
-        rows, log, began = under_load(url, server, args, run_dir)
-    new = label_of(checked_manifest(args.candidate).model_version)
+        rows, log, began = under_load(url, server, args, run_dir, new)
     candidate = [p for p in read_phases(run_dir) if p["version"] == new and p["born"] >= began]
     beside = loaded_beside(log, new, candidate, began)
     print(beside)
@@ -197,9 +197,10 @@ def loaded_beside(log: str, new: str, processes: list[dict], began: float) -> st
                        *phases_rows(processes, began), "", PHASES_NOTE.replace("the command", "the rollout command")])
 
 
-def under_load(url: str, server: Engine, args: argparse.Namespace,
-               run_dir: Path) -> tuple[list[dict], str, float]:
-    """The phases' rows, the commands' output, and when the rollout command began (a Unix time)."""
+def under_load(url: str, server: Engine, args: argparse.Namespace, run_dir: Path,
+               new: str) -> tuple[list[dict], str, float]:
+    """The phases' rows, the commands' output, and when the rollout command began (a Unix time); `new`: the
+    candidate's version label."""
     load = VersionedLoad(url, args.image.read_bytes(), engine=server).start()
     try:
         time.sleep(args.steady)
@@ -212,7 +213,6 @@ def under_load(url: str, server: Engine, args: argparse.Namespace,
         time.sleep(2.0)
     finally:
         samples = load.stop()
-    new = label_of(checked_manifest(args.candidate).model_version)
     rows = [phase_row("steady", [s for s in samples if s.start < steady_end]),
             phase_row("rollout", [s for s in samples if steady_end <= s.start < rollback_start],
                       switch_seconds([s for s in samples if s.start < rollback_start], steady_end, new)),

@@ -83,12 +83,7 @@ def worker_main(index: int, folder: Path, device: str, settings: dict | None, po
     conn.send((READY, core.TASK, core.describe()))
     logger.info("inference worker %d ready (pid %d)", index, os.getpid())
     while True:
-        try:
-            rows = conn.recv()
-        except (EOFError, OSError):
-            rows = None
-        if rows is None:
-            leave()
+        rows = from_front(conn)
         try:
             answers = core.run_batch(rows).answers
         except Exception as error:  # the core answers bad rows itself: this is a bug, the request gets a 500
@@ -103,13 +98,19 @@ def standing_by(conn) -> int:
     stop (None) or when the front is gone (end of the pipe)."""
     import handlers.core  # noqa: F401  (torch and the core, imported by open_archive's open_core otherwise)
     import handlers.tasks  # noqa: F401
+    return from_front(conn)
+
+
+def from_front(conn):
+    """The front's next message to this worker; the worker leaves when told to stop (None) or when the front is
+    gone (end of the pipe)."""
     try:
-        index = conn.recv()
+        message = conn.recv()
     except (EOFError, OSError):
-        index = None
-    if index is None:
+        message = None
+    if message is None:
         leave()
-    return index
+    return message
 
 
 def leave() -> None:

@@ -31,9 +31,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("serving.kserve")
 PORT_TAKEN = 3  # uvicorn's STARTUP_FAILURE, as its own bind exits
 SERVER_IMPORTS = ("handlers.kserve_model", "serving.kserve.app")  # kserve and torch: imported while workers start
-# What model_of needs to spawn the workers (no torch): imported first, so that spawning waits on no import of the
-# thread's, which shares modules of handlers/ and runtime/ with it
-WORKER_START_IMPORTS = ("handlers.opening", "runtime.integrity")
 
 
 def unpacked_archive(name: str, settings: KServeSettings, archive: Path | None = None,
@@ -67,8 +64,6 @@ def serve(settings: KServeSettings) -> int:
     if taken is not None:
         logger.error("cannot serve on %s:%d: %s", settings.host, settings.http_port, taken)
         return PORT_TAKEN
-    for name in WORKER_START_IMPORTS:  # before the thread: it would hold their import locks while it imports torch
-        importlib.import_module(name)
     # Unpacked before the imports start: beside a thread importing, each of the unpacking's many small writes
     # waits for the GIL, and a large archive took several times as long
     folders = {name: unpacked_archive(name, settings) for name in settings.models}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,11 +62,9 @@ def prepare(path: Path, name: str, model_store: Path) -> Candidate:
     return Candidate(into_store(path, name, manifest, Path(model_store)), manifest, added)
 
 
-def manifest_in(members: zipfile.ZipFile) -> Manifest:
+def manifest_in(members: zipfile.ZipFile, archive: Path) -> Manifest:
     """The manifest an archive carries, as it is (nothing checked against it)."""
-    with tempfile.TemporaryDirectory(prefix="rollout-manifest-") as folder:
-        members.extract(MANIFEST_NAME, folder)
-        return Manifest.read(Path(folder))
+    return Manifest.from_json(members.read(MANIFEST_NAME).decode(), f"{archive}:{MANIFEST_NAME}")
 
 
 def served_manifest(archive: Path) -> Manifest:
@@ -75,7 +72,7 @@ def served_manifest(archive: Path) -> Manifest:
     again."""
     try:
         with zipfile.ZipFile(archive) as members:
-            return manifest_in(members)
+            return manifest_in(members, archive)
     except (zipfile.BadZipFile, KeyError, OSError) as error:
         raise RolloutRefused(f"{archive} is not a readable archive of `python -m export` ({error}): truncated or "
                              "damaged; re-export it") from None
@@ -86,7 +83,7 @@ def checked_manifest(archive: Path) -> Manifest:
     verify_archive_signature(archive)  # and, where a key is set, once its signature says who made it
     try:
         with zipfile.ZipFile(archive) as members:
-            manifest = manifest_in(members)
+            manifest = manifest_in(members, archive)
             problems = {}
             for record in manifest.artifacts.values():
                 for path, sha256 in {record.path: record.sha256, **record.companions}.items():
