@@ -1,4 +1,4 @@
-"""The KServe adapter: ImageCore (handlers/core.py) as a `kserve.Model` in KServe's own ModelServer.
+"""The KServe adapter: ImageCore (handlers/core.py) as a `kserve.Model` behind KServe's data plane.
 
 What is KServe's lives here: the v1 body, the Open Inference Protocol (v2) tensors, the model's v2 metadata,
 and answering without blocking KServe's event loop (handlers/batching.py). Which artifact, its sha256, the
@@ -15,7 +15,7 @@ preprocessing and the request's life are the core's, exactly as under TorchServe
       [B, 4], the photo's pixels), `labels`, `indices`, `scores`, `image_index` (which image, INT64 [B]); a
       segmenter one row per class present: `labels`, `indices`, `shares`, `image_index`, and `class_map_png`
       (BYTES [N], each image's class map). Request parameters: a detector's score_threshold and max_detections.
-A bad request raises RequestError: the ModelServer answers its status with {"code": ..., "error": ...}
+A bad request raises RequestError: the server answers its status with {"code": ..., "error": ...}
 (serving/kserve/app.py maps it), the worker stays up. Every answer names the worker that answered in its
 X-Served-By header ("worker 2 pid 4242"): the policy's worker processes (serving/kserve/pool.py) with
 `--workers N`, N > 1; the server process itself with one worker.

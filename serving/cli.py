@@ -4,7 +4,7 @@ model has answered a real prediction; and deployment material written from an ex
   python -m serving [start]             serve until Ctrl-C (--engine torchserve, the default)
   python -m serving --detach            start, wait until each model answers, print the curl lines, return
   python -m serving stop                stop every server started from the run dir (--run-dir), whatever its engine
-  python -m serving --engine kserve     the same archives in KServe's own ModelServer
+  python -m serving --engine kserve     the same archives under KServe's v1 and v2 protocol
   python -m serving config --out F      TorchServe's config.properties with this machine's serving policy
   python -m serving deploy kserve OUT   KServe material; `deploy triton OUT`: a Triton model repository;
                                         `deploy ray OUT`: a KubeRay RayService

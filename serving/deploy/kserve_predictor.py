@@ -1,4 +1,4 @@
-"""KServe with our own predictor: a custom container (our image, ENGINE=kserve) in which KServe's ModelServer
+"""KServe with our own predictor: a custom container (our image, ENGINE=kserve) in which KServe's protocol
 serves the archive through our request core (python -m serving --engine kserve). The TorchServe runtime's
 material is kserve.py; this path does not depend on KServe keeping that runtime.
 

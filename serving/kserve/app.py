@@ -1,4 +1,4 @@
-"""What we set in KServe's ModelServer, and why each cannot be a plain argument of it (kserve 0.21):
+"""What we set beside KServe's protocol, and why KServe's ModelServer could not take each as an argument (kserve 0.21):
 
 - the bind address: KServe's REST server always binds 0.0.0.0 (right in a pod, wrong on a laptop); ours binds
   the configured host, loopback by default;
@@ -18,41 +18,38 @@
   connections (a shared socket: the first worker that wakes accepts every waiting one; SO_REUSEPORT sockets:
   a hash of each connection), so a client holding a few connections could find them all on one worker while
   the others idled (measured: one of two workers did all the work at concurrency 8, half TorchServe's rate;
-  docs/results/2026-11-25-serving-overhead/analysis.md, docs/results/2026-11-26-kserve-balance/). We start KServe's server with one
+  docs/results/2026-11-25-serving-overhead/analysis.md, docs/results/2026-11-26-kserve-balance/). We serve with one HTTP
   process, and each model with the policy's worker processes behind it (serving/kserve/pool.py): its batcher
   hands each batch to a free worker, as TorchServe's frontend does, whatever the connections.
 
-How each is added (kserve 0.21): OurModelServer, KServe's ModelServer subclassed, holds what they need (the host,
-the models' versions, the registry) and adds them:
-- routes (ours, the rollout's, the OpenAPI page): on KServe's FastAPI app, `kserve.model_server.app`, before the
-  server starts, as KServe's own custom predictor example adds to it. They come before KServe's routes, so our
-  /metrics answers in place of KServe's;
-- the data plane: ModelServer's `dataplane` attribute, set when the server is made;
-- the bind address, our middleware and our exception handlers: kserve 0.21 has no public way. Its REST server's
-  uvicorn config binds 0.0.0.0, and create_application() adds KServe's middleware and exception handlers to the
-  app once the server starts, after anything added before: KServe's InferenceError and Exception handlers would
-  replace ours, and its timing middleware would wrap ours. So OurRESTServer, the one override, sets the host in
-  its uvicorn config and adds ours after KServe's in create_application(). ModelServer.start() makes its REST
-  server by calling the name `RESTServer` of the module kserve.model_server (no API: an import of KServe's), with
-  arguments of its own; OurModelServer.start() points that name at OurRESTServer, bound to this server. The
-  names this relies on are asserted in tests/serving/kserve/test_app.py, which fails if a kserve release renames
-  or moves one.
+How they are added: not into KServe's ModelServer, which offers no way for the bind address, the exception
+handlers or the middleware order (it adds its own to its app when it starts, after anything added before, and
+binds 0.0.0.0), but by serving KServe's protocol on an app of ours. OurModelServer composes KServe's public parts:
+its ModelRepository and DataPlane (ours subclassed, above), its v1 and v2 routes (`register_v1_endpoints`,
+`register_v2_endpoints`, what its own REST server calls), its error handlers (`kserve.errors`), then ours over them,
+and runs the app with uvicorn on the configured host as KServe's REST server runs its own (one process, no logging
+configuration of uvicorn's, KServe's keep-alive and grace period). Nothing of KServe's is reassigned or overridden;
+tests/serving/kserve/test_app.py checks the names this uses and what the app answers.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
+import signal
+from importlib import metadata
 
-import kserve.model_server
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import JSONResponse
-from kserve import ModelServer
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, ORJSONResponse
+from kserve import errors as kserve_errors
 from kserve.errors import InferenceError, InvalidInput
+from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput, deserialize_bytes_tensor
-from kserve.protocol.rest.server import RESTServer
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from kserve.protocol.rest.v1_endpoints import register_v1_endpoints
+from kserve.protocol.rest.v2_endpoints import register_v2_endpoints
 
 from contract.policy import MAX_PHOTOS_PER_REQUEST
 from handlers import answers
@@ -67,7 +64,25 @@ logger = logging.getLogger("serving.kserve")
 
 DESCRIPTION_ROUTE = "/v2/models/{model_name}/description"  # ours: which form serves on this machine, and why
 CONTENT_LENGTH_HEADER = "inference-header-content-length"  # the binary-data extension: the JSON part's length
-DOCS_PATH = "/docs"  # KServe's own place for its OpenAPI page
+DOCS_PATH = "/docs"  # KServe's own place for its OpenAPI page (Swagger UI), beside its /openapi.json
+TITLE = "KServe ModelServer"  # the OpenAPI page's title, as KServe's own app is named
+KEEP_ALIVE_S = 65  # KServe's REST server keeps an idle connection this long (uvicorn's own default: 5 s)
+GRACE_PERIOD_S = 30  # KServe's: on SIGTERM, requests in flight get this long to finish
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # uvicorn's: each stops the server gracefully
+
+# KServe's error handlers, as its REST server adds them; ours (OurModelServer.add_exception_handlers) replace the
+# InferenceError and Exception ones
+KSERVE_ERROR_HANDLERS = (
+    (kserve_errors.InvalidInput, kserve_errors.invalid_input_handler),
+    (kserve_errors.InferenceError, kserve_errors.inference_error_handler),
+    (kserve_errors.ModelNotFound, kserve_errors.model_not_found_handler),
+    (kserve_errors.ModelNotReady, kserve_errors.model_not_ready_handler),
+    (NotImplementedError, kserve_errors.not_implemented_error_handler),
+    (kserve_errors.UnsupportedProtocol, kserve_errors.unsupported_protocol_error_handler),
+    (kserve_errors.ServerNotLive, kserve_errors.server_not_live_handler),
+    (kserve_errors.ServerNotReady, kserve_errors.server_not_ready_handler),
+    (Exception, kserve_errors.generic_exception_handler),
+)
 
 
 async def request_error_response(request, error: RequestError, served: ServedModel | None = None) -> JSONResponse:
@@ -96,38 +111,63 @@ def photos_in(request) -> int:
     return max((int(shape[0]) for shape in shapes), default=1)
 
 
-class OurModelServer(ModelServer):
-    """KServe's ModelServer with one HTTP process (the module docstring), our routes, middleware, exception handlers
-    and data plane, bound to `host`."""
+class OurModelServer:
+    """KServe's protocol on an app of ours (the module docstring): one HTTP process, our routes, middleware,
+    exception handlers and data plane, bound to `host`."""
 
     def __init__(self, host: str, versions: Versions, http_port: int):
-        super().__init__(http_port=http_port, workers=1, enable_grpc=False)
         self.host = host
+        self.http_port = http_port
         self.versions = versions
+        self.registered_models = ModelRepository()
         self.dataplane = RawBytesDataPlane(model_registry=self.registered_models)
+        self.app = self.application()
+
+    def application(self) -> FastAPI:
+        app = FastAPI(title=TITLE, version=metadata.version("kserve"), docs_url=DOCS_PATH, redoc_url=None,
+                      default_response_class=ORJSONResponse)
+        self.add_routes(app)
+        app.add_api_route("/", self.dataplane.live, methods=["GET"])  # KServe's root: its liveness
+        extension = ModelRepositoryExtension(model_registry=self.registered_models)
+        register_v1_endpoints(app, self.dataplane, extension)
+        register_v2_endpoints(app, self.dataplane, extension)
+        for error, handler in KSERVE_ERROR_HANDLERS:
+            app.add_exception_handler(error, handler)
+        self.add_exception_handlers(app)
+        self.add_middlewares(app)
+        return app
 
     def start(self, models: list) -> None:
-        self.add_routes(kserve.model_server.app)
-        kserve.model_server.RESTServer = functools.partial(OurRESTServer, server=self)  # the module docstring
-        super().start(models)
+        """Serves models until SIGTERM or SIGINT (uvicorn's own handling: requests in flight finish), then unloads
+        them (their worker pools stop)."""
+        for model in models:
+            self.registered_models.update(model)
+        config = uvicorn.Config(self.app, host=self.host, port=self.http_port, log_config=None,
+                                timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACE_PERIOD_S)
+        for stop in STOP_SIGNALS:  # uvicorn raises the signal again once it stopped: here, to return from run()
+            signal.signal(stop, lambda *_: None)
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            for name in list(self.registered_models.get_models()):
+                self.registered_models.unload(name)
 
     def add_routes(self, app) -> None:
-        """Ours, before KServe's own (added when the server starts): our /metrics is matched first."""
+        """Ours, before KServe's: our /metrics, liveness and readiness are matched first."""
         app.add_api_route(signals.METRICS_ROUTE, signals.metrics_route, methods=["GET"])
         app.add_api_route(DESCRIPTION_ROUTE, self.description, methods=["GET"])
         add_routes(app, self.versions, self.registered_models)  # rollout's routes, loopback clients only
         app.add_api_route(signals.LIVE_ROUTE, signals.live_route, methods=["GET"])
         app.add_api_route(signals.READY_ROUTE, self.ready, methods=["GET"])
-        openapi_page_on(app)
 
     def add_middlewares(self, app) -> None:
-        """After KServe's own (its timing middleware): the last added is the outermost."""
+        """The last added is the outermost."""
         app.add_middleware(BodyLimit)  # inside RequestSignals: a refused body is answered with its id and counted
         app.add_middleware(auth.TokenAuth)  # outside BodyLimit: a caller without its key is refused unread
         app.add_middleware(signals.RequestSignals, served_of=self.served_of)  # the outermost: sees every answer
 
     def add_exception_handlers(self, app) -> None:
-        """After KServe's own: ours replace its InferenceError and Exception handlers."""
+        """After KServe's: ours replace its InferenceError and Exception handlers."""
         app.add_exception_handler(RequestError, self.request_error_response)
         app.add_exception_handler(InferenceError, self.failure_response)
         app.add_exception_handler(Exception, self.failure_response)
@@ -156,30 +196,6 @@ class OurModelServer(ModelServer):
         """The model description: which form serves on this machine and why, the core's describe() (TorchServe
         shows the same as customizedMetadata). KServe's v2 metadata has no field for it."""
         return self.dataplane.get_model_from_registry(model_name).describe()  # unknown name: KServe's 404
-
-
-class OurRESTServer(RESTServer):
-    """KServe's REST server bound to our server's host, our middleware and exception handlers added after KServe's
-    own: the one override of KServe's internals (the module docstring says why)."""
-
-    def __init__(self, *args, server: OurModelServer, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.server = server
-        self.config.host = server.host
-
-    def create_application(self) -> None:
-        super().create_application()
-        self.server.add_middlewares(kserve.model_server.app)
-        self.server.add_exception_handlers(kserve.model_server.app)
-
-
-def openapi_page_on(app) -> None:
-    """KServe's OpenAPI page (Swagger UI) at /docs, beside its /openapi.json: KServe adds the page only when its own
-    command line says --enable_docs_url; the same page is added here."""
-    async def docs(_request):
-        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - OpenAPI")
-    if not any(getattr(route, "path", None) == DOCS_PATH for route in app.routes):
-        app.add_route(DOCS_PATH, docs, include_in_schema=False)
 
 
 class RawBytesDataPlane(DataPlane):

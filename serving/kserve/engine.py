@@ -1,4 +1,4 @@
-"""The KServe engine (`python -m serving --engine kserve`): KServe's own ModelServer with every archive of the
+"""The KServe engine (`python -m serving --engine kserve`): KServe's protocol (serving/kserve/app.py) with every archive of the
 model store, ready when each model has answered a real prediction through KServe's v1 endpoint. The same
 archives, artifacts (sha256-checked) and request core as the TorchServe engine; workers, batching and threads
 from the same serving policy."""
@@ -35,7 +35,7 @@ LOG_TAIL_LINES = 5
 class KServe(Engine):
     name = "kserve"
     title = "the KServe server"
-    description = ("KServe's own ModelServer, our request core in it.\nToken authorisation: --token-auth (or "
+    description = ("KServe's v1 and v2 protocol, our request core behind it.\nToken authorisation: --token-auth (or "
                    "TS_DISABLE_TOKEN_AUTHORIZATION=false), keys in RUN_DIR/key_file.json (docs/security.md).")
     settings_type = KServeSettings
     retry_on = (KeysNotWritten,)  # a probe before the key file is there is tried again

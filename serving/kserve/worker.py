@@ -1,7 +1,7 @@
 """The KServe server process: `python -m serving.kserve.worker RUN_DIR/kserve-settings.json` (started by
 server.py). Each archive of the store is unpacked as TorchServe unpacks it (manifest, artifact, labels,
 model-config.yaml, handlers/; once per content: handlers/opening.py), opened through the same core after its sha256
-check under the policy the run config holds for it, and served by KServe's ModelServer: one HTTP process (this one), and the policy's worker
+check under the policy the run config holds for it, and served with KServe's protocol (app.py): one HTTP process (this one), and the policy's worker
 processes behind each model (serving/kserve/pool.py: each opens its own copy; one worker: the core runs here).
 A model that cannot be served stops the start with the core's reason (logged, exit 1); a taken port, exit 3; a
 worker that died and could not be started again stops the server, exit 1.
@@ -76,7 +76,7 @@ def serve(settings: KServeSettings) -> int:
     for model in models:
         versions.adopt(model)
     for name, policy in settings.policies.items():
-        logger.info("serving %s on %s with KServe's ModelServer: %s", name, settings.url, "; ".join(policy.lines()))
+        logger.info("serving %s on %s with KServe's protocol: %s", name, settings.url, "; ".join(policy.lines()))
     OurModelServer(settings.host, versions, settings.http_port).start(models)
     broken = [model.core.broken for model in models if isinstance(model.core, WorkerPool) and model.core.broken]
     if broken:

@@ -1,7 +1,7 @@
 """Detectors and segmenters end to end: `python -m export detection|segmentation` (torchvision's models, seeded
 random weights that still give boxes), every form that can be made and the others refused with the exporter's own
 reason (the segmenter: the four its test names), parity as sets of boxes, then both archives served by one real
-TorchServe, by KServe's ModelServer (v1 and v2) and by Ray Serve: each answer equals, in this process, the answer of
+TorchServe, by KServe's protocol (v1 and v2) and by Ray Serve: each answer equals, in this process, the answer of
 the form it names (tests/answers.py), on the example photo and on a 12 MP phone JPEG turned sideways by its EXIF tag."""
 
 from __future__ import annotations

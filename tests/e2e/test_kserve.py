@@ -1,4 +1,4 @@
-"""KServe's own ModelServer (a subprocess on 127.0.0.1) serving the .mar that `python -m export resnet` built,
+"""KServe's protocol on our server (a subprocess on 127.0.0.1) serving the .mar that `python -m export resnet` built,
 through our request core, called by clients no one here wrote: `requests` for v1 and `tritonclient.http` for
 v2 (binary data and JSON). Every answer is compared with the same artifact run in-process on the same image
 (tests/answers.py), one test compares it with a real TorchServe's, and the bad-input matrix of the TorchServe

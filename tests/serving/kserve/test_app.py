@@ -1,46 +1,78 @@
-"""The names of kserve that serving/kserve/app.py's one override relies on (its docstring says why each): a kserve
-release that renames or moves one fails here, not in a server that quietly binds 0.0.0.0 or answers with KServe's
-own error handlers."""
+"""KServe's protocol on our app (serving/kserve/app.py): KServe's public names it is made of, its routes and
+error handlers with ours over them, and a real server of it bound to the host it is given, stopped by SIGTERM."""
 
 from __future__ import annotations
 
-import functools
-import inspect
+import signal
+import socket
+import subprocess
+import sys
+import time
 
-import kserve.model_server
-import uvicorn
-from fastapi import FastAPI
-from kserve import ModelServer
-from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
-from kserve.protocol.rest.server import RESTServer
+import requests
+from kserve import errors as kserve_errors
 
-from serving.kserve.app import OurModelServer, OurRESTServer
+from handlers.request_error import RequestError
+from serving.kserve import signals
+from serving.kserve.app import OurModelServer
 from serving.kserve.versions import Versions
 
 HOST = "127.0.0.1"
+SERVE_EMPTY = ("from serving.kserve.app import OurModelServer; from serving.kserve.versions import Versions; "
+               "OurModelServer({host!r}, Versions(settings=None, make_model=None), {port}).start([])")
 
 
-def test_kserve_makes_its_rest_server_through_the_name_our_server_points_at_ours():
-    assert kserve.model_server.RESTServer is RESTServer
-    assert "RESTServer(" in inspect.getsource(ModelServer.start)
-    assert "self.create_application()" in inspect.getsource(RESTServer.start)
+def server() -> OurModelServer:
+    return OurModelServer(HOST, Versions(settings=None, make_model=None), http_port=0)
 
 
-def test_kserve_serves_the_app_our_routes_middleware_and_handlers_are_added_to():
-    assert FASTAPI_APP_IMPORT_STRING == "kserve.model_server:app"
-    assert isinstance(kserve.model_server.app, FastAPI)
-    assert "import_from_string(" in inspect.getsource(RESTServer.create_application)
+def test_the_app_has_kserve_v1_and_v2_routes_beside_ours():
+    paths = server().app.openapi()["paths"]
+    assert {"/v1/models/{model_name}:predict", "/v2/models/{model_name}/infer", "/v2/health/live",
+            "/v2/models/{model_name}/ready", signals.METRICS_ROUTE, signals.READY_ROUTE}.issubset(paths)
 
 
-def test_kserve_has_no_bind_address_of_its_own_and_ours_is_set_in_its_uvicorn_config():
-    """Where a kserve release takes a host, the override's first job goes: this test says so."""
-    assert "host" not in inspect.signature(ModelServer.__init__).parameters
-    assert "host" not in inspect.signature(RESTServer.__init__).parameters
-    server = OurModelServer(HOST, Versions(settings=None, make_model=None), http_port=0)
-    made = functools.partial(OurRESTServer, server=server)(  # as ModelServer.start makes its REST server
-        FASTAPI_APP_IMPORT_STRING, server.dataplane, server.model_repository_extension, server.http_port,
-        access_log_format=server.access_log_format, workers=server.workers, grace_period=server.grace_period,
-        event_loop=server.event_loop, timeout_keep_alive=server.timeout_keep_alive,
-        ssl_certfile=server.ssl_certfile, ssl_keyfile=server.ssl_keyfile)
-    assert isinstance(made.config, uvicorn.Config) and made.config.host == HOST
-    assert made.dataplane is server.dataplane
+def test_ours_answer_a_bad_request_and_a_failure_kserve_answers_its_own_errors():
+    handlers = server().app.exception_handlers
+    assert handlers[RequestError].__name__ == "request_error_response"
+    assert handlers[Exception].__name__ == handlers[kserve_errors.InferenceError].__name__ == "failure_response"
+    assert handlers[kserve_errors.InvalidInput] is kserve_errors.invalid_input_handler
+    assert handlers[kserve_errors.ModelNotFound] is kserve_errors.model_not_found_handler
+
+
+def test_signals_auth_and_the_body_limit_wrap_every_route_outermost_first():
+    names = [middleware.cls.__name__ for middleware in server().app.user_middleware]
+    assert names == ["RequestSignals", "TokenAuth", "BodyLimit"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+def test_a_server_binds_only_its_host_answers_and_stops_on_sigterm():
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", SERVE_EMPTY.format(host=HOST, port=port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        live = wait_for(f"http://{HOST}:{port}{signals.LIVE_ROUTE}", process)
+        assert live.status_code == 200
+        with socket.socket() as other:  # another loopback address: free, as 0.0.0.0 would have taken it too
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.bind(("127.0.0.2", port))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, process.stdout.read()
+    finally:
+        process.kill()
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout: float = 60) -> requests.Response:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            return requests.get(url, timeout=2)
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {timeout} s")
