@@ -74,7 +74,7 @@ class RayDeployment:
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
         self.routing = None  # the live application's replicas follow a rollout's canary and capture; NAME.vN's not
         if context.app_name == context.deployment:  # NAME's application, not the gate's NAME.vN
-            self.routing = LiveRouting(context.app_name, context.replica_id.unique_id)
+            self.routing = LiveRouting(context.app_name, context.replica_id.unique_id, self.core.served.version)
             self.routing.start()  # Serve runs the constructor on the replica's event loop
 
     def scratch(self, archive: Path) -> Path:
@@ -88,7 +88,10 @@ class RayDeployment:
 
     def __del__(self):
         """Serve's shutdown hook for a replica stopped gracefully: its own unpacked folder goes with it (a
-        replica killed outright leaves it, as any process's temporary files)."""
+        replica killed outright leaves it, as any process's temporary files), and the rollout's router no longer
+        waits for it."""
+        if getattr(self, "routing", None) is not None:
+            self.routing.leave()
         if getattr(self, "folder", None) is not None:
             self.folder.cleanup()
 

@@ -28,8 +28,8 @@ from serving.ray.config import NAMESPACE  # Serve's: its replicas and the router
 logger = logging.getLogger("serving.ray")
 
 ROUTER_NAME = "vision-rollout-routing"  # the actor's name in Serve's namespace
-POLL_S = 1.0  # how often a live replica asks the router where its requests go
-STALE_S = 5 * POLL_S  # a replica silent for this long is gone: a change does not wait for it
+POLL_S = 0.25  # how often a live replica asks the router where its requests go (a call to a small actor)
+STALE_S = 5.0  # a replica silent for this long is gone: a change does not wait for it
 SETTLE_TIMEOUT_S = 60.0  # a change reaches every live replica, and their canary requests finish, within this
 NO_ROUTES = {"epoch": 0, "canary": None, "capture": None}
 
@@ -76,6 +76,18 @@ class RoutingTable:
         route.epoch += 1
         return route.epoch
 
+    def set_switch(self, name: str, label: str) -> int:
+        """Every request of name to label, at once: a canary of 100 % (its counts per id, as any canary's); no
+        capture. A replica that is label's (the live application updated to it) answers its requests itself."""
+        self.names.setdefault(name, Route()).capture = None
+        return self.set_canary(name, label, 100)
+
+    def leave(self, name: str, replica: str) -> None:
+        """A replica stopping (Serve's shutdown hook): no change waits for it any more."""
+        route = self.names.get(name)
+        if route is not None:
+            route.replicas.pop(replica, None)
+
     def set_capture(self, name: str, count: int) -> int:
         route = self.names.setdefault(name, Route())
         route.capture = Capture(count) if count > 0 else None
@@ -92,10 +104,11 @@ class RoutingTable:
         route = self.names.get(name)
         return list(route.capture.kept) if route and route.capture else []
 
-    def settled(self, name: str, epoch: int) -> bool:
-        """Every live replica has polled having seen epoch, and holds no canary request."""
+    def settled(self, name: str, epoch: int, idle: bool = True) -> bool:
+        """Every live replica has polled having seen epoch and, when idle, holds no canary request (a switch's
+        canary of 100 % always holds some under load: it needs only to be followed)."""
         route = self.names.get(name)
-        return route is None or all(report["epoch"] >= epoch and not report["in_flight"]
+        return route is None or all(report["epoch"] >= epoch and not (idle and report["in_flight"])
                                     for report in route.live_reports())
 
     def canary_report(self, name: str) -> dict:
@@ -124,8 +137,9 @@ class LiveRouting:
     """A live replica's view of its name's routing, refreshed in the background (start() on the replica's event
     loop); the per-request checks read it only."""
 
-    def __init__(self, name: str, replica: str):
+    def __init__(self, name: str, replica: str, version: str):
         self.name, self.replica = name, replica
+        self.version = version  # this replica's own: a canary of it (a switch to it) is answered here
         self.routes: dict = NO_ROUTES
         self.router = None
         self.handles: dict[str, object] = {}  # the candidate's Serve handle, by label
@@ -141,6 +155,11 @@ class LiveRouting:
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.poll_forever())
+
+    def leave(self) -> None:
+        """Told to the router as this replica stops (not waited for)."""
+        if self.router is not None:
+            self.router.leave.remote(self.name, self.replica)
 
     async def poll_forever(self) -> None:
         while True:
@@ -159,6 +178,8 @@ class LiveRouting:
                 return
         routes = await self.router.poll.remote(self.name, self.replica, self.report())
         canary = routes["canary"]
+        if canary and canary["label"] == self.version:
+            canary = routes["canary"] = None  # the version switched to: this replica is it
         if canary and canary["percent"] > 0 and canary["label"] not in self.handles:
             self.handles = {canary["label"]: await asyncio.to_thread(candidate_handle, self.name, canary["label"])}
         if canary is None:

@@ -1,7 +1,9 @@
 """A running Ray Serve's versions: the candidate is deployed beside the live application as an application of its
-own (one replica, at /rollout/NAME/vN, for the gate only), and the switch is Ray Serve's own in-place update of
-the live application to the candidate's archive: Serve replaces its replicas a few at a time, each old one
-finishing the requests it holds before it stops, while the others answer. Then the gate's application goes.
+own (one replica, at /rollout/NAME/vN, for the gate only). At the switch the live replicas hand it every request
+at once (the routing below, at 100 %), while Serve's own in-place update brings the live application to the
+candidate's archive: Serve replaces its replicas a few at a time, each old one finishing the requests it holds
+before it stops, and each new one, being the candidate's version, answers itself. Then the gate's application
+goes.
 
 --canary P and --shadow N: the live replicas, on whatever node, follow a small named actor of Serve's namespace
 (serving/ray/routing.py) that this switchboard sets: each hands P % of its requests to the candidate's application
@@ -112,12 +114,18 @@ class RaySwitchboard(Switchboard):
         return answer_of(response, f"{name} {label}")
 
     def set_default(self, name: str, label: str) -> None:
-        """Serve's in-place update of the live application: it returns once every replica runs the new version.
-        No canary or capture outlives it."""
+        """The candidate's application, loaded beside, takes every request of name at once: the live replicas
+        hand it all of them (a canary of 100 %; one that fails is answered by the live version), settled once each
+        follows it. Then Serve's in-place update brings the live application to the candidate's archive (its new
+        replicas answer themselves: they are that version) and the routing ends. No canary or capture outlives it."""
+        import ray
+
         from contract.versions import archive_name, parse_label
-        self.end_routing(name)
+        router = self.router(create=True)
+        self.settle(router, name, ray.get(router.set_switch.remote(name, label)), idle=False)
         archive = self.model_store / archive_name(name, parse_label(label))
         self.deploy(name, archive, name, f"/predictions/{name}", beside=False)
+        self.settle(router, name, ray.get(router.end.remote(name)), idle=False)  # the switch's counts are nobody's
 
     def drain_and_unload(self, name: str, label: str) -> None:
         """The old replicas drained during Serve's update; what goes is the gate's application."""
@@ -172,9 +180,9 @@ class RaySwitchboard(Switchboard):
         self.new_router = True
         return Router.options(name=ROUTER_NAME, lifetime="detached", get_if_exists=True).remote()
 
-    def settle(self, router, name: str, epoch: int) -> None:
-        """Wait until every live replica has polled the change (a second or two), or SETTLE_TIMEOUT_S. A router
-        just made knows no replica yet: their first polls come first."""
+    def settle(self, router, name: str, epoch: int, idle: bool = True) -> None:
+        """Wait until every live replica has polled the change (and, when idle, holds no canary request), or
+        SETTLE_TIMEOUT_S. A router just made knows no replica yet: their first polls come first."""
         import ray
 
         from serving.ray.routing import POLL_S, SETTLE_TIMEOUT_S
@@ -182,5 +190,5 @@ class RaySwitchboard(Switchboard):
             time.sleep(1.5 * POLL_S)
             self.new_router = False
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while not ray.get(router.settled.remote(name, epoch)) and time.monotonic() < deadline:
+        while not ray.get(router.settled.remote(name, epoch, idle)) and time.monotonic() < deadline:
             time.sleep(POLL_S / 4)

@@ -1,6 +1,7 @@
 """The rollout router's table (serving/ray/routing.py), as the live replicas' polls and the switchboard drive it: a
-change is settled only once every replica polled having seen it with no canary request in flight, the canary's
-counts are summed over the replicas, a capture keeps at most its count, and the end of a rollout forgets both."""
+change is settled only once every replica polled having seen it with no canary request in flight (a switch: once
+each follows it), the canary's counts are summed over the replicas, a capture keeps at most its count, a replica
+that leaves is not waited for, and the end of a rollout forgets both."""
 
 import pytest
 
@@ -51,3 +52,26 @@ def test_a_capture_keeps_at_most_its_count_and_the_end_forgets_it():
     assert table.captured("m") == [] and table.poll("m", "a", report(ended)) == {"epoch": ended, "canary": None,
                                                                                  "capture": None}
     assert table.canary_report("m")["label"] is None and table.end("other") == 0
+
+
+def test_a_switch_sends_every_request_to_the_new_version_and_is_settled_once_followed():
+    table = RoutingTable()
+    table.set_capture("m", 5)
+    switched = table.set_switch("m", "v2")
+    routes = table.poll("m", "a", report(0))
+    assert routes["canary"]["label"] == "v2" and routes["canary"]["percent"] == 100 and routes["capture"] is None
+    table.poll("m", "a", report(switched, routes["canary"]["id"], served=4, in_flight=2))
+    assert table.settled("m", switched, idle=False) and not table.settled("m", switched)  # followed, not idle
+
+
+def test_a_replica_that_leaves_is_not_waited_for():
+    table = RoutingTable()
+    started = table.set_canary("m", "v2", 10)
+    table.poll("m", "old", report(started))
+    ended = table.end("m")
+    table.poll("m", "new", report(ended))
+    assert not table.settled("m", ended)  # "old" polled lately and has not seen it
+    table.leave("m", "old")
+    assert table.settled("m", ended)
+    table.leave("m", "gone")  # an unknown replica, an unknown name: nothing to forget
+    table.leave("other", "x")
