@@ -22,11 +22,14 @@ import asyncio
 import concurrent.futures
 import time
 from functools import cached_property
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from contract.policy import ServingPolicy
 from handlers import metrics
-from handlers.core import ImageCore, ImageRequest
+from handlers.request import ImageRequest
+
+if TYPE_CHECKING:  # torch comes with the core: a process that only makes a deployment (Ray's driver) needs none
+    from handlers.core import ImageCore
 
 
 class Batcher:

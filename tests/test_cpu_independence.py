@@ -22,13 +22,15 @@ pytestmark = pytest.mark.slow
 
 # Whole modules, or tests named by `-k`, that read what this CPU makes or serves. Left out: the choice's
 # measured-at-load test (it needs the trained Lite0's int8 export, minutes a profile: its decision is
-# test_selection's), and the kept choice's test, whose two candidates need nothing, so no profile changes which may
-# serve: the profile enters only the choice's key, which the keyed test checks (its resnet18 export, every form, was
-# most of each profile's run).
+# test_selection's), the kept choice's test, whose two candidates need nothing, so no profile changes which may
+# serve: the profile enters only the choice's key, which the keyed test checks, and the GPU server's choice, made
+# under the GPU's profile whatever the CPU (those two tests' resnet18 export, every form, was most of each
+# profile's run).
 CPU_DEPENDENT = ("tests/export/package/test_report.py", "tests/export/package/test_selection.py",
                  "tests/runtime/test_machine.py", "tests/runtime/test_form_choice.py")
 LEFT_OUT = ("not test_an_engine_measures_once_and_serves_the_same_choice_after"
-            " and not test_a_kept_choice_serves_again_until_its_form_is_changed")
+            " and not test_a_kept_choice_serves_again_until_its_form_is_changed"
+            " and not test_a_gpu_server_skips_the_forms_its_runtimes_cannot_run_on_the_gpu_and_says_why")
 # The most each library may use on a machine of the profile (oneDNN's ONEDNN_MAX_CPU_ISA, ATen's ATEN_CPU_CAPABILITY).
 ISA_CAPS = {
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},

@@ -14,6 +14,7 @@ photo and how, in the two versions' names ("v3 finds 2 boxes v2 does not").
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,10 @@ from contract.records import CLASSIFICATION, DETECTION, SEGMENTATION
 from gates.verdict import Sides, Verdict
 from handlers.request_body import TOPK_HEADER, option_header
 from serving.rollout.candidate import Candidate, carried_photos
+
+# Photos asked at once, each of both versions together: a few requests beside the live traffic, which waits
+# behind them no longer than behind a few more clients, instead of twenty round trips one after another
+GATE_PHOTOS_AT_ONCE = 2
 
 # Declared thresholds: the share of photos that must agree, and what agreeing means per task. A retrained model
 # may move near-ties; it may not change what most photos are.
@@ -162,9 +167,16 @@ def photos_for(given: int | Path | None, candidate: Candidate | None = None) -> 
 
 def run_gate(task: str, live: str, candidate: str, ask_live: Callable[[bytes], dict],
              ask_candidate: Callable[[bytes], dict], photos: Photos) -> GateResult:
-    """Both versions' answers to each photo (ask_*: one real HTTP request each), compared by the task's rule."""
+    """Both versions' answers to each photo (ask_*: one real HTTP request each, GATE_PHOTOS_AT_ONCE photos asked
+    of both at once), compared by the task's rule in the photos' order; the first request that fails ends it."""
     compare, sides = comparator(task), Sides(live, candidate)
     result = GateResult(task, live, candidate, photos.source)
-    for name, image in photos.items:
-        result.verdicts.append(PhotoVerdict(name, compare(ask_live(image), ask_candidate(image), sides=sides)))
+    pool = ThreadPoolExecutor(2 * GATE_PHOTOS_AT_ONCE, thread_name_prefix="gate")
+    try:
+        asked = [(name, pool.submit(ask_live, image), pool.submit(ask_candidate, image)) for name, image in photos.items]
+        for name, live_answer, candidate_answer in asked:
+            result.verdicts.append(PhotoVerdict(name, compare(live_answer.result(), candidate_answer.result(),
+                                                              sides=sides)))
+    finally:  # a failure: the requests not yet sent are not sent
+        pool.shutdown(wait=True, cancel_futures=True)
     return result
