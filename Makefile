@@ -53,7 +53,7 @@ TEST_WORKERS ?= 2
 # Then the litert kind's tests, in the one environment that has litert-torch (in .venv they skip, saying so).
 LITERT_TESTS := tests/export/forms/test_litert.py tests/runtime/test_litert.py
 test: setup litert-env
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -v -rs --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -v -rs --durations=40
 	$(LITERT_VENV)/bin/python -m pytest -v -rs $(LITERT_TESTS)
 
 test-fast: setup

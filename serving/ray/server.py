@@ -33,7 +33,7 @@ logger = logging.getLogger("serving.ray")
 # users reach the head (or a load balancer in front of the nodes' proxies, docs/scaling.md).
 PROXY_LOCATION = "HeadOnly"
 WATCH_INTERVAL_S = 1.0
-# The driver's slowest imports (the deployment's are our request core's, torch's), done while the head starts.
+# The driver's slowest imports (Serve's, which our deployment's module brings), done while the head starts.
 DRIVER_IMPORTS = ("ray.serve", "serving.ray.deployment")
 
 
