@@ -142,12 +142,15 @@ class OurModelServer:
         them (their worker pools stop)."""
         for model in models:
             self.registered_models.update(model)
-        config = uvicorn.Config(self.app, host=self.host, port=self.http_port, log_config=None,
-                                timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACE_PERIOD_S)
-        for stop in STOP_SIGNALS:  # uvicorn raises the signal again once it stopped: here, to return from run()
-            signal.signal(stop, lambda *_: None)
+        server = uvicorn.Server(uvicorn.Config(self.app, host=self.host, port=self.http_port, log_config=None,
+                                              timeout_keep_alive=KEEP_ALIVE_S,
+                                              timeout_graceful_shutdown=GRACE_PERIOD_S))
+        # uvicorn's own stop, before its run takes the signals (one sent meanwhile still stops it) and after (it
+        # raises the signal again once stopped, which must return from run() for the models to be unloaded)
+        for stop in STOP_SIGNALS:
+            signal.signal(stop, server.handle_exit)
         try:
-            uvicorn.Server(config).run()
+            server.run()
         finally:
             for name in list(self.registered_models.get_models()):
                 self.registered_models.unload(name)

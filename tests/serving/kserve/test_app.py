@@ -16,6 +16,7 @@ from handlers.request_error import RequestError
 from serving.kserve import signals
 from serving.kserve.app import OurModelServer
 from serving.kserve.versions import Versions
+from serving.settings import free_port
 
 HOST = "127.0.0.1"
 SERVE_EMPTY = ("from serving.kserve.app import OurModelServer; from serving.kserve.versions import Versions; "
@@ -43,12 +44,6 @@ def test_ours_answer_a_bad_request_and_a_failure_kserve_answers_its_own_errors()
 def test_signals_auth_and_the_body_limit_wrap_every_route_outermost_first():
     names = [middleware.cls.__name__ for middleware in server().app.user_middleware]
     assert names == ["RequestSignals", "TokenAuth", "BodyLimit"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
 
 
 def test_a_server_binds_only_its_host_answers_and_stops_on_sigterm():
