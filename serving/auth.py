@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -23,6 +24,10 @@ TOKEN_SWITCH_ENV = "TS_DISABLE_TOKEN_AUTHORIZATION"  # TorchServe's documented s
 KEY_BYTES = 24  # of randomness per key (32 URL-safe characters)
 BEARER = "Bearer "
 UNAUTHORISED = 401
+VERSION_ROUTES = "/rollout"  # a server's version routes, a rollout's steps (KServe's app, Ray's server): management
+FORBIDDEN = 403
+LOOPBACK_ONLY = ("this route changes what is served: without token authorisation only this machine may call it; "
+                 "switch tokens on (--token-auth) and send the management key")
 TOKEN_HELP = ("refuse callers without a key: 'Authorization: Bearer KEY' with the inference key (predictions) or the "
               "management key (versions), from RUN_DIR/key_file.json (new at every start)")
 
@@ -122,6 +127,23 @@ def refusal(authorization: str | None, api: str, keys: dict[str, str] | None) ->
         return None
     return (f"token authorisation is on: send the {api} key as 'Authorization: Bearer KEY' (it is in key_file.json "
             "of the server's run folder)")
+
+
+def management_refusal(authorization: str | None, client_host: str | None) -> tuple[int, str] | None:
+    """(status, why) when this caller may not call a route that changes what is served (None: it may): the
+    management key with tokens on, a loopback client without them (as TorchServe's management API)."""
+    keys = server_keys()
+    if keys is None:
+        return None if is_loopback(client_host) else (FORBIDDEN, LOOPBACK_ONLY)
+    why = refusal(authorization, MANAGEMENT, keys)
+    return None if why is None else (UNAUTHORISED, why)
+
+
+def is_loopback(host: str | None) -> bool:
+    try:
+        return bool(host) and ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a Unix socket's or a test client's name
+        return False
 
 
 def refused_response(authorization: str | None, api: str = INFERENCE):

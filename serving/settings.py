@@ -131,6 +131,12 @@ def choose_models(model_store: Path, requested: list[str] | None) -> tuple[str, 
 _CHOSEN: set[int] = set()  # the ports free_port gave this process: the OS may offer a released one again at once
 
 
+def on_loopback(address: str) -> str:
+    """The URL this machine calls for an address a server binds: one bound to every interface (0.0.0.0, as in the
+    container, whose ports are published on the host's loopback only) is called on loopback."""
+    return address.rstrip("/").replace("://0.0.0.0:", "://127.0.0.1:")
+
+
 def free_port() -> int:
     """A loopback port nobody holds right now (the OS picks it), never one this process was given before: a server's
     ports are chosen one after another before any is bound, and must all differ."""

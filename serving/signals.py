@@ -20,8 +20,11 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Protocol
+from urllib.parse import parse_qsl, urlsplit
 
 from handlers import metrics
+from serving.auth import VERSION_ROUTES, management_refusal
 from serving.bounds import BoundedHandler, BoundedHTTPServer
 from serving.front import FrontFollower
 from serving.processes import alive
@@ -36,6 +39,13 @@ WATCH_S = 1.0  # how often --watch looks whether the server it serves beside is 
 Readiness = Callable[[], list[str]]  # why the server is not ready ([]: ready)
 
 
+class VersionRoutes(Protocol):
+    """A server process's version routes (serving/rollout/switchboard.py's RoutedSwitchboard drives them), where
+    the signals server carries them (Ray's)."""
+
+    def answer(self, method: str, path: str, query: dict[str, str]) -> tuple[int, dict]: ...
+
+
 def metrics_env(run_dir: Path, environ: dict | None = None) -> dict[str, str]:
     """The environment a server's processes need to write their metrics to one folder: a fresh RUN_DIR/metrics,
     or the folder the caller's environment names already."""
@@ -45,11 +55,14 @@ def metrics_env(run_dir: Path, environ: dict | None = None) -> dict[str, str]:
     return {metrics.MULTIPROC_ENV: str(metrics.fresh_multiprocess_dir(Path(run_dir).absolute() / METRICS_DIR))}
 
 
-def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPRequestHandler]:
+def handler_class(readiness: Readiness, folder: Path | None,
+                  versions: VersionRoutes | None = None) -> type[BaseHTTPRequestHandler]:
     class Signals(BoundedHandler):  # reads no body; a silent or crowding client is bounded all the same
         def do_GET(self):  # noqa: N802 (http.server's name)
             path = self.path.split("?")[0]
-            if path == METRICS:
+            if versions is not None and path.startswith(f"{VERSION_ROUTES}/"):
+                self.version_route()
+            elif path == METRICS:
                 self.answer(200, metrics.exposition(folder), metrics.CONTENT_TYPE)
             elif path == LIVE:
                 self.answer_json(200, {"live": True})
@@ -61,6 +74,26 @@ def handler_class(readiness: Readiness, folder: Path | None) -> type[BaseHTTPReq
                                  {"ready": not missing, **({"why": list(map(headline, missing))} if missing else {})})
             else:
                 self.answer_json(404, {"code": 404, "error": f"no route {path}: {METRICS}, {LIVE}, {READY}"})
+
+        def version_route(self) -> None:
+            """A version route, for the management key's holder (or a loopback caller without tokens); the
+            request's body, if any, is not read (the routes take none)."""
+            if self.headers.get("Content-Length", "0") not in ("", "0"):
+                self.refused_unread()
+            url = urlsplit(self.path)
+            if versions is None or not url.path.startswith(f"{VERSION_ROUTES}/"):
+                self.answer_json(405, {"code": 405, "detail": f"{self.command} {url.path}: only GET here"})
+                return
+            refused = management_refusal(self.headers.get("Authorization"), self.client_address[0])
+            if refused is not None:
+                self.answer_json(refused[0], {"code": refused[0], "detail": refused[1]})
+                return
+            status, body = versions.answer(self.command, url.path, dict(parse_qsl(url.query)))
+            if status != 200:
+                logger.info("%s %s answered %d: %s", self.command, url.path, status, body.get("detail"))
+            self.answer_json(status, body)
+
+        do_POST = do_PUT = do_DELETE = version_route  # noqa: N815 (http.server's names)
 
         def answer_json(self, code: int, body: dict) -> None:
             self.answer(code, json.dumps(body).encode(), "application/json")
@@ -84,10 +117,11 @@ def headline(reason: str) -> str:
     return line if len(line) <= REASON_CHARS else line[:REASON_CHARS - 3] + "..."
 
 
-def serve_signals(host: str, port: int, readiness: Readiness, folder: Path | None = None) -> BoundedHTTPServer:
+def serve_signals(host: str, port: int, readiness: Readiness, folder: Path | None = None,
+                  versions: VersionRoutes | None = None) -> BoundedHTTPServer:
     """The signals server on host:port, answering in a thread of its own; its metrics from `folder` (default: this
-    process's multiprocess folder)."""
-    server = BoundedHTTPServer((host, port), handler_class(readiness, folder))
+    process's multiprocess folder); with versions, their routes too."""
+    server = BoundedHTTPServer((host, port), handler_class(readiness, folder, versions))
     threading.Thread(target=server.serve_forever, name="signals", daemon=True).start()
     return server
 

@@ -10,15 +10,12 @@ Tokens are on when the engine handed the server a key file (serving/auth.py KEYS
 
 from __future__ import annotations
 
-import ipaddress
 import json
 
 from serving import auth
 
 OPEN = frozenset({"/", "/metrics", "/health/live", "/health/ready", "/v2/health/live", "/v2/health/ready"})
-MANAGEMENT_PREFIXES = ("/rollout/", "/v2/repository/")
-LOOPBACK_ONLY = ("this route changes what is served: without token authorisation only this machine may call it; "
-                 "switch tokens on (--token-auth) and send the management key")
+MANAGEMENT_PREFIXES = (f"{auth.VERSION_ROUTES}/", "/v2/repository/")
 
 
 def api_of(path: str) -> str | None:
@@ -31,10 +28,7 @@ def api_of(path: str) -> str | None:
 
 def loopback(scope) -> bool:
     client = scope.get("client")
-    try:
-        return bool(client) and ipaddress.ip_address(client[0]).is_loopback
-    except ValueError:  # a Unix socket's or a test client's name
-        return False
+    return auth.is_loopback(client[0] if client else None)
 
 
 class TokenAuth:
@@ -50,7 +44,7 @@ class TokenAuth:
             return await self.app(scope, receive, send)
         if self.keys is None:
             if api == auth.MANAGEMENT and not loopback(scope):
-                return await answer(send, 403, LOOPBACK_ONLY)
+                return await answer(send, auth.FORBIDDEN, auth.LOOPBACK_ONLY)
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         why = auth.refusal(header, api, self.keys)

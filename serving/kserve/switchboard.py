@@ -13,42 +13,27 @@ from pathlib import Path
 
 import requests
 
-from serving.auth import MANAGEMENT, auth_headers
+from serving.auth import auth_headers
 from serving.kserve.config import SETTINGS_FILE, KServeSettings
-from serving.rollout.candidate import Candidate, RolloutRefused
-from serving.rollout.switchboard import LOAD_TIMEOUT_S, Switchboard, answer_of
+from serving.rollout.switchboard import RoutedSwitchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S
 
 
-class KServeSwitchboard(Switchboard):
+class KServeSwitchboard(RoutedSwitchboard):
     engine = "kserve"
 
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
         self.settings = KServeSettings.read(
             self.run_config(SETTINGS_FILE, "KServe", "python -m serving --engine kserve --detach"))
-        self.base = f"http://127.0.0.1:{self.settings.http_port}"  # without tokens the version routes answer loopback only
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.http_port}"  # without tokens the version routes answer loopback only
 
     @property
     def model_store(self) -> Path:
         return Path(self.settings.model_store)
-
-    def versions(self, method: str, path: str) -> requests.Response:
-        return requests.request(method, f"{self.base}/rollout/{path}", timeout=LOAD_TIMEOUT_S,
-                                headers=auth_headers(self.settings, MANAGEMENT))
-
-    def live(self, name: str) -> str:
-        return answer_of(self.versions("GET", name), f"{name}'s versions")["default"]
-
-    def loaded(self, name: str) -> list[str]:
-        response = self.versions("GET", name)
-        return answer_of(response, f"{name}'s versions")["loaded"] if response.status_code == 200 else []
-
-    def load_beside(self, name: str, candidate: Candidate) -> None:
-        response = self.versions("POST", f"{name}/{candidate.label}")
-        if response.status_code != 200:
-            raise RolloutRefused(f"{candidate.label} cannot load beside {self.live(name)}: "
-                                 f"{response.json().get('detail', response.text[:300])}")
 
     def ask(self, name: str, label: str, image: bytes, headers: dict) -> dict:
         instance: dict = {"image": {"b64": base64.b64encode(image).decode()}}
@@ -57,25 +42,6 @@ class KServeSwitchboard(Switchboard):
         if "X-Masks" in headers:
             instance["masks"] = headers["X-Masks"]
         target = name if label == self.live(name) else f"{name}.{label}"
-        response = requests.post(f"{self.base}/v1/models/{target}:predict", json={"instances": [instance]},
+        response = requests.post(f"{self.control_url}/v1/models/{target}:predict", json={"instances": [instance]},
                                  timeout=REQUEST_TIMEOUT_S, headers=auth_headers(self.settings))
         return answer_of(response, f"{name} {label}")["predictions"][0]
-
-    def set_default(self, name: str, label: str) -> None:
-        answer_of(self.versions("PUT", f"{name}/{label}/default"), f"switching {name} to {label}")
-
-    def canary(self, name: str, label: str, percent: float) -> dict:
-        return answer_of(self.versions("PUT", f"{name}/{label}/canary?percent={percent}"), f"a canary of {name} {label}")
-
-    def capture(self, name: str, count: int) -> None:
-        answer_of(self.versions("PUT", f"{name}/capture?count={count}"), f"keeping {name}'s requests")
-
-    def captured(self, name: str) -> list[tuple[str, bytes]]:
-        kept = answer_of(self.versions("GET", f"{name}/captured"), f"{name}'s kept requests")["captured"]
-        return [(photo["id"], base64.b64decode(photo["b64"])) for photo in kept]
-
-    def drain_and_unload(self, name: str, label: str) -> None:
-        self.unload(name, label)  # the server waits until the requests the old version holds are answered
-
-    def unload(self, name: str, label: str) -> None:
-        answer_of(self.versions("DELETE", f"{name}/{label}"), f"unloading {name} {label}")

@@ -75,16 +75,21 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
     from ray import serve
 
     from serving.ray.deployment import application, application_args
+    from serving.ray.versions import RayVersions
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
+
+    def options_of(policy) -> dict:
+        return with_key_file(signals.with_metrics_env(deployment_options(policy), folder), settings)
     # up before the models: live at once, ready once every application runs (a client that saw the first answer
-    # must find the health address there already)
-    signals.start(settings.host, settings.signals_port, list(settings.models), folder, settings.temp_dir())
+    # must find the health address there already); a rollout's steps come to its version routes
+    signals.start(settings.host, settings.signals_port, list(settings.models), folder, settings.temp_dir(),
+                  RayVersions(settings, options_of))
     logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
                 settings.signals_url, settings.signals_url)
     for name in settings.models:
         policy = settings.policies[name]
-        options = with_key_file(signals.with_metrics_env(deployment_options(policy), folder), settings)
+        options = options_of(policy)
         logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
                     options["autoscaling_config"])
         app = application({**application_args(archives[name], policy), "options": options})

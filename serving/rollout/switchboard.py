@@ -1,18 +1,23 @@
 """What a rollout asks of an engine, one small interface: which version serves a name, load another beside it
 (ready once it answered a real prediction), ask one version directly, make one the default, unload one once it
 drained. Each engine that serves from a run dir provides it (serving/ENGINE/switchboard.py);
-the rollout itself (serving/rollout/command.py) is the same for all."""
+the rollout itself (serving/rollout/command.py) is the same for all. A server that carries the version routes
+itself (KServe's app, Ray's server process) is driven through them (RoutedSwitchboard), each step one HTTP call."""
 
 from __future__ import annotations
 
+import base64
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+import requests
+
 from contract.records import Manifest
 from contract.versions import UNVERSIONED, archive_name, parse_label
+from serving.auth import MANAGEMENT, VERSION_ROUTES, auth_headers
 from serving.rollout.candidate import Candidate, RolloutRefused, served_manifest
-from serving.settings import ServingError
+from serving.settings import ServingError, ServingSettings
 
 DRAIN_GRACE_S = 3.0  # after the switch, requests the old version already took finish before it unloads
 LOAD_TIMEOUT_S = 240  # a version loaded beside the live one answers a real prediction within this
@@ -95,6 +100,71 @@ class Switchboard(ABC):
     def refuse_unless_loaded(self, name: str) -> None:
         if not self.loaded(name):
             raise RolloutRefused(f"the {self.engine} server of {self.run_dir} does not serve {name}")
+
+
+class RoutedSwitchboard(Switchboard):
+    """A server whose own process carries the version routes (VERSION_ROUTES; the management key, or loopback
+    without tokens): the process that holds the versions does each step, so a rollout needs no client of the
+    engine's own, only HTTP. The engine's part: where the routes answer, and how one version is asked.
+
+      GET    /rollout/NAME              {"default": "v1", "loaded": ["v1", "v2"], "canary": its report or null}
+      POST   /rollout/NAME/vN           load NAME.vN.mar beside (answers once it answered a real prediction)
+      PUT    /rollout/NAME/vN/default   NAME's requests go to vN from now on
+      PUT    /rollout/NAME/vN/canary?percent=P   P % of NAME's requests go to vN (0 ends it)
+      PUT    /rollout/NAME/capture?count=N       keep the photos of NAME's next N requests (0 stops and forgets them)
+      GET    /rollout/NAME/captured              {"captured": [{"id": request id, "b64": photo}, ...]}
+      DELETE /rollout/NAME/vN           unload vN (not the default) once it drained
+    An error answers {"detail": why}."""
+
+    settings: ServingSettings
+
+    @property
+    @abstractmethod
+    def control_url(self) -> str:
+        """http://HOST:PORT where the server's version routes answer, on this machine."""
+
+    def versions(self, method: str, path: str) -> requests.Response:
+        return requests.request(method, f"{self.control_url}{VERSION_ROUTES}/{path}", timeout=LOAD_TIMEOUT_S,
+                                headers=auth_headers(self.settings, MANAGEMENT))
+
+    def live(self, name: str) -> str:
+        return answer_of(self.versions("GET", name), f"{name}'s versions")["default"]
+
+    def loaded(self, name: str) -> list[str]:
+        response = self.versions("GET", name)
+        return answer_of(response, f"{name}'s versions")["loaded"] if response.status_code == 200 else []
+
+    def load_beside(self, name: str, candidate: Candidate) -> None:
+        response = self.versions("POST", f"{name}/{candidate.label}")
+        if response.status_code != 200:
+            raise RolloutRefused(f"{candidate.label} cannot load beside {self.live(name)}: {detail_of(response)}")
+
+    def set_default(self, name: str, label: str) -> None:
+        answer_of(self.versions("PUT", f"{name}/{label}/default"), f"switching {name} to {label}")
+
+    def canary(self, name: str, label: str, percent: float) -> dict:
+        return answer_of(self.versions("PUT", f"{name}/{label}/canary?percent={percent}"), f"a canary of {name} {label}")
+
+    def capture(self, name: str, count: int) -> None:
+        answer_of(self.versions("PUT", f"{name}/capture?count={count}"), f"keeping {name}'s requests")
+
+    def captured(self, name: str) -> list[tuple[str, bytes]]:
+        kept = answer_of(self.versions("GET", f"{name}/captured"), f"{name}'s kept requests")["captured"]
+        return [(photo["id"], base64.b64decode(photo["b64"])) for photo in kept]
+
+    def drain_and_unload(self, name: str, label: str) -> None:
+        self.unload(name, label)  # the server waits until the requests the old version holds are answered
+
+    def unload(self, name: str, label: str) -> None:
+        answer_of(self.versions("DELETE", f"{name}/{label}"), f"unloading {name} {label}")
+
+
+def detail_of(response) -> str:
+    """What a server's error answer says (FastAPI's {"detail": ...}, as ours), else the start of its text."""
+    try:
+        return str(response.json().get("detail") or response.text[:300])
+    except (ValueError, AttributeError):
+        return response.text[:300]
 
 
 def answer_of(response, what: str) -> dict:

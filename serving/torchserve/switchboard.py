@@ -24,7 +24,7 @@ from handlers.routing import ended
 from serving.processes import POLL_INTERVAL_S
 from serving.rollout.candidate import Candidate, RolloutRefused
 from serving.rollout.switchboard import DRAIN_GRACE_S, LOAD_TIMEOUT_S, Switchboard, answer_of
-from serving.settings import REQUEST_TIMEOUT_S
+from serving.settings import REQUEST_TIMEOUT_S, on_loopback
 from serving.torchserve.config import KEY_FILE, RUN_CONFIG, TOKEN_SWITCH, read_properties
 from serving.torchserve.logs import load_failure
 
@@ -38,12 +38,6 @@ def ts_version(label: str) -> str:
 
 def our_label(ts_version: str) -> str:
     return f"v{ts_version}" if ts_version.isdigit() else UNVERSIONED
-
-
-def on_loopback(address: str) -> str:
-    """The URL this machine calls for an address TorchServe binds: one bound to every interface (0.0.0.0, as in the
-    container, whose management port is published on the host's loopback only) is called on loopback."""
-    return address.rstrip("/").replace("://0.0.0.0:", "://127.0.0.1:")
 
 
 class TorchServeSwitchboard(Switchboard):

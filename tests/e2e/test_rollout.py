@@ -199,22 +199,10 @@ def candidate_pids(engine: str, board, settings) -> list[int]:
         return [worker["pid"] for worker in board.described(NAME, "v2")[0]["workers"]]
     if engine == "ray":  # each replica's process is titled by Ray with its application: the gate's, NAME.v2
         import psutil
-        title = f"ray::ServeReplica:{board.gate_app(NAME, 'v2')}:"
+        title = f"ray::ServeReplica:{NAME}.v2:"
         return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
     described = requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()
     return [worker["pid"] for worker in described["workers"]]
-
-
-@contextlib.contextmanager
-def driver_closed(engine: str):
-    """Ray's switchboard drives the cluster from this process (a Ray driver): disconnected before the cluster stops,
-    so that the next test's driver starts afresh."""
-    try:
-        yield
-    finally:
-        if engine == "ray":
-            import ray
-            ray.shutdown()
 
 
 def canary_while(board, action, engine: str) -> dict:
@@ -243,7 +231,7 @@ def test_a_candidate_that_hangs_or_crashes_never_fails_a_live_request(engine, po
     store = store_copy(versioned_store, tmp_path)
     settings, url = engine_settings(engine, store, run_dir, NAME, policy)
     server = engines.get(engine)(settings)
-    with server.running(CAT), driver_closed(engine):
+    with server.running(CAT):
         board = server.switchboard()
         archive = store / f"{NAME}.v2.mar"
         board.load_beside(NAME, Candidate(archive, checked_manifest(archive)))

@@ -316,6 +316,13 @@ def test_ray_with_token_auth_answers_only_the_key_and_its_cluster_only_the_token
     assert keyed.status_code == 200, keyed.text
     for path in ("/metrics", "/health/live", "/health/ready"):
         assert requests.get(ray_serve.signals_url + path, timeout=60).status_code == 200, path
+    versions = f"{ray_serve.signals_url}/rollout/{resnet18_export['model_name']}"  # a rollout's steps: management
+    for method, headers in (("GET", {}), ("GET", auth_headers(ray_serve)), ("POST", auth_headers(ray_serve))):
+        refused = requests.request(method, f"{versions}/v9" if method == "POST" else versions, headers=headers,
+                                   timeout=60)
+        assert refused.status_code == 401 and "send the management key" in refused.json()["detail"], refused.text
+    described = requests.get(versions, headers=auth_headers(ray_serve, "management"), timeout=60)
+    assert described.status_code == 200 and described.json()["loaded"] == [described.json()["default"]], described.text
     address = ray_serve.address_file.read_text()
     assert drives_the_cluster(address, {"RAY_AUTH_MODE": "token",
                                         "RAY_AUTH_TOKEN_PATH": str(ray_serve.run_dir / RAY_TOKEN_FILE)})
