@@ -75,7 +75,7 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
     from ray import serve
 
     from serving.ray.deployment import application, application_args
-    from serving.ray.versions import RayVersions
+    from serving.ray.versions import RayVersions, deployment_failure
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
 
@@ -147,17 +147,6 @@ def _form_problems(archive: Path, folder: Path, device: str) -> dict[str, str]:
                            "rebuild it with `python -m export`") from None
     return {f"{archive}: {path}": why for record in records
             for path, why in artifact_problems(folder, record).items()}
-
-
-def deployment_failure(name: str) -> str | None:
-    """Serve's message of application name's failed deployment: the replica constructor's exception, its
-    traceback cut to the last line (the core's reason, e.g. the sha256 mismatch)."""
-    from ray import serve
-    application = serve.status().applications.get(name)
-    messages = [status.message for status in (application.deployments.values() if application else ())
-                if status.message]
-    lines = [line for message in messages for line in message.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else None
 
 
 def serve_until_stopped(settings: RaySettings, head) -> int:

@@ -95,7 +95,6 @@ class RayVersions:
         from ray import serve
 
         from serving.ray.deployment import application, application_args
-        from serving.ray.server import deployment_failure
         policy = self.settings.policies[name]
         options = self.options_of(policy)
         if beside:  # one replica for the gate, on no CPU of its own: the live replicas hold the node's CPUs
@@ -219,6 +218,17 @@ class RayVersions:
             if matched and step_method == method:
                 return step(matched)
         raise VersionsError(404, f"no version route {method} {VERSION_ROUTES}{path}")
+
+
+def deployment_failure(name: str) -> str | None:
+    """Serve's message of application name's failed deployment: the replica constructor's exception, its
+    traceback cut to the last line (the core's reason, e.g. the sha256 mismatch)."""
+    from ray import serve
+    application = serve.status().applications.get(name)
+    messages = [status.message for status in (application.deployments.values() if application else ())
+                if status.message]
+    lines = [line for message in messages for line in message.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else None
 
 
 def described_version(settings: RaySettings, name: str) -> str:

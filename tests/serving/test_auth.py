@@ -55,6 +55,26 @@ def test_a_caller_needs_the_key_of_the_api_it_calls():
     assert auth.refusal(None, "management", None) is None  # tokens off
 
 
+def test_a_route_that_changes_what_is_served_asks_for_the_management_key_or_loopback_without_tokens(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv(auth.KEYS_ENV, raising=False)
+    auth.server_keys.cache_clear()
+    try:
+        assert auth.management_refusal(None, "127.0.0.1") is None and auth.management_refusal(None, "::1") is None
+        for client in ("10.1.2.3", "192.168.0.7", None, "testclient"):
+            assert auth.management_refusal("Bearer anything", client) == (auth.FORBIDDEN, auth.LOOPBACK_ONLY), client
+        given = tmp_path / "key_file.json"
+        given.write_text(json.dumps({"inference": {"key": "in"}, "management": {"key": "man"}}))
+        monkeypatch.setenv(auth.KEYS_ENV, str(given))
+        auth.server_keys.cache_clear()
+        assert auth.management_refusal("Bearer man", "10.1.2.3") is None  # tokens on: the key, from anywhere
+        for header in (None, "Bearer in"):
+            status, why = auth.management_refusal(header, "127.0.0.1")
+            assert status == auth.UNAUTHORISED and "send the management key" in why, header
+    finally:
+        auth.server_keys.cache_clear()
+
+
 def test_the_settings_say_where_the_keys_are_never_what_they_are(tmp_path, monkeypatch):
     monkeypatch.delenv(auth.KEYS_ENV, raising=False)
     settings = KServeSettings(run_dir=tmp_path, token_auth=True)
