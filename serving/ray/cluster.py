@@ -99,7 +99,7 @@ def wait_for_gcs(address: str, node: subprocess.Popen | None, log: Path, timeout
             with socket.create_connection((host, int(port)), timeout=1):
                 return
         except OSError:
-            time.sleep(0.5)
+            time.sleep(NODE_POLL_S)
     raise ServingError(f"Ray's GCS at {address} did not answer within {timeout:.0f} s: {log_tail(log)}")
 
 
