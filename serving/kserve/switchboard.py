@@ -45,10 +45,18 @@ class KServeSwitchboard(Switchboard):
         return answer_of(response, f"{name}'s versions")["loaded"] if response.status_code == 200 else []
 
     def load_beside(self, name: str, candidate: Candidate) -> None:
+        """Loaded once its first worker is ready (its others still starting: serving/kserve/pool.py), then one
+        real prediction; a candidate that cannot answer it is unloaded and refused."""
+        from serving.settings import EXAMPLE_IMAGE
         response = self.versions("POST", f"{name}/{candidate.label}")
         if response.status_code != 200:
             raise RolloutRefused(f"{candidate.label} cannot load beside {self.live(name)}: "
                                  f"{response.json().get('detail', response.text[:300])}")
+        try:
+            self.ask(name, candidate.label, EXAMPLE_IMAGE.read_bytes(), {})
+        except (RolloutRefused, requests.RequestException) as error:
+            self.unload(name, candidate.label)
+            raise RolloutRefused(f"{candidate.label} loaded but did not answer a prediction: {error}") from None
 
     def ask(self, name: str, label: str, image: bytes, headers: dict) -> dict:
         instance: dict = {"image": {"b64": base64.b64encode(image).decode()}}
