@@ -7,26 +7,27 @@ count. Before, each KServe worker process listened on its own SO_REUSEPORT socke
 connections the kernel hashed to it: with 8 of hey's connections and 2 workers, all of them landed on one
 worker in one run of six (docs/results/2026-11-25-serving-overhead/analysis.md, docs/results/2026-11-26-kserve-balance/).
 
-A worker gets the batch's rows (image bytes and options, handlers.core.ImageRequest) and answers each row's
-answer dict or its RequestError, as the core in process would. A worker that dies is logged at once and
-replaced (its index kept); the batch it was answering gets a 500 that names it, the others go on.
+A worker (serving/kserve/inference_worker.py) gets the batch's rows (image bytes and options,
+handlers.core.ImageRequest) and answers each row's answer dict or its RequestError, as the core in process would.
+A worker that dies is logged at once and replaced (its index kept); the batch it was answering gets a 500 that
+names it, the others go on.
 
-The pool keeps a spare: a process spawned once the workers serve, which has done a worker's imports (torch and the
-core: most of a new worker's seconds) and waits to be told its placement (Placement: the folder, device, handler
-settings, policy and served name worker_main opens, and the index it serves as), so that it only opens the model.
-It takes a dead worker's place, or it is lent: a rollout's candidate beside the live version (serving/kserve/
-versions.py) opens its pool with the live pool as lender, and the lent spare, told the candidate's placement,
-serves as the candidate's first worker. The candidate serves as soon as that one is ready; its other workers are
-spawned then and join as each is ready, and only once it has them all do the lender and the candidate spawn their
-spares, so that no spawn competes for the cores with the candidate's first worker. Without a spare alive to lend,
-the candidate spawns every worker, as the server's start does. A new spare is spawned once a replacement serves.
+The pool keeps a spare: a process spawned once the pool has all its workers, which has done a worker's imports
+(torch and the core: most of a new worker's seconds) and waits to be told its placement (inference_worker.Placement:
+the folder, device, handler settings, policy and served name to open, and the index it serves as), so that it only
+opens the model. It takes a dead worker's place (a new spare is spawned once it serves), or it is lent: a rollout's
+candidate beside the live version (serving/kserve/versions.py) opens its pool with the live pool as lender, and
+the lent spare, told the candidate's placement, is the candidate's first worker. The candidate serves as soon as
+that one is ready; its other workers are spawned then and join as each is ready, and only once it has them all do
+the lender and the candidate spawn their spares: no spare's start competes for the cores with the candidate's.
+Without a spare alive to lend, the candidate spawns every worker at once, as the server's start does.
 
-A replacement, or a candidate's worker joining, that cannot start (RESTART_TRIES in a row) breaks the pool: logged, requests waiting for a worker
-answered 503; a pool the server serves by (essential) then stops the server, which exits non-zero
-(serving/kserve/worker.py) rather than hang, while a rollout's candidate beside it (not essential) only fails its
-own requests and the live version serves on. On exit (SIGTERM:
-KServe's uvicorn drains its requests, then the process exits), each worker is told to stop and joined; a
-worker whose front is gone (SIGKILL) reads the end of its pipe and exits.
+A replacement, or a candidate's worker joining, that cannot start (RESTART_TRIES in a row) breaks the pool:
+logged, requests waiting for a worker answered 503; a pool the server serves by (essential) then stops the
+server, which exits non-zero (serving/kserve/worker.py) rather than hang, while a rollout's candidate beside it
+(not essential) only fails its own requests and the live version serves on. On exit (SIGTERM: KServe's uvicorn
+drains its requests, then the process exits), each worker is told to stop and joined; a worker whose front is
+gone (SIGKILL) reads the end of its pipe and exits.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -47,11 +47,10 @@ from contract.errors import VisionExportError
 from contract.policy import ServingPolicy
 from handlers import metrics
 from handlers.request_error import RequestError
+from serving.kserve.inference_worker import FAILED, REFUSED, Placement, from_wire, worker_main
 
 logger = logging.getLogger("serving.kserve")
 
-READY, REFUSED, ANSWERS, FAILED = "ready", "refused", "answers", "failed"  # what a worker sends
-ROW_ERROR = "request-error"  # a row's RequestError on the wire: (ROW_ERROR, code, message)
 RESTART_TRIES = 3  # starts of a worker (a dead one's replacement, a joining one) before the pool gives up
 WATCH_S = 1.0  # how often the watcher looks again for workers started since
 STOP_S = 10  # how long a worker told to stop may take before it is terminated
@@ -59,17 +58,8 @@ SPARE = 0  # a spare's index until it is told its placement
 FIRST = 1  # the index of a candidate's worker that the lender's spare becomes
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where a worker serves: what worker_main opens (the unpacked folder, device, handler settings and policy,
-    served under served_name) as which worker of its pool (index). A spare is told its placement when it takes a
-    place: its own pool's dead worker's, or the first worker's of the pool that borrows it."""
-    index: int
-    folder: Path
-    device: str
-    settings: dict | None
-    policy: ServingPolicy
-    served_name: str
+class WorkerExited(VisionExportError):
+    """A worker process that exited before it said whether it serves (killed, or a bug: its traceback is logged)."""
 
 
 @dataclass
@@ -77,74 +67,6 @@ class PoolAnswers:
     """A batch's answers (as the core's BatchResult has them) and which worker gave them."""
     answers: list
     worker: str  # "worker 2 pid 4242"
-
-
-class WorkerExited(VisionExportError):
-    """A worker process that exited before it said whether it serves (killed, or a bug: its traceback is logged)."""
-
-
-def to_wire(answers: list) -> list:
-    return [(ROW_ERROR, a.code, a.message) if isinstance(a, RequestError) else a for a in answers]
-
-
-def from_wire(answers: list) -> list:
-    return [RequestError(a[1], a[2]) if isinstance(a, tuple) and a[0] == ROW_ERROR else a for a in answers]
-
-
-def worker_main(placement: Placement | None, conn) -> None:
-    """A spawned worker (a spare without a placement: it waits for one): open the core, say so, then answer each
-    batch until told to stop (None) or the front is gone (end of the pipe)."""
-    from handlers.logs import configure_logging
-    from handlers.opening import open_archive
-    configure_logging()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front stops us; a terminal's Ctrl-C reaches it alone
-    placement = placement or standing_by(conn)
-    try:
-        core = open_archive(placement.folder, placement.device, placement.policy, placement.settings,
-                            served_name=placement.served_name)
-    except VisionExportError as error:
-        conn.send((REFUSED, str(error), error.exit_code))
-        return
-    conn.send((READY, core.TASK, core.describe()))
-    index = placement.index
-    logger.info("inference worker %d ready (pid %d)", index, os.getpid())
-    while True:
-        rows = from_front(conn)
-        try:
-            answers = core.run_batch(rows).answers
-        except Exception as error:  # the core answers bad rows itself: this is a bug, the request gets a 500
-            logger.exception("inference worker %d: batch of %d failed", index, len(rows))
-            conn.send((FAILED, f"{type(error).__name__}: {error}"))
-            continue
-        conn.send((ANSWERS, to_wire(answers)))
-
-
-def standing_by(conn) -> Placement:
-    """A spare's wait, its imports done: the placement it is told to take; it leaves when told to stop (None) or
-    when the front is gone (end of the pipe)."""
-    import handlers.core  # noqa: F401  (torch and the core, imported by open_archive's open_core otherwise)
-    import handlers.tasks  # noqa: F401
-    return from_front(conn)
-
-
-def from_front(conn):
-    """The front's next message to this worker; the worker leaves when told to stop (None) or when the front is
-    gone (end of the pipe)."""
-    try:
-        message = conn.recv()
-    except (EOFError, OSError):
-        message = None
-    if message is None:
-        leave()
-    return message
-
-
-def leave() -> None:
-    """End a worker at once: the interpreter's own finalization of torch and ONNX Runtime takes 2 s (4 s of a
-    stop with two workers, measured) and there is nothing of ours left to clean up."""
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 class Worker:
