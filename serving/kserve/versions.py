@@ -5,7 +5,7 @@ requests it holds are answered. Loopback clients only, whatever address the serv
 the routes change what is served, as TorchServe's management API does.
 
   GET    /rollout/NAME              {"default": "v1", "loaded": ["v1", "v2"]}
-  POST   /rollout/NAME/vN           load NAME.vN.mar beside (answers once its workers run)
+  POST   /rollout/NAME/vN           load NAME.vN.mar beside (answers once its first worker runs: the live pool's spare)
   PUT    /rollout/NAME/vN/default   NAME's requests go to vN from now on
   PUT    /rollout/NAME/vN/canary?percent=P   P % of NAME's requests go to vN (0 ends it); GET NAME reports it
   PUT    /rollout/NAME/capture?count=N       keep the photos of NAME's next N requests (0 stops and forgets them)
