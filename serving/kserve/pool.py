@@ -7,18 +7,27 @@ count. Before, each KServe worker process listened on its own SO_REUSEPORT socke
 connections the kernel hashed to it: with 8 of hey's connections and 2 workers, all of them landed on one
 worker in one run of six (docs/results/2026-11-25-serving-overhead/analysis.md, docs/results/2026-11-26-kserve-balance/).
 
-A worker gets the batch's rows (image bytes and options, handlers.core.ImageRequest) and answers each row's
-answer dict or its RequestError, as the core in process would. A worker that dies is logged at once and
-replaced (its index kept); the batch it was answering gets a 500 that names it, the others go on. The
-replacement is the pool's spare when it has one: a process spawned once the workers serve, which has done a
-worker's imports (torch and the core: most of a new worker's seconds) and waits to be told whose place it
-takes, so that it only opens the model; a new spare is spawned once it serves. A
-replacement that cannot start (RESTART_TRIES in a row) breaks the pool: logged, requests waiting for a worker
-answered 503; a pool the server serves by (essential) then stops the server, which exits non-zero
-(serving/kserve/worker.py) rather than hang, while a rollout's candidate beside it (not essential) only fails its
-own requests and the live version serves on. On exit (SIGTERM:
-KServe's uvicorn drains its requests, then the process exits), each worker is told to stop and joined; a
-worker whose front is gone (SIGKILL) reads the end of its pipe and exits.
+A worker (serving/kserve/inference_worker.py) gets the batch's rows (image bytes and options,
+handlers.core.ImageRequest) and answers each row's answer dict or its RequestError, as the core in process would.
+A worker that dies is logged at once and replaced (its index kept); the batch it was answering gets a 500 that
+names it, the others go on.
+
+The pool keeps a spare: a process spawned once the pool has all its workers, which has done a worker's imports
+(torch and the core: most of a new worker's seconds) and waits to be told its placement (inference_worker.Placement:
+the folder, device, handler settings, policy and served name to open, and the index it serves as), so that it only
+opens the model. It takes a dead worker's place (a new spare is spawned once it serves), or it is lent: a rollout's
+candidate beside the live version (serving/kserve/versions.py) opens its pool with the live pool as lender, and
+the lent spare, told the candidate's placement, is the candidate's first worker. The candidate serves as soon as
+that one is ready; its other workers are spawned then and join as each is ready, and only once it has them all do
+the lender and the candidate spawn their spares: no spare's start competes for the cores with the candidate's.
+Without a spare alive to lend, the candidate spawns every worker at once, as the server's start does.
+
+A replacement, or a candidate's worker joining, that cannot start (RESTART_TRIES in a row) breaks the pool:
+logged, requests waiting for a worker answered 503; a pool the server serves by (essential) then stops the
+server, which exits non-zero (serving/kserve/worker.py) rather than hang, while a rollout's candidate beside it
+(not essential) only fails its own requests and the live version serves on. On exit (SIGTERM: KServe's uvicorn
+drains its requests, then the process exits), each worker is told to stop and joined; a worker whose front is
+gone (SIGKILL) reads the end of its pipe and exits.
 """
 
 from __future__ import annotations
@@ -28,7 +37,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -39,15 +47,19 @@ from contract.errors import VisionExportError
 from contract.policy import ServingPolicy
 from handlers import metrics
 from handlers.request_error import RequestError
+from serving.kserve.inference_worker import FAILED, REFUSED, Placement, from_wire, worker_main
 
 logger = logging.getLogger("serving.kserve")
 
-READY, REFUSED, ANSWERS, FAILED = "ready", "refused", "answers", "failed"  # what a worker sends
-ROW_ERROR = "request-error"  # a row's RequestError on the wire: (ROW_ERROR, code, message)
-RESTART_TRIES = 3  # starts of a dead worker's replacement before the server gives up and stops
+RESTART_TRIES = 3  # starts of a worker (a dead one's replacement, a joining one) before the pool gives up
 WATCH_S = 1.0  # how often the watcher looks again for workers started since
 STOP_S = 10  # how long a worker told to stop may take before it is terminated
-SPARE = 0  # the index a spare is spawned with: it learns its own when it takes a dead worker's place
+SPARE = 0  # a spare's index until it is told its placement
+FIRST = 1  # the index of a candidate's worker that the lender's spare becomes
+
+
+class WorkerExited(VisionExportError):
+    """A worker process that exited before it said whether it serves (killed, or a bug: its traceback is logged)."""
 
 
 @dataclass
@@ -55,70 +67,6 @@ class PoolAnswers:
     """A batch's answers (as the core's BatchResult has them) and which worker gave them."""
     answers: list
     worker: str  # "worker 2 pid 4242"
-
-
-def to_wire(answers: list) -> list:
-    return [(ROW_ERROR, a.code, a.message) if isinstance(a, RequestError) else a for a in answers]
-
-
-def from_wire(answers: list) -> list:
-    return [RequestError(a[1], a[2]) if isinstance(a, tuple) and a[0] == ROW_ERROR else a for a in answers]
-
-
-def worker_main(index: int, folder: Path, device: str, settings: dict | None, policy: ServingPolicy,
-                served_name: str, conn) -> None:
-    """A spawned worker: open the core (served under the model's name), say so, then answer each batch until told
-    to stop (None) or the front is gone (end of the pipe)."""
-    from handlers.logs import configure_logging
-    from handlers.opening import open_archive
-    configure_logging()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front stops us; a terminal's Ctrl-C reaches it alone
-    if index == SPARE:
-        index = standing_by(conn)
-    try:
-        core = open_archive(folder, device, policy, settings, served_name=served_name)
-    except VisionExportError as error:
-        conn.send((REFUSED, str(error), error.exit_code))
-        return
-    conn.send((READY, core.TASK, core.describe()))
-    logger.info("inference worker %d ready (pid %d)", index, os.getpid())
-    while True:
-        rows = from_front(conn)
-        try:
-            answers = core.run_batch(rows).answers
-        except Exception as error:  # the core answers bad rows itself: this is a bug, the request gets a 500
-            logger.exception("inference worker %d: batch of %d failed", index, len(rows))
-            conn.send((FAILED, f"{type(error).__name__}: {error}"))
-            continue
-        conn.send((ANSWERS, to_wire(answers)))
-
-
-def standing_by(conn) -> int:
-    """A spare's wait, its imports done: the index of the worker whose place it takes; it leaves when told to
-    stop (None) or when the front is gone (end of the pipe)."""
-    import handlers.core  # noqa: F401  (torch and the core, imported by open_archive's open_core otherwise)
-    import handlers.tasks  # noqa: F401
-    return from_front(conn)
-
-
-def from_front(conn):
-    """The front's next message to this worker; the worker leaves when told to stop (None) or when the front is
-    gone (end of the pipe)."""
-    try:
-        message = conn.recv()
-    except (EOFError, OSError):
-        message = None
-    if message is None:
-        leave()
-    return message
-
-
-def leave() -> None:
-    """End a worker at once: the interpreter's own finalization of torch and ONNX Runtime takes 2 s (4 s of a
-    stop with two workers, measured) and there is nothing of ours left to clean up."""
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 class Worker:
@@ -144,8 +92,8 @@ class WorkerPool:
         self.lanes = policy.workers
         self.context = multiprocessing.get_context("spawn")
         self.lock = threading.Condition()
-        self.workers: dict[int, Worker] = {}  # index -> the worker serving now (absent while one is replaced)
-        self.spare: Worker | None = None  # a worker process with its imports done, for the next dead worker's place
+        self.workers: dict[int, Worker] = {}  # index -> the worker serving now (absent while one starts)
+        self.spare: Worker | None = None  # a worker process with its imports done, for the next place (hand_over_spare)
         self.idle: deque[Worker] = deque()  # the free workers, the one free longest first
         self.rows = Counter()  # rows answered, per index
         self.restarts = Counter()  # replacements, per index
@@ -157,35 +105,79 @@ class WorkerPool:
 
     # ---------------------------------------------------------------- starting
     @classmethod
-    def open(cls, name: str, folder: Path, device: str, settings: dict | None, policy: ServingPolicy) -> WorkerPool:
+    def open(cls, name: str, folder: Path, device: str, settings: dict | None, policy: ServingPolicy,
+             lender: WorkerPool | None = None) -> WorkerPool:
+        """A started pool. With a lender (the live version's pool: this one is a rollout's candidate beside it, not
+        essential), the lender's spare becomes its first worker."""
         pool = cls(name, folder, device, settings, policy)
-        pool.start()
+        pool.essential = lender is None  # a candidate whose workers break only fails its own requests
+        pool.start(lender)
         return pool
 
-    def start(self) -> None:
-        """Spawn every worker and wait until each has opened its copy; a refusal (the core's reason, its exit
-        code) stops the others and is raised."""
-        started = [self._spawn(index) for index in range(1, self.lanes + 1)]
+    def placement(self, index: int) -> Placement:
+        return Placement(index, self.folder, self.device, self.settings, self.policy, self.model)
+
+    def start(self, lender: WorkerPool | None = None) -> None:
+        """Serve once the first workers are ready (the lender's spare, or every worker spawned at once); the others
+        join as each is ready, then the spares are renewed. A refusal (the core's reason, its exit code) stops the
+        workers started and is raised."""
         try:
-            for worker in started:
-                self._await_ready(worker)
+            first = self._opened_first(lender)
         except BaseException:
-            self._stop_processes(started)
+            if lender is not None:
+                lender.renew_spare()
             raise
         with self.lock:
-            self.workers = {worker.index: worker for worker in started}
-            self.idle.extend(started)
+            self.workers = {worker.index: worker for worker in first}
+            self.idle.extend(first)
         atexit.register(self.close)  # before multiprocessing's own exit handler (atexit runs the last first)
         threading.Thread(target=self._watch, name=f"{self.model}-workers", daemon=True).start()
-        logger.info("%s: %d inference workers (pids %s), batches to the one free longest", self.model, self.lanes,
-                    ", ".join(str(w.process.pid) for w in started))
-        self._renew_spare()
+        logger.info("%s: %d of %d inference workers serve (pids %s), batches to the one free longest", self.model,
+                    len(first), self.lanes, ", ".join(str(worker.process.pid) for worker in first))
+        joining = range(len(first) + 1, self.lanes + 1)
+        threading.Thread(target=self._fill, args=(joining, lender), name=f"{self.model}-joining", daemon=True).start()
+
+    def _opened_first(self, lender: WorkerPool | None) -> list[Worker]:
+        """The first workers, ready: the lender's spare told worker FIRST's placement, else (none alive to lend,
+        or the one lent exited before it was ready) every worker spawned at once."""
+        borrowed = lender.hand_over_spare(self.placement(FIRST)) if lender is not None else None
+        if borrowed is not None:
+            logger.info("%s: the live version's spare (pid %d) opens this one as its worker %d", self.model,
+                        borrowed.process.pid, FIRST)
+            try:
+                self._await_all([borrowed])
+                return [borrowed]
+            except WorkerExited as error:
+                logger.warning("%s; spawning every worker instead", error)
+        started = [self._spawn(index) for index in range(FIRST, self.lanes + 1)]
+        self._await_all(started)
+        return started
+
+    def _await_all(self, workers: list[Worker]) -> None:
+        """Each worker ready; a refusal or an exit stops them all and is raised."""
+        try:
+            for worker in workers:
+                self._await_ready(worker)
+        except BaseException:
+            self._stop_processes(workers)
+            raise
+
+    def _fill(self, indices: range, lender: WorkerPool | None) -> None:
+        """The workers after the first ones, spawned at once, each serving as soon as it is ready; then, the pool's
+        start over, the lender's spare renewed and this pool's own spawned: neither competes with the start for
+        the cores."""
+        for worker in [self._spawn(index) for index in indices]:
+            self._bring_in(worker.index, worker)
+        if lender is not None:
+            lender.renew_spare()
+        self.renew_spare()
 
     def _spawn(self, index: int) -> Worker:
+        """Worker index's process, or a spare's (SPARE: it is told its placement when it takes a place)."""
         ours, theirs = self.context.Pipe()
+        placement = None if index == SPARE else self.placement(index)
         process = self.context.Process(target=worker_main, name=f"{self.model}-worker-{index}", daemon=True,
-                                       args=(index, self.folder, self.device, self.settings, self.policy, self.model,
-                                             theirs))
+                                       args=(placement, theirs))
         process.start()
         theirs.close()
         return Worker(index, process, ours)
@@ -194,8 +186,8 @@ class WorkerPool:
         wait([worker.conn, worker.process.sentinel])
         message = self._receive(worker)
         if message is None:
-            raise VisionExportError(f"{self.model}: inference {worker.name} exited with code {worker.exit_code()} "
-                                    "while opening its model (see the lines above)")
+            raise WorkerExited(f"{self.model}: inference {worker.name} exited with code {worker.exit_code()} "
+                               "while opening its model (see the lines above)")
         if message[0] == REFUSED:
             error = VisionExportError(message[1])
             error.exit_code = message[2]
@@ -285,54 +277,76 @@ class WorkerPool:
                          daemon=True).start()
 
     def _restart(self, index: int) -> None:
+        self._bring_in(index, self.hand_over_spare(self.placement(index)), replacing=True)
+        self.renew_spare()
+
+    def _bring_in(self, index: int, worker: Worker | None, replacing: bool = False) -> bool:
+        """Worker index serving once ready: the one given (a spare told its place, or one spawned), else one
+        spawned, RESTART_TRIES starts in all; none ready breaks the pool."""
         reason = ""
-        for attempt in range(RESTART_TRIES):
-            worker = (self._take_spare(index) if attempt == 0 else None) or self._spawn(index)
+        for _ in range(RESTART_TRIES):
+            if self.closing:
+                break
+            worker = worker or self._spawn(index)
             try:
                 self._await_ready(worker)
             except VisionExportError as error:
                 reason = str(error)
                 self._stop_processes([worker])
+                worker = None
                 continue
-            with self.lock:
-                serving = not self.closing
-                if serving:
-                    self.workers[index] = worker
-                    self.restarts[index] += 1
-                    self.idle.append(worker)
-                    self.lock.notify()
-            if serving:
-                logger.info("%s: inference %s serves in place of the one that exited", self.model, worker.name)
-                self._renew_spare()
-            else:
-                self._stop_processes([worker])
-            return
-        self._fail(f"{self.model}: inference worker {index} could not be started again ({RESTART_TRIES} tries): "
-                   f"{reason}")
+            return self._serve_with(worker, replacing)
+        if worker is not None:
+            self._stop_processes([worker])
+        if not self.closing:
+            self._fail(f"{self.model}: inference worker {index} could not be started{' again' if replacing else ''} "
+                       f"({RESTART_TRIES} tries): {reason}")
+        return False
 
-    def _take_spare(self, index: int) -> Worker | None:
-        """The spare, told to take worker index's place; None when there is none alive."""
+    def _serve_with(self, worker: Worker, replacing: bool) -> bool:
+        """The ready worker takes batches, unless the pool is closing (then it is stopped)."""
         with self.lock:
+            serving = not self.closing
+            if serving:
+                self.workers[worker.index] = worker
+                self.restarts[worker.index] += replacing
+                self.idle.append(worker)
+                self.lock.notify()
+        if not serving:
+            self._stop_processes([worker])
+        elif replacing:
+            logger.info("%s: inference %s serves in place of the one that exited", self.model, worker.name)
+        else:
+            logger.info("%s: inference %s joined", self.model, worker.name)
+        return serving
+
+    def hand_over_spare(self, placement: Placement) -> Worker | None:
+        """The spare, told its placement (this pool's dead worker's, or the first worker's of a candidate's pool
+        that borrows it), no longer this pool's; None when there is none alive. renew_spare spawns the next."""
+        with self.lock:
+            if self.closing:  # close() stops the spare
+                return None
             spare, self.spare = self.spare, None
         if spare is None:
             return None
         why = "it had exited"
         try:
             if spare.process.is_alive():
-                spare.conn.send(index)
-                spare.index = index
+                spare.conn.send(placement)
+                spare.index = placement.index
                 return spare
         except OSError as error:  # it died meanwhile
             why = f"it could not be told ({error})"
         logger.warning("%s: %s cannot take worker %d's place, %s (exit code %s): a new worker starts instead",
-                       self.model, spare.name, index, why, spare.exit_code())
+                       self.model, spare.name, placement.index, why, spare.exit_code())
         spare.conn.close()
         return None
 
-    def _renew_spare(self) -> None:
-        """A spare, unless the pool has one or is closing (spawned under the lock: close() then stops it too)."""
+    def renew_spare(self) -> None:
+        """A spare, unless the pool has one, is closing or broken (spawned under the lock: close() then stops it
+        too)."""
         with self.lock:
-            if self.spare is None and not self.closing:
+            if self.spare is None and not self.closing and self.broken is None:
                 self.spare = self._spawn(SPARE)
 
     def _fail(self, reason: str) -> None:

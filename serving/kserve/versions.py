@@ -5,7 +5,7 @@ requests it holds are answered. Loopback clients only, whatever address the serv
 the routes change what is served, as TorchServe's management API does.
 
   GET    /rollout/NAME              {"default": "v1", "loaded": ["v1", "v2"]}
-  POST   /rollout/NAME/vN           load NAME.vN.mar beside (answers once its workers run)
+  POST   /rollout/NAME/vN           load NAME.vN.mar beside (answers once its first worker runs: the live pool's spare)
   PUT    /rollout/NAME/vN/default   NAME's requests go to vN from now on
   PUT    /rollout/NAME/vN/canary?percent=P   P % of NAME's requests go to vN (0 ends it); GET NAME reports it
   PUT    /rollout/NAME/capture?count=N       keep the photos of NAME's next N requests (0 stops and forgets them)
@@ -93,7 +93,8 @@ class VersionedModel(KServeModel):
 class Versions:
     def __init__(self, settings, make_model):
         self.settings = settings
-        self.make_model = make_model  # (archive, unpacked folder, model's name) -> the VersionedModel, loaded
+        # (archive, unpacked folder, model's name, the live version's pool or None) -> the VersionedModel, loaded
+        self.make_model = make_model
         self.loaded: dict[str, dict[str, VersionedModel]] = {}
         self.in_flight: Counter = Counter()
         self.canaries: dict[str, Canary] = {}  # name -> the version that takes a share of its requests
@@ -135,15 +136,20 @@ class Versions:
         if not archive.is_file():
             raise HTTPException(404, f"{archive} not in the model store")
         folder = self.settings.unpacked(f"{name}.{label}")
+        lender = self.live_pool(registry, name)  # its spare, imports done, becomes the new version's first worker
         try:
-            model = await asyncio.get_running_loop().run_in_executor(None, self.make_model, archive, folder, name)
+            model = await asyncio.get_running_loop().run_in_executor(None, self.make_model, archive, folder, name,
+                                                                     lender)
         except VisionExportError as error:
             raise HTTPException(422, f"{name} {label} cannot be served: {error}") from None
-        if isinstance(model.core, WorkerPool):
-            model.core.essential = False  # a candidate whose workers break must not stop the live version's server
         self.adopt(model, label)
         registry.update(model, f"{name}.{label}")  # asked directly at /v1/models/NAME.vN:predict
         logger.info("%s %s loaded beside %s", name, label, self.default(registry, name))
+
+    def live_pool(self, registry, name: str) -> WorkerPool | None:
+        """The worker pool of the version name's requests go to (None: its core runs in this process)."""
+        live = self.loaded.get(name, {}).get(self.default(registry, name))
+        return live.core if live is not None and isinstance(live.core, WorkerPool) else None
 
     def set_default(self, registry, name: str, label: str) -> None:
         model = self.loaded.get(name, {}).get(label)

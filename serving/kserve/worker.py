@@ -9,6 +9,7 @@ worker that died and could not be started again stops the server, exit 1.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import sys
@@ -44,19 +45,27 @@ def unpacked_archive(name: str, settings: KServeSettings, archive: Path | None =
     return opening.unpacked(archive, folder or settings.unpacked(name))
 
 
-def model_of(name: str, settings: KServeSettings, folder: Path) -> VersionedModel:
+def model_of(name: str, settings: KServeSettings, folder: Path, lender: WorkerPool | None = None) -> VersionedModel:
     """The unpacked model under its policy as the run config holds it (its archive's pins applied where it was
     resolved; another version under the same policy), served as one of the server's versions
     (serving/kserve/versions.py). Its worker processes are spawned first: this process's own imports (kserve,
-    torch) run while they start."""
+    torch) run while they start. lender: the live version's pool, for another version loaded beside it (its
+    spare becomes this one's first worker)."""
     from handlers import opening
     policy = settings.policies[name]
     device, handler = opening.device_of(policy.device), opening.model_config(folder).get("handler")
-    pool = WorkerPool.open(name, folder, device, handler, policy) if policy.workers > 1 else None
+    pool = WorkerPool.open(name, folder, device, handler, policy, lender) if policy.workers > 1 else None
     from serving.kserve.versions import VersionedModel
     model = VersionedModel(name, folder, policy, device, handler, (lambda *_: pool) if pool else None)
     model.load()
     return model
+
+
+def other_version(settings: KServeSettings, archive: Path, folder: Path, name: str,
+                  lender: WorkerPool | None) -> VersionedModel:
+    """Another version of name (a rollout's candidate, Versions.load), unpacked into its folder and served beside
+    the live one, whose pool lends it its spare."""
+    return model_of(name, settings, unpacked_archive(name, settings, archive, folder), lender)
 
 
 def serve(settings: KServeSettings) -> int:
@@ -71,8 +80,7 @@ def serve(settings: KServeSettings) -> int:
     models = [model_of(name, settings, folders[name]) for name in settings.models]
     from serving.kserve.app import OurModelServer
     from serving.kserve.versions import Versions
-    versions = Versions(settings, lambda archive, folder, name: model_of(
-        name, settings, unpacked_archive(name, settings, archive, folder)))
+    versions = Versions(settings, functools.partial(other_version, settings))
     for model in models:
         versions.adopt(model)
     for name, policy in settings.policies.items():

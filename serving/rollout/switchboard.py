@@ -135,9 +135,17 @@ class RoutedSwitchboard(Switchboard):
         return answer_of(response, f"{name}'s versions")["loaded"] if response.status_code == 200 else []
 
     def load_beside(self, name: str, candidate: Candidate) -> None:
+        """Loaded once the server says it runs (KServe: its first worker; Ray: its replica), then ready once it
+        answered a real prediction; one that cannot is unloaded and refused."""
+        from serving.settings import EXAMPLE_IMAGE
         response = self.versions("POST", f"{name}/{candidate.label}")
         if response.status_code != 200:
             raise RolloutRefused(f"{candidate.label} cannot load beside {self.live(name)}: {detail_of(response)}")
+        try:
+            self.ask(name, candidate.label, EXAMPLE_IMAGE.read_bytes(), {"Content-Type": "image/jpeg"})
+        except (RolloutRefused, requests.RequestException) as error:
+            self.unload(name, candidate.label)
+            raise RolloutRefused(f"{candidate.label} loaded but did not answer a prediction: {error}") from None
 
     def set_default(self, name: str, label: str) -> None:
         answer_of(self.versions("PUT", f"{name}/{label}/default"), f"switching {name} to {label}")

@@ -191,18 +191,25 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
 # Two workers a version on KServe: the candidate's run in processes of their own, which the test stops and kills.
 TWO_WORKERS = ServingPolicy(workers=2, batch_size=1, max_batch_delay_ms=5, threads_per_worker=1, device="cpu",
                             reason="tests: a candidate's workers in processes of their own")
+JOINED_S = 60  # a KServe candidate's workers after its first, started on a busy 2-core machine
 
 
-def candidate_pids(engine: str, board, settings) -> list[int]:
-    """The process ids of the candidate's (v2's) workers, as the engine describes them."""
+def candidate_pids(engine: str, board, settings, workers: int) -> list[int]:
+    """The process ids of the candidate's (v2's) workers, as the engine describes them; on KServe once it has all
+    of them (its pool serves from its first and the others join: serving/kserve/pool.py)."""
     if engine == "torchserve":
         return [worker["pid"] for worker in board.described(NAME, "v2")[0]["workers"]]
     if engine == "ray":  # each replica's process is titled by Ray with its application: the gate's, NAME.v2
         import psutil
         title = f"ray::ServeReplica:{NAME}.v2:"
         return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
-    described = requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()
-    return [worker["pid"] for worker in described["workers"]]
+    deadline = time.monotonic() + JOINED_S
+    while True:
+        described = requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()
+        if len(described["workers"]) == workers:
+            return [worker["pid"] for worker in described["workers"]]
+        assert time.monotonic() < deadline, f"v2 has not its {workers} workers within {JOINED_S} s: {described}"
+        time.sleep(0.2)
 
 
 def canary_while(board, action, engine: str) -> dict:
@@ -235,7 +242,7 @@ def test_a_candidate_that_hangs_or_crashes_never_fails_a_live_request(engine, po
         board = server.switchboard()
         archive = store / f"{NAME}.v2.mar"
         board.load_beside(NAME, Candidate(archive, checked_manifest(archive)))
-        pids = candidate_pids(engine, board, settings)
+        pids = candidate_pids(engine, board, settings, policy.workers)
         assert pids, f"no process of {NAME}'s v2 on {engine}"
         load = VersionedLoad(url, CAT.read_bytes(), engine=server).start()
         try:
