@@ -29,7 +29,6 @@ from contract.policy import ServingPolicy
 from contract.versions import archive_name, parse_label
 from serving.auth import VERSION_ROUTES, auth_headers
 from serving.ray.config import RaySettings
-from serving.rollout.candidate import RolloutRefused
 from serving.rollout.switchboard import answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
 
@@ -199,7 +198,7 @@ class RayVersions:
             return 200, self.route(method, path.removeprefix(VERSION_ROUTES), query)
         except VersionsError as error:
             return error.status, {"detail": str(error)}
-        except (RolloutRefused, ServingError) as error:
+        except ServingError as error:  # a rollout's refusal among them
             return 409, {"detail": str(error)}
 
     def route(self, method: str, path: str, query: dict[str, str]) -> dict:
