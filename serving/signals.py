@@ -24,7 +24,7 @@ from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from handlers import metrics
-from serving.auth import VERSION_ROUTES, management_refusal
+from serving.auth import UNAUTHORISED, VERSION_ROUTES, management_refusal
 from serving.bounds import BoundedHandler, BoundedHTTPServer
 from serving.front import FrontFollower
 from serving.processes import alive
@@ -102,6 +102,8 @@ def handler_class(readiness: Readiness, folder: Path | None,
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            if code == UNAUTHORISED:
+                self.send_header("WWW-Authenticate", "Bearer")  # the scheme a caller must use (RFC 6750)
             self.end_headers()
             self.wfile.write(body)
 

@@ -321,6 +321,7 @@ def test_ray_with_token_auth_answers_only_the_key_and_its_cluster_only_the_token
         refused = requests.request(method, f"{versions}/v9" if method == "POST" else versions, headers=headers,
                                    timeout=60)
         assert refused.status_code == 401 and "send the management key" in refused.json()["detail"], refused.text
+        assert refused.headers["WWW-Authenticate"] == "Bearer"
     described = requests.get(versions, headers=auth_headers(ray_serve, "management"), timeout=60)
     assert described.status_code == 200 and described.json()["loaded"] == [described.json()["default"]], described.text
     address = ray_serve.address_file.read_text()
