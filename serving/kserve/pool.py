@@ -280,7 +280,7 @@ class WorkerPool:
         self._bring_in(index, self.hand_over_spare(self.placement(index)), replacing=True)
         self.renew_spare()
 
-    def _bring_in(self, index: int, worker: Worker | None, replacing: bool = False) -> bool:
+    def _bring_in(self, index: int, worker: Worker | None, replacing: bool = False) -> None:
         """Worker index serving once ready: the one given (a spare told its place, or one spawned), else one
         spawned, RESTART_TRIES starts in all; none ready breaks the pool."""
         reason = ""
@@ -295,15 +295,15 @@ class WorkerPool:
                 self._stop_processes([worker])
                 worker = None
                 continue
-            return self._serve_with(worker, replacing)
+            self._serve_with(worker, replacing)
+            return
         if worker is not None:
             self._stop_processes([worker])
         if not self.closing:
             self._fail(f"{self.model}: inference worker {index} could not be started{' again' if replacing else ''} "
                        f"({RESTART_TRIES} tries): {reason}")
-        return False
 
-    def _serve_with(self, worker: Worker, replacing: bool) -> bool:
+    def _serve_with(self, worker: Worker, replacing: bool) -> None:
         """The ready worker takes batches, unless the pool is closing (then it is stopped)."""
         with self.lock:
             serving = not self.closing
@@ -318,7 +318,6 @@ class WorkerPool:
             logger.info("%s: inference %s serves in place of the one that exited", self.model, worker.name)
         else:
             logger.info("%s: inference %s joined", self.model, worker.name)
-        return serving
 
     def hand_over_spare(self, placement: Placement) -> Worker | None:
         """The spare, told its placement (this pool's dead worker's, or the first worker's of a candidate's pool

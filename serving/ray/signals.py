@@ -46,10 +46,10 @@ def readiness(models: list[str]):
 
 
 def start(host: str, port: int, models: list[str], folder: Path, temp_dir: Path, versions=None):
-    """The signals server (with versions, their routes too: serving/ray/versions.py), and the follower of Serve's proxy logs under Ray's temp dir (serving/front.py: a cluster
-    this command joined keeps its logs elsewhere, and its front goes unrecorded here); PortInUse where its port was
-    taken since the engine checked it (serving/ports.py): the metrics address the engine prints must be this
-    server's."""
+    """The signals server (with versions, their routes too: serving/ray/versions.py), and the follower of Serve's
+    proxy logs under Ray's temp dir (serving/front.py: a cluster this command joined keeps its logs elsewhere, and
+    its front goes unrecorded here); PortInUse where its port was taken since the engine checked it
+    (serving/ports.py): the metrics address the engine prints must be this server's."""
     try:
         server = serve_signals(host, port, readiness(models), folder, versions)
     except OSError as error:

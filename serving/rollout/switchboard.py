@@ -17,7 +17,7 @@ from contract.records import Manifest
 from contract.versions import UNVERSIONED, archive_name, parse_label
 from serving.auth import MANAGEMENT, VERSION_ROUTES, auth_headers
 from serving.rollout.candidate import Candidate, RolloutRefused, served_manifest
-from serving.settings import ServingError, ServingSettings
+from serving.settings import EXAMPLE_IMAGE, ServingError, ServingSettings
 
 DRAIN_GRACE_S = 3.0  # after the switch, requests the old version already took finish before it unloads
 LOAD_TIMEOUT_S = 240  # a version loaded beside the live one answers a real prediction within this
@@ -137,7 +137,6 @@ class RoutedSwitchboard(Switchboard):
     def load_beside(self, name: str, candidate: Candidate) -> None:
         """Loaded once the server says it runs (KServe: its first worker; Ray: its replica), then ready once it
         answered a real prediction; one that cannot is unloaded and refused."""
-        from serving.settings import EXAMPLE_IMAGE
         response = self.versions("POST", f"{name}/{candidate.label}")
         if response.status_code != 200:
             raise RolloutRefused(f"{candidate.label} cannot load beside {self.live(name)}: {detail_of(response)}")

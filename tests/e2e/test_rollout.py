@@ -203,13 +203,10 @@ def candidate_pids(engine: str, board, settings, workers: int) -> list[int]:
         import psutil
         title = f"ray::ServeReplica:{NAME}.v2:"
         return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
-    deadline = time.monotonic() + JOINED_S
-    while True:
-        described = requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()
-        if len(described["workers"]) == workers:
-            return [worker["pid"] for worker in described["workers"]]
-        assert time.monotonic() < deadline, f"v2 has not its {workers} workers within {JOINED_S} s: {described}"
-        time.sleep(0.2)
+    def described() -> list[dict]:
+        return requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()["workers"]
+    wait_for(lambda: len(described()) == workers, JOINED_S, f"v2 with its {workers} workers")
+    return [worker["pid"] for worker in described()]
 
 
 def canary_while(board, action, engine: str) -> dict:
