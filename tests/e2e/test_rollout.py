@@ -194,15 +194,35 @@ TWO_WORKERS = ServingPolicy(workers=2, batch_size=1, max_batch_delay_ms=5, threa
 JOINED_S = 60  # a KServe candidate's workers after its first, started on a busy 2-core machine
 
 
+def ray_titles() -> dict[int, str]:
+    import psutil
+    return {p.pid: " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].startswith("ray::")}
+
+
+def ray_replica_pids(application: str) -> list[int]:
+    """Each replica's process is titled by Ray with its actor's class, which Serve names after the application;
+    the title is rewritten around every task the replica runs, so it is read until it shows."""
+    title = f"ray::ServeReplica:{application}:"
+    pids: list[int] = []
+
+    def titled() -> bool:
+        pids[:] = [pid for pid, seen in ray_titles().items() if seen.startswith(title)]
+        return bool(pids)
+    try:
+        wait_for(titled, 10, f"process titled {title}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; Ray's processes: {sorted(set(ray_titles().values()))}") from None
+    return pids
+
+
 def candidate_pids(engine: str, board, settings, workers: int) -> list[int]:
     """The process ids of the candidate's (v2's) workers, as the engine describes them; on KServe once it has all
     of them (its pool serves from its first and the others join: serving/kserve/pool.py)."""
     if engine == "torchserve":
         return [worker["pid"] for worker in board.described(NAME, "v2")[0]["workers"]]
-    if engine == "ray":  # each replica's process is titled by Ray with its application: the gate's, NAME.v2
-        import psutil
-        title = f"ray::ServeReplica:{NAME}.v2:"
-        return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
+    if engine == "ray":
+        return ray_replica_pids(f"{NAME}.v2")
     def described() -> list[dict]:
         return requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()["workers"]
     wait_for(lambda: len(described()) == workers, JOINED_S, f"v2 with its {workers} workers")
