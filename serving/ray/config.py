@@ -22,6 +22,9 @@ LOG_FILE = "ray-serve.log"
 ADDRESS_FILE = "ray-address"  # our own head node's GCS address: what a further node's `ray start --address` takes
 REFUSAL = "REFUSING TO SERVE:"  # the line the server process logs with the reason a model cannot be served
 NAMESPACE = "serve"  # Serve's own namespace: `serve status` and the Serve API of a cluster find our applications
+# A rollout's candidate is served beside NAME's live application by NAME's gate application (a spare replica,
+# its imports done, that opens the version loaded beside: serving/ray/deployment.py RayGate), at GATE_PREFIX/NAME/vN.
+GATE_PREFIX = "/rollout"
 TEMP_DIR = "ray"  # Ray's session folder (its own logs, sockets), in the run dir
 # Ray puts its Unix sockets under the temp dir (…/session_<date>_<pid>/sockets/plasma_store) and a socket path
 # may not exceed 107 bytes: a longer run dir gets a short folder under /tmp, linked from the run dir.
@@ -96,6 +99,11 @@ REPLICA_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}
 HEALTH_CHECK_PERIOD_S = 2.0
 
 
+def gate_app(name: str) -> str:
+    """The Serve application of name's gate (its candidate's replica); Serve titles the replica's process with it."""
+    return f"{name}.gate"
+
+
 def deployment_options(policy: ServingPolicy) -> dict:
     """The policy as Serve's deployment options. A replica is a policy worker: its CPUs are the worker's threads
     (its GPU, on a GPU machine). It takes up to two batches at once, one in the core and the next gathering:
@@ -110,6 +118,15 @@ def deployment_options(policy: ServingPolicy) -> dict:
             "autoscaling_config": {"min_replicas": 1, "initial_replicas": policy.workers,
                                    "max_replicas": policy.workers, "target_ongoing_requests": policy.batch_size,
                                    **AUTOSCALING_PACE}}
+
+
+def gate_options(options: dict) -> dict:
+    """A model's deployment options as its gate's: one replica, on no CPU of its own (the live replicas hold the
+    node's CPUs; the gate's photos and a canary's share are all a candidate answers)."""
+    gate = {**options, "ray_actor_options": {**options["ray_actor_options"], "num_cpus": 0}}
+    gate["autoscaling_config"] = {**options["autoscaling_config"], "min_replicas": 1, "initial_replicas": 1,
+                                  "max_replicas": 1}
+    return gate
 
 
 def head_cpus(policies: dict[str, ServingPolicy], cores: int) -> int:

@@ -7,8 +7,12 @@ exception's text (it is logged under the request's id). Concurrent requests shar
 batch as the model's policy says (handlers/batching.py). Each answer names the Ray node and replica that served it in
 its SERVED_BY header, so a client sees where its request ran.
 
-During a rollout the live application's replicas hand a share of their requests to the candidate (--canary) or
-keep the photos of the next few (--shadow), as serving/ray/routing.py says.
+Beside each live application runs its gate (RayGate, application NAME.gate at GATE_PREFIX/NAME): one spare replica
+with a replica's imports done and no model open. A rollout's candidate is opened there when it is loaded beside the
+live version (in a second, where a new Serve application would start a process and import torch and Serve), and
+the gate asks it at GATE_PREFIX/NAME/vN; it stays a process of its own, so a candidate that hangs or crashes takes
+no live request with it. During a rollout the live application's replicas hand a share of their requests to the
+candidate (--canary) or keep the photos of the next few (--shadow), as serving/ray/routing.py says.
 
 Every node reads the archive from the model store's path: on one machine the store itself, across machines a
 shared folder or the image that carries it (docs/scaling.md).
@@ -16,7 +20,9 @@ shared folder or the image that carries it (docs/scaling.md).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import tempfile
 from pathlib import Path
 
@@ -36,7 +42,10 @@ from handlers.request_error import RequestError
 from handlers.start_phases import engine_run_dir
 from serving.auth import refused_response
 from serving.bounds import bounded_body
-from serving.ray.routing import LiveRouting
+from serving.ray.config import GATE_PREFIX, gate_app
+from serving.ray.routing import LiveRouting, gate_holding
+
+logger = logging.getLogger("serving.ray")
 
 DESCRIPTION_PATH = "/description"  # GET ROUTE/description: which form serves on this machine, and why
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -53,29 +62,30 @@ def application(args: dict):
         str(args["archive"]), policy, args["name"])
 
 
+def gate_application(name: str, policy: ServingPolicy, options: dict):
+    """name's gate: its spare replica, deployed as name beside the live application (gate_options)."""
+    return RayGate.options(name=name, **options).bind(name, policy)
+
+
 def application_args(archive: Path, policy: ServingPolicy) -> dict:
     """application()'s args for archive under its resolved policy."""
     versioned = split_versioned(archive.stem)  # NAME.vN.mar: a version of NAME, deployed under NAME
     return {"archive": str(archive), "name": versioned[0] if versioned else archive.stem, "policy": policy.to_dict()}
 
 
-@serve.deployment
-class RayDeployment:
-    def __init__(self, archive: str, policy: ServingPolicy, name: str):
-        """Open the archive's artifact through the core under the model's policy (handlers/opening.py, unpacked
-        once per run), served as `name` (a version's application NAME.vN too serves NAME): an archive that fails
-        its sha256 check raises here, and Serve marks the application failed with it."""
+class Replica:
+    """What a replica of ours answers with: the request core it opened (batched as its policy says), named where it
+    runs; a live one follows its rollout's routing."""
+
+    core = None
+    batcher: Batcher | None = None
+    routing: LiveRouting | None = None
+    served_by = ""
+
+    def named(self) -> None:
         import ray
-        configure_logging()
-        self.core = open_archive(archive, device_of(policy.device), policy, scratch=self.scratch(Path(archive)),
-                                 served_name=name)
-        self.batcher = Batcher(self.core, policy)
         context = serve.get_replica_context()
         self.served_by = f"{ray.get_runtime_context().get_node_id()} {context.replica_id.unique_id}"
-        self.routing = None  # the live application's replicas follow a rollout's canary and capture; NAME.vN's not
-        if context.app_name == context.deployment:  # NAME's application, not the gate's NAME.vN
-            self.routing = LiveRouting(context.app_name, context.replica_id.unique_id, self.core.served.version)
-            self.routing.start()  # Serve runs the constructor on the replica's event loop
 
     def scratch(self, archive: Path) -> Path:
         """The run's folder for this archive, unpacked once for every replica on this machine (and by the check
@@ -95,9 +105,8 @@ class RayDeployment:
         if getattr(self, "folder", None) is not None:
             self.folder.cleanup()
 
-    async def __call__(self, request: Request) -> JSONResponse:
-        if (refused := refused_response(request.headers.get("authorization"))) is not None:
-            return refused  # token authorisation on and not the inference key (serving/auth.py)
+    async def respond(self, request: Request) -> JSONResponse:
+        """The HTTP answer of the opened core: its description, or a prediction."""
         if request.method == "GET" and request.url.path.rstrip("/").endswith(DESCRIPTION_PATH):
             return JSONResponse(self.core.describe(), headers={SERVED_BY: self.served_by})
         timer, rid = metrics.Timer(), request_id_of(request.headers)
@@ -120,8 +129,7 @@ class RayDeployment:
         return as_response(outcome)
 
     async def answer(self, image: ImageRequest, timer: metrics.Timer | None = None) -> Reply:
-        """This version's reply to one request: (payload, status code, headers). The HTTP route's and a canary's
-        (a live replica's handle calls it with the request it received)."""
+        """This version's reply to one request: (payload, status code, headers)."""
         timer = timer or metrics.Timer()
         with metrics.in_flight(self.core.served.model):
             (answer,) = await self.batcher.answer([image])
@@ -131,6 +139,88 @@ class RayDeployment:
         """The reply every engine makes (handlers/answers.py), its latency and code recorded. Serve's proxy returns
         the X-Request-ID header itself (the client's, or the one it made and handed us): no id header here."""
         return reply(answer, self.core.served, rid, timer.seconds(), served_by=self.served_by)
+
+
+@serve.deployment
+class RayDeployment(Replica):
+    def __init__(self, archive: str, policy: ServingPolicy, name: str):
+        """Open the archive's artifact through the core under the model's policy (handlers/opening.py, unpacked
+        once per run), served as `name`: an archive that fails its sha256 check raises here, and Serve marks the
+        application failed with it. Its replicas follow the rollout's routing of name."""
+        configure_logging()
+        self.core = open_archive(archive, device_of(policy.device), policy, scratch=self.scratch(Path(archive)),
+                                 served_name=name)
+        self.batcher = Batcher(self.core, policy)
+        self.named()
+        self.routing = LiveRouting(name, serve.get_replica_context().replica_id.unique_id, self.core.served.version)
+        self.routing.start()  # Serve runs the constructor on the replica's event loop
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        if (refused := refused_response(request.headers.get("authorization"))) is not None:
+            return refused  # token authorisation on and not the inference key (serving/auth.py)
+        return await self.respond(request)
+
+
+@serve.deployment
+class RayGate(Replica):
+    """name's spare replica beside its live application: the imports a replica's opening needs are done at its
+    start; it opens the version a rollout loads beside the live one when told (hold), and answers it at
+    GATE_PREFIX/NAME/vN and for the live replicas' canary. Which version it holds is the router's (a replica
+    Serve replaces opens it again)."""
+
+    def __init__(self, name: str, policy: ServingPolicy):
+        import handlers.core  # noqa: F401  (torch and the core: what opening a version would import)
+        import handlers.tasks  # noqa: F401
+        configure_logging()
+        self.name, self.policy = name, policy
+        self.release()  # a spare: no version held
+        self.named()
+        held = gate_holding(name)
+        if held is not None:  # a replacement of a gate that held a candidate: it holds it again
+            self.open(*held)
+
+    async def hold(self, label: str | None, archive: str | None = None) -> dict:
+        """Hold that version (open archive, sha256-checked by the core), or none (label None): {"held": label}, or
+        {"refused": why} when it cannot open (nothing held then)."""
+        if (label, archive) == (self.label, self.archive):
+            return {"held": label}
+        self.release()
+        if label is None:
+            return {"held": None}
+        try:
+            await asyncio.to_thread(self.open, label, archive)
+        except Exception as error:  # the candidate's own reason (a sha256 mismatch, a form that fails to open)
+            logger.warning("%s: %s not held: %s", self.name, label, error)
+            self.release()
+            return {"refused": str(error)}
+        return {"held": label}
+
+    def open(self, label: str, archive: str) -> None:
+        self.core = open_archive(archive, device_of(self.policy.device), self.policy,
+                                 scratch=self.scratch(Path(archive)), served_name=self.name)
+        self.batcher = Batcher(self.core, self.policy)
+        self.label, self.archive = label, archive
+
+    def release(self) -> None:
+        self.core, self.batcher = None, None
+        self.label: str | None = None  # the version held, None while spare
+        self.archive: str | None = None
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        if (refused := refused_response(request.headers.get("authorization"))) is not None:
+            return refused
+        label = request.url.path.removeprefix(f"{GATE_PREFIX}/{self.name}").strip("/").split("/")[0]
+        if label != self.label or self.core is None:
+            return JSONResponse({"code": 404, "error": f"{self.name} {label} is not loaded beside the live version "
+                                 f"(loaded: {self.label or 'none'}); `python -m serving rollout` loads it"},
+                                status_code=404)
+        return await self.respond(request)
+
+    async def answer_as(self, label: str, image: ImageRequest) -> Reply:
+        """A live replica's canary request for label: this version's reply, or a 503 when it holds another."""
+        if label != self.label or self.core is None:
+            return {"code": 503, "error": f"{self.name} {label} is not held by {gate_app(self.name)}"}, 503, {}
+        return await self.answer(image)
 
 
 def as_response(outcome: Reply) -> JSONResponse:

@@ -4,7 +4,8 @@ share) and the capture (how many live requests' photos to keep, and those kept).
 (serving/ray/switchboard.py) sets it; each live replica, on whatever node, polls it in the background about once a second
 (LiveRouting: never a remote call per request), sends its canary counts with each poll, and sends the photos it
 captures to it without waiting for an answer. A canary request goes from the live replica through a Serve handle
-to the candidate's application, whose replica answers it with the same code as its HTTP route. What is forwarded,
+to the name's gate (serving/ray/deployment.py RayGate), whose replica answers it with the same code as its HTTP
+route. The router also holds which version each gate holds, so that a gate replica Serve replaces opens it again. What is forwarded,
 counted and answered by whom is the one routing policy's (handlers/routing.py): this module is its transport on Ray.
 
 Every change bumps the name's epoch; a change is settled once every replica that polled lately has polled again
@@ -23,7 +24,7 @@ import ray
 from handlers.request import ImageRequest
 from handlers.request_body import image_of
 from handlers.routing import CanaryShare, Capture, Outcome, ended, outcome_of_status, summed
-from serving.ray.config import NAMESPACE  # Serve's: its replicas and the router live there
+from serving.ray.config import NAMESPACE, gate_app  # Serve's namespace: its replicas and the router live there
 
 logger = logging.getLogger("serving.ray")
 
@@ -59,6 +60,17 @@ class RoutingTable:
 
     def __init__(self):
         self.names: dict[str, Route] = {}
+        self.gates: dict[str, tuple[str, str]] = {}  # name -> (label, archive) its gate holds
+
+    def set_gate(self, name: str, label: str | None, archive: str | None = None) -> None:
+        """What name's gate holds from now on: that version (label, its archive's path), or nothing (None)."""
+        if label is None:
+            self.gates.pop(name, None)
+        else:
+            self.gates[name] = (label, str(archive))
+
+    def gate_of(self, name: str) -> tuple[str, str] | None:
+        return self.gates.get(name)
 
     def poll(self, name: str, replica: str, report: dict) -> dict:
         """A live replica's report (the epoch it serves by, its canary counts) and where its requests go now."""
@@ -142,7 +154,7 @@ class LiveRouting:
         self.version = version  # this replica's own: a canary of it (a switch to it) is answered here
         self.routes: dict = NO_ROUTES
         self.router = None
-        self.handles: dict[str, object] = {}  # the candidate's Serve handle, by label
+        self.handle = None  # the Serve handle of name's gate, which holds the candidate
         self.share: CanaryShare | None = None  # the canary this replica follows, and its counts
         self.sent = 0  # photos sent to the current capture: no more than its count
         self.task: asyncio.Task | None = None
@@ -180,8 +192,8 @@ class LiveRouting:
         canary = routes["canary"]
         if canary and canary["label"] == self.version:
             canary = routes["canary"] = None  # the version switched to: this replica is it
-        if canary and canary["percent"] > 0 and canary["label"] not in self.handles:
-            self.handles = {canary["label"]: await asyncio.to_thread(candidate_handle, self.name, canary["label"])}
+        if canary and canary["percent"] > 0 and self.handle is None:
+            self.handle = await asyncio.to_thread(gate_handle, self.name)
         if canary is None:
             self.share = None
         elif self.share is None or self.share.canary_id != canary["id"]:
@@ -193,11 +205,11 @@ class LiveRouting:
         self.routes = routes
 
     def canary_handle(self):
-        """The candidate's handle when this request is one of the canary's share, else None."""
+        """The gate's handle when this request is one of the canary's share, else None."""
         canary, share = self.routes["canary"], self.share
         if canary is None or share is None or not share.takes():
             return None
-        return self.handles.get(canary["label"])
+        return self.handle
 
     async def forward(self, handle, request: ImageRequest) -> tuple | None:
         """The candidate's answer to request ((payload, code, headers)), counted; None when it did not serve it
@@ -207,7 +219,7 @@ class LiveRouting:
             return None
 
         async def ask() -> tuple[Outcome, tuple]:
-            answer = await awaited(handle.answer.remote(request))
+            answer = await awaited(handle.answer_as.remote(share.label, request))
             return outcome_of_status(answer[1]), answer
 
         async def live() -> None:
@@ -227,7 +239,16 @@ async def awaited(response):
     return await response
 
 
-def candidate_handle(name: str, label: str):
-    """A handle to the candidate's application (NAME.vN, deployed beside the live one for the gate)."""
+def gate_handle(name: str):
+    """A handle to name's gate, which holds the candidate (deployed beside the live application)."""
     from ray import serve
-    return serve.get_app_handle(f"{name}.{label}")
+    return serve.get_app_handle(gate_app(name))
+
+
+def gate_holding(name: str) -> tuple[str, str] | None:
+    """(label, archive) that name's gate holds, as the router says; None with no router (no rollout yet)."""
+    try:
+        router = ray.get_actor(ROUTER_NAME, NAMESPACE)
+    except ValueError:
+        return None
+    return ray.get(router.gate_of.remote(name), timeout=SETTLE_TIMEOUT_S)

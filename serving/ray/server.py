@@ -1,7 +1,8 @@
 """The Ray Serve server process: `python -m serving.ray.server RUN_DIR/ray-settings.json` (started by the engine,
 in a session of its own). It starts a head node of its own (`ray start --head`, its processes in this session)
 or joins the cluster at settings.address, deploys one Serve application per archive at /predictions/NAME with
-the replicas of its policy as the run config holds it, and stays until SIGTERM: then it removes its
+the replicas of its policy as the run config holds it (and beside it, once it is deployed, its gate: a spare
+replica for a rollout's candidate, serving/ray/deployment.py), and stays until SIGTERM: then it removes its
 applications, and ends its own head node.
 An application that cannot be deployed (an archive failing its sha256 check) stops the start with its reason
 (logged after REFUSAL, exit 1).
@@ -24,7 +25,7 @@ from handlers.policy import this_machine_resources
 from serving.auth import KEYS_ENV
 from serving.processes import sigterm_interrupts
 from serving.ray import cluster, signals
-from serving.ray.config import NAMESPACE, REFUSAL, RaySettings, deployment_options, head_cpus
+from serving.ray.config import NAMESPACE, REFUSAL, RaySettings, deployment_options, gate_app, head_cpus
 from serving.settings import ServingError, free_port
 
 logger = logging.getLogger("serving.ray")
@@ -83,8 +84,8 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
         return with_key_file(signals.with_metrics_env(deployment_options(policy), folder), settings)
     # up before the models: live at once, ready once every application runs (a client that saw the first answer
     # must find the health address there already); a rollout's steps come to its version routes
-    signals.start(settings.host, settings.signals_port, list(settings.models), folder, settings.temp_dir(),
-                  RayVersions(settings, options_of))
+    versions = RayVersions(settings, options_of)
+    signals.start(settings.host, settings.signals_port, list(settings.models), folder, settings.temp_dir(), versions)
     logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
                 settings.signals_url, settings.signals_url)
     for name in settings.models:
@@ -97,6 +98,8 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
+    for name in settings.models:  # each model's spare for a rollout's candidate, started as the server answers
+        versions.deploy_gate(name, wait=False)
 
 
 def with_key_file(options: dict, settings: RaySettings) -> dict:
@@ -172,6 +175,7 @@ def remove(settings: RaySettings, own_cluster: bool) -> None:
     else:
         for name in settings.models:
             serve.delete(name)
+            serve.delete(gate_app(name))
     ray.shutdown()
 
 

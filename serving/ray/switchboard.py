@@ -10,8 +10,8 @@ from pathlib import Path
 import requests
 
 from serving.auth import auth_headers
-from serving.ray.config import SETTINGS_FILE, RaySettings
-from serving.ray.versions import GATE_PREFIX, described_version
+from serving.ray.config import GATE_PREFIX, SETTINGS_FILE, RaySettings
+from serving.ray.versions import described_version
 from serving.rollout.switchboard import RoutedSwitchboard, answer_of
 from serving.settings import REQUEST_TIMEOUT_S, on_loopback
 

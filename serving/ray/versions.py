@@ -3,15 +3,16 @@ through its version routes (serving/rollout/switchboard.py's RoutedSwitchboard),
 a rollout then needs no Ray driver of its own (Python's `import ray`, `ray.init` and Serve's client: seconds
 before its first step, and several times that on a loaded machine).
 
-The candidate is deployed beside the live application as an application of its own (one replica, at
-/rollout/NAME/vN, for the gate only). At the switch the live replicas hand it every request at once (the routing
-below, at 100 %), while Serve's own in-place update brings the live application to the candidate's archive: Serve
-replaces its replicas a few at a time, each old one finishing the requests it holds before it stops, and each new
-one, being the candidate's version, answers itself. Then the gate's application goes.
+The candidate is opened beside the live application by NAME's gate (serving/ray/deployment.py RayGate: a spare
+replica deployed with the live one, its imports done, at GATE_PREFIX/NAME/vN once it holds vN). At the switch the
+live replicas hand it every request at once (the routing below, at 100 %), while Serve's own in-place update
+brings the live application to the candidate's archive: Serve replaces its replicas a few at a time, each old one
+finishing the requests it holds before it stops, and each new one, being the candidate's version, answers itself.
+Then the gate lets the candidate go and stands by again.
 
 --canary P and --shadow N: the live replicas, on whatever node, follow a small named actor of Serve's namespace
-(serving/ray/routing.py) that these versions set: each hands P % of its requests to the candidate's application
-through a Serve handle (counted; one that fails is answered by the live version), or sends the photos of the next
+(serving/ray/routing.py) that these versions set: each hands P % of its requests to the gate through a Serve
+handle (counted; one that fails is answered by the live version), or sends the photos of the next
 N requests it answers to the actor. The switch and the unload end both for the name."""
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ import requests
 from contract.policy import ServingPolicy
 from contract.versions import archive_name, parse_label
 from serving.auth import VERSION_ROUTES, auth_headers
-from serving.ray.config import RaySettings
+from serving.ray.config import GATE_PREFIX, RaySettings, gate_app, gate_options
 from serving.rollout.switchboard import answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
 
 logger = logging.getLogger("serving.ray")
 
-GATE_PREFIX = "/rollout"  # the candidate's route on Serve's proxy while the gate runs: /rollout/NAME/vN
 NAME, LABEL = r"(?P<name>[^/]+)", r"(?P<label>v\d+)"
+GATE_TIMEOUT_S = 120.0  # a gate's replica started (a busy machine's imports) and the candidate opened within this
 
 
 class VersionsError(ServingError):
@@ -55,32 +56,72 @@ class RayVersions:
         self.new_router = False  # made by this process: the replicas have not polled it yet
 
     # ---------------------------------------------------------------- what is loaded
-    def gate_app(self, name: str, label: str) -> str:
-        return f"{name}.{label}"
-
     def describe(self, name: str) -> dict:
         import ray
         from ray import serve
-        applications = serve.status().applications
-        if name not in applications:
+        if name not in serve.status().applications:
             raise VersionsError(404, f"no model {name}")
         default = described_version(self.settings, name)
-        gates = [app.split(".", 1)[1] for app in applications if app.startswith(f"{name}.v")]
+        held = self.held(name)
         router = self.router(create=False)
         canary = ray.get(router.canary_report.remote(name)) if router is not None else None
-        return {"default": default, "loaded": [default, *(gate for gate in gates if gate != default)],
+        return {"default": default, "loaded": [default, *([held] if held and held != default else [])],
                 "canary": canary if canary and canary["label"] else None}
+
+    def held(self, name: str) -> str | None:
+        """The version name's gate holds beside the live one (the router's record), None when none."""
+        import ray
+        router = self.router(create=False)
+        holding = ray.get(router.gate_of.remote(name)) if router is not None else None
+        return holding[0] if holding else None
+
+    def require_held(self, name: str, label: str) -> None:
+        if self.held(name) != label:
+            raise VersionsError(404, f"{name} {label} is not loaded beside the live version")
 
     # ---------------------------------------------------------------- loading and switching
     def load(self, name: str, label: str) -> dict:
+        """The candidate opened by name's gate (deployed now if it is not there: a server on someone else's
+        cluster, or a gate deleted); one version beside the live one at a time."""
+        import ray
         archive = self.archive(name, label)
-        app = self.gate_app(name, label)
-        try:
-            self.deploy(name, archive, app, f"{GATE_PREFIX}/{name}/{label}", beside=True)
-        except VersionsError:
-            self.unload(name, label)
-            raise
+        held = self.held(name)
+        if held not in (None, label):
+            raise VersionsError(409, f"{name} {held} is loaded beside the live version: unload it first "
+                                     f"(`python -m serving rollback`, or DELETE {VERSION_ROUTES}/{name}/{held})")
+        self.deploy_gate(name, wait=True)
+        router = self.router(create=True)
+        ray.get(router.set_gate.remote(name, label, str(archive)))
+        held_now = self.gate_hold(name, label, archive)
+        if "refused" in held_now:
+            ray.get(router.set_gate.remote(name, None))
+            raise VersionsError(422, f"{archive.name} cannot be loaded: {held_now['refused']}")
         return {"loaded": label}
+
+    def gate_hold(self, name: str, label: str | None, archive: Path | None = None) -> dict:
+        """The gate's replica told what to hold: its answer ({"held"} or {"refused": why}); VersionsError when it
+        does not answer (its replica not started within GATE_TIMEOUT_S, or failing)."""
+        from ray import serve
+        try:
+            handle = serve.get_app_handle(gate_app(name))
+            return handle.hold.remote(label, None if archive is None else str(archive)).result(
+                timeout_s=GATE_TIMEOUT_S)
+        except Exception as error:  # Serve's own: a timeout, a replica that died while opening
+            raise VersionsError(503, f"{gate_app(name)}, which opens {name}'s candidate, did not answer: "
+                                     f"{type(error).__name__}: {error}") from None
+
+    def deploy_gate(self, name: str, wait: bool) -> None:
+        """name's gate beside its live application, unless it is there; waited for when wait, else deployed
+        while the caller goes on (the server's start, which returns once its own models answered)."""
+        from ray import serve
+
+        from serving.ray.deployment import gate_application
+        if gate_app(name) in serve.status().applications:
+            return  # running, or its replica still starting: the hold waits for it
+        policy = self.settings.policies[name]
+        target = serve.RunTarget(gate_application(name, policy, gate_options(self.options_of(policy))),
+                                 name=gate_app(name), route_prefix=f"{GATE_PREFIX}/{name}")
+        serve.run_many([target], wait_for_applications_running=wait)
 
     def archive(self, name: str, label: str) -> Path:
         if name not in self.settings.policies:
@@ -90,56 +131,55 @@ class RayVersions:
             raise VersionsError(404, f"{archive} not in the model store")
         return archive
 
-    def deploy(self, name: str, archive: Path, app_name: str, route: str, beside: bool) -> None:
+    def deploy(self, name: str, archive: Path) -> None:
+        """Serve's in-place update of name's live application to archive."""
         from ray import serve
 
         from serving.ray.deployment import application, application_args
         policy = self.settings.policies[name]
-        options = self.options_of(policy)
-        if beside:  # one replica for the gate, on no CPU of its own: the live replicas hold the node's CPUs
-            options["ray_actor_options"]["num_cpus"] = 0
-            options["autoscaling_config"].update(min_replicas=1, initial_replicas=1, max_replicas=1)
-        app = application({**application_args(archive, policy), "options": options})
+        app = application({**application_args(archive, policy), "options": self.options_of(policy)})
         try:
-            serve.run(app, name=app_name, route_prefix=route)
+            serve.run(app, name=name, route_prefix=f"/predictions/{name}")
         except RuntimeError as error:
-            raise VersionsError(422, f"{archive.name} cannot be deployed: {deployment_failure(app_name) or error}") \
+            raise VersionsError(422, f"{archive.name} cannot be deployed: {deployment_failure(name) or error}") \
                 from None
 
     def set_default(self, name: str, label: str) -> dict:
-        """The candidate's application, loaded beside, takes every request of name at once: the live replicas
-        hand it all of them (a canary of 100 %; one that fails is answered by the live version), settled once each
-        follows it. Then Serve's in-place update brings the live application to the candidate's archive (its new
-        replicas answer themselves: they are that version), the routing ends and the gate's application goes. No
-        canary or capture outlives it."""
+        """The candidate, held by the gate, takes every request of name at once: the live replicas hand it all of
+        them (a canary of 100 %; one that fails is answered by the live version), settled once each follows it.
+        Then Serve's in-place update brings the live application to the candidate's archive (its new replicas
+        answer themselves: they are that version), the routing ends and the gate stands by again. No canary or
+        capture outlives it."""
         import ray
-        from ray import serve
         archive = self.archive(name, label)
-        if self.gate_app(name, label) not in serve.status().applications:
-            raise VersionsError(404, f"{name} {label} is not loaded")
+        self.require_held(name, label)
         router = self.router(create=True)
         self.settle(router, name, ray.get(router.set_switch.remote(name, label)), idle=False)
-        self.deploy(name, archive, name, f"/predictions/{name}", beside=False)
+        self.deploy(name, archive)
         self.settle(router, name, ray.get(router.end.remote(name)), idle=False)  # the switch's counts are nobody's
-        serve.delete(self.gate_app(name, label))
+        self.release(name)
         logger.info("%s: %s is the default", name, label)
         return {"default": label}
 
     def unload(self, name: str, label: str) -> dict:
-        """The gate's application of that version gone (the old version's replicas drained in Serve's update)."""
-        from ray import serve
+        """The gate lets that version go (the old version's replicas drained in Serve's update)."""
         self.end_routing(name)
-        if self.gate_app(name, label) in serve.status().applications:
-            serve.delete(self.gate_app(name, label))
+        if self.held(name) == label:
+            self.release(name)
         return {"unloaded": label}
+
+    def release(self, name: str) -> None:
+        import ray
+        router = self.router(create=True)
+        ray.get(router.set_gate.remote(name, None))
+        self.gate_hold(name, None)
 
     # ---------------------------------------------------------------- canary and capture
     def canary(self, name: str, label: str, percent: float) -> dict:
         """Set, then settled: every live replica follows it, none still holds a canary request (so that the counts
         are final when it ends)."""
         import ray
-        from ray import serve
-        if percent and self.gate_app(name, label) not in serve.status().applications:
+        if percent and self.held(name) != label:
             raise VersionsError(409, f"a canary of {name} {label}: {label} is not loaded beside the live version")
         router = self.router(create=True)
         self.settle(router, name, ray.get(router.set_canary.remote(name, label, percent)))

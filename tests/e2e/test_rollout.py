@@ -29,6 +29,7 @@ from export.package.archive import build_archive
 from handlers.routes import ROUTES_FOLDER, ModelRoutes
 from measure.reliability.rollout import VersionedLoad, engine_settings, failures, serving_command
 from serving import engine as engines
+from serving.ray.config import gate_app
 from serving.rollout.candidate import Candidate, checked_manifest
 from tests.answers import assert_same_answer, expected_answer
 from tests.conftest import ROOT
@@ -210,7 +211,7 @@ def ray_replica_pids(application: str) -> list[int]:
         pids[:] = [pid for pid, seen in ray_titles().items() if seen.startswith(title)]
         return bool(pids)
     try:
-        wait_for(titled, 10, f"process titled {title}")
+        wait_for(titled, JOINED_S, f"process titled {title}")
     except AssertionError as error:
         raise AssertionError(f"{error}; Ray's processes: {sorted(set(ray_titles().values()))}") from None
     return pids
@@ -222,7 +223,7 @@ def candidate_pids(engine: str, board, settings, workers: int) -> list[int]:
     if engine == "torchserve":
         return [worker["pid"] for worker in board.described(NAME, "v2")[0]["workers"]]
     if engine == "ray":
-        return ray_replica_pids(f"{NAME}.v2")
+        return ray_replica_pids(gate_app(NAME))
     def described() -> list[dict]:
         return requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()["workers"]
     wait_for(lambda: len(described()) == workers, JOINED_S, f"v2 with its {workers} workers")
@@ -258,9 +259,11 @@ def test_a_candidate_that_hangs_or_crashes_never_fails_a_live_request(engine, po
     with server.running(CAT):
         board = server.switchboard()
         archive = store / f"{NAME}.v2.mar"
+        spare = ray_replica_pids(gate_app(NAME)) if engine == "ray" else None  # the gate's, standing by
         board.load_beside(NAME, Candidate(archive, checked_manifest(archive)))
         pids = candidate_pids(engine, board, settings, policy.workers)
         assert pids, f"no process of {NAME}'s v2 on {engine}"
+        assert spare is None or pids == spare, "Ray's candidate opened in a new process, not in the gate's spare"
         load = VersionedLoad(url, CAT.read_bytes(), engine=server).start()
         try:
             hung = canary_while(board, lambda: [os.kill(pid, signal.SIGSTOP) for pid in pids], engine)

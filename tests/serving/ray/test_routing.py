@@ -75,3 +75,14 @@ def test_a_replica_that_leaves_is_not_waited_for():
     assert table.settled("m", ended)
     table.leave("m", "gone")  # an unknown replica, an unknown name: nothing to forget
     table.leave("other", "x")
+
+
+def test_the_gate_holds_one_version_per_name_until_it_is_let_go():
+    """What a gate replica Serve replaces opens again: the version loaded beside, per name, until released."""
+    table = RoutingTable()
+    assert table.gate_of("m") is None
+    table.set_gate("m", "v2", "/store/m.v2.mar")
+    table.set_gate("n", "v5", "/store/n.v5.mar")
+    assert table.gate_of("m") == ("v2", "/store/m.v2.mar") and table.gate_of("n") == ("v5", "/store/n.v5.mar")
+    table.set_gate("m", None)
+    assert table.gate_of("m") is None and table.gate_of("n") == ("v5", "/store/n.v5.mar")
