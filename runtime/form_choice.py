@@ -19,8 +19,9 @@ declared at export can be right everywhere. A measurement is kept in the user's 
 the candidates' sha256, the machine (its CPU, flags, cores, device and runtime versions) and the setting, so every
 later start on this machine (a restart, another run dir, the other workers, a replaced worker) serves the same
 choice without measuring again, and a change of either content or machine measures afresh; a lock makes the first
-worker measure alone while the others wait for its result. VISION_EXPORT_FORM_CHOICE=remeasure measures again and
-replaces what was kept. Every candidate is checked against the manifest's sha256 (runtime.integrity
+worker measure alone while the others wait for its result. The export keeps its own timing of the forms there
+too (keep_export_measurement: the same setting, batch 1, on the machine that exported), so a first start there reads
+it. VISION_EXPORT_FORM_CHOICE=remeasure measures again and replaces what was kept. Every candidate is checked against the manifest's sha256 (runtime.integrity
 verify_artifact) before any of its code runs, and the served one again before it serves (handlers/core.py); a kept
 choice whose form fails that check is forgotten (forget). The measuring worker serves the backend it measured
 (taken_backend) instead of opening it twice.
@@ -61,6 +62,8 @@ CHOICE_ENV = "VISION_EXPORT_FORM_CHOICE"  # declared | remeasure (unset: measure
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vision-export" / "form-choices"
 FALLBACK_CACHE_DIR = Path(tempfile.gettempdir()) / "vision-export-form-choices"  # where the user's is not writable
 RUNTIMES = ("torch", "onnxruntime", "openvino")  # a new version may change which form is fastest
+IMAGES_PER_S, MEASURED_BY = "images_per_s", "measured_by"  # a kept measurement's fields
+BY_A_START, BY_THE_EXPORT = "at an earlier start", "by the export"
 
 
 class FormChoiceError(ContractError):
@@ -226,17 +229,35 @@ def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, t
     key = _key(manifest, met, machine, threads, shape, device)
     opened: dict[str, tuple[RunOptions, Any]] = {}
     with _locked(key) as cache:
-        measured = None if mode == "remeasure" else _kept(cache / f"{key}.json")
-        if measured is None:
+        kept = None if mode == "remeasure" else _kept(cache / f"{key}.json")
+        if kept is None:
             measured = {kind: _rate(folder, manifest, kind, threads, shape, device, rebuild, opened) for kind in met}
-            atomic_write_text(cache / f"{key}.json", json.dumps(measured))
+            _keep(cache / f"{key}.json", measured, BY_A_START)
             how = "measured at this worker's start"
         else:
-            how = "as measured at an earlier start on this machine"
+            measured, by = kept
+            how = f"as measured {by} on this machine"
     kind = within_margin(met, measured)
-    kept = dict(zip(("options", "backend"), opened[kind])) if kind in opened else {}
+    backend = dict(zip(("options", "backend"), opened[kind])) if kind in opened else {}
     return MeasuredChoice(kind, machine, skipped, measured,
-                          f"{how}; the first of the declared order within {MARGIN:.0%} of the fastest", key, kept)
+                          f"{how}; the first of the declared order within {MARGIN:.0%} of the fastest", key, backend)
+
+
+def keep_export_measurement(manifest: Manifest, machine: MachineProfile, threads: int, device: str,
+                            median_ms: dict[str, float]) -> bool:
+    """The export's own timing of its forms (one call on the example input, under the serving policy's threads,
+    on this machine) kept as the choice's measurement at batch 1, so that the first start on the machine that
+    exported reads it instead of measuring the same forms again; a start's own measurement is never replaced.
+    False when the timings do not cover every candidate this machine meets, or there is nothing to choose."""
+    met, _ = met_candidates(manifest.decision().gated, machine, manifest.artifacts, manifest.artifacts, device)
+    handler_input = manifest.input.handler_input()
+    if len(met) < 2 or handler_input is None or not all(median_ms.get(kind) for kind in met):
+        return False
+    key = _key(manifest, met, machine, threads, (1, *handler_input), device)
+    with _locked(key) as cache:
+        if _kept(cache / f"{key}.json") is None:
+            _keep(cache / f"{key}.json", {kind: round(1000 / median_ms[kind], 1) for kind in met}, BY_THE_EXPORT)
+    return True
 
 
 def taken_backend(choice: Choice | None, options: RunOptions) -> Any:
@@ -301,12 +322,18 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def _kept(path: Path) -> dict[str, float] | None:
+def _kept(path: Path) -> tuple[dict[str, float], str] | None:
+    """(images/s per candidate, who measured them) as kept at path; None when nothing readable is."""
     try:
         kept = json.loads(path.read_text())
-    except (OSError, ValueError):
+        rates = {str(kind): float(rate) for kind, rate in kept[IMAGES_PER_S].items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-    return {str(kind): float(rate) for kind, rate in kept.items()} if isinstance(kept, dict) else None
+    return rates, str(kept.get(MEASURED_BY, BY_A_START))
+
+
+def _keep(path: Path, rates: dict[str, float], by: str) -> None:
+    atomic_write_text(path, json.dumps({IMAGES_PER_S: rates, MEASURED_BY: by}))
 
 
 @contextmanager

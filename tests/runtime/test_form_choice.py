@@ -88,6 +88,32 @@ def test_a_kept_choice_serves_again_until_its_form_is_changed(two_candidates, tm
     assert "measured at this worker's start" in open_core(two_candidates, threads=1).choice.how
 
 
+@pytest.mark.slow
+def test_the_exports_own_timing_is_the_first_starts_choice_and_never_replaces_a_starts(two_candidates, tmp_path,
+                                                                                         monkeypatch):
+    """The export times its forms under the serving policy's threads on the machine that exports: a first start
+    there serves the form those timings choose without timing them again; a start's own measurement stays."""
+    from contract.records import Manifest
+    from runtime.machine import this_machine_profile
+    monkeypatch.setattr(form_choice, "CACHE_DIR", tmp_path / "choices")
+    monkeypatch.delenv(form_choice.CHOICE_ENV, raising=False)
+    manifest, machine = Manifest.read(two_candidates), this_machine_profile("cpu")
+    timings = {"onnx-dynamo": 10.0, "onnx-traced": 5.0}  # ms: onnx-traced twice as fast, past the margin
+    assert form_choice.keep_export_measurement(manifest, machine, 1, "cpu", timings)
+    first = open_core(two_candidates, threads=1)
+    assert "by the export" in first.choice.how and first.record.kind == "onnx-traced"
+    assert first.choice.measured == {"onnx-dynamo": 100.0, "onnx-traced": 200.0}
+    assert form_choice.keep_export_measurement(manifest, machine, 1, "cpu", {"onnx-dynamo": 1.0, "onnx-traced": 9.0})
+    assert open_core(two_candidates, threads=1).choice.measured == first.choice.measured  # the first kept stays
+    assert not form_choice.keep_export_measurement(manifest, machine, 1, "cpu", {"onnx-dynamo": 1.0})  # not all timed
+    monkeypatch.setenv(form_choice.CHOICE_ENV, "remeasure")
+    measured = open_core(two_candidates, threads=1).choice
+    assert "measured at this worker's start" in measured.how
+    monkeypatch.delenv(form_choice.CHOICE_ENV)
+    form_choice.keep_export_measurement(manifest, machine, 1, "cpu", timings)
+    assert open_core(two_candidates, threads=1).choice.measured == measured.measured
+
+
 def test_a_kept_choice_is_keyed_by_the_forms_content_and_the_machine():
     from dataclasses import replace
 
