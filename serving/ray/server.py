@@ -99,7 +99,10 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
     for name in settings.models:  # each model's spare for a rollout's candidate, started as the server answers
-        versions.deploy_gate(name, wait=False)
+        try:
+            versions.deploy_gate(name, wait=False)
+        except ServingError as error:  # the models serve without it: a rollout deploys it again, or says why
+            logger.warning("%s", error)
 
 
 def with_key_file(options: dict, settings: RaySettings) -> dict:

@@ -36,6 +36,7 @@ from serving.settings import REQUEST_TIMEOUT_S, ServingError
 logger = logging.getLogger("serving.ray")
 
 NAME, LABEL = r"(?P<name>[^/]+)", r"(?P<label>v\d+)"
+DEPLOY_FAILED = "DEPLOY_FAILED"  # Serve's status of an application whose replicas could not start
 GATE_TIMEOUT_S = 120.0  # a gate's replica started (a busy machine's imports) and the candidate opened within this
 
 
@@ -111,17 +112,26 @@ class RayVersions:
                                      f"{type(error).__name__}: {error}") from None
 
     def deploy_gate(self, name: str, wait: bool) -> None:
-        """name's gate beside its live application, unless it is there; waited for when wait, else deployed
-        while the caller goes on (the server's start, which returns once its own models answered)."""
+        """name's gate beside its live application, unless it is there (a failed one is deployed again); waited
+        for when wait, else deployed while the caller goes on (the server's start, which returns once its own
+        models answered)."""
         from ray import serve
 
         from serving.ray.deployment import gate_application
-        if gate_app(name) in serve.status().applications:
+        app = gate_app(name)
+        status = serve.status().applications.get(app)
+        if status is not None and status.status != DEPLOY_FAILED:
             return  # running, or its replica still starting: the hold waits for it
+        if status is not None:
+            serve.delete(app)
         policy = self.settings.policies[name]
         target = serve.RunTarget(gate_application(name, policy, gate_options(self.options_of(policy))),
-                                 name=gate_app(name), route_prefix=f"{GATE_PREFIX}/{name}")
-        serve.run_many([target], wait_for_applications_running=wait)
+                                 name=app, route_prefix=f"{GATE_PREFIX}/{name}")
+        try:
+            serve.run_many([target], wait_for_applications_running=wait)
+        except RuntimeError as error:  # Serve's "Deploying application ... failed": the replica says why
+            raise VersionsError(503, f"{app}, which opens {name}'s candidate, cannot be deployed: "
+                                     f"{deployment_failure(app) or error}") from None
 
     def archive(self, name: str, label: str) -> Path:
         if name not in self.settings.policies:
