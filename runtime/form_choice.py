@@ -62,7 +62,7 @@ CHOICE_ENV = "VISION_EXPORT_FORM_CHOICE"  # declared | remeasure (unset: measure
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vision-export" / "form-choices"
 FALLBACK_CACHE_DIR = Path(tempfile.gettempdir()) / "vision-export-form-choices"  # where the user's is not writable
 RUNTIMES = ("torch", "onnxruntime", "openvino")  # a new version may change which form is fastest
-IMAGES_PER_S, MEASURED_BY = "images_per_s", "measured_by"  # a kept measurement's fields
+MEASURED_BY_SUFFIX = ".by"  # beside KEY.json: who measured it (BY_A_START when absent)
 BY_A_START, BY_THE_EXPORT = "at an earlier start", "by the export"
 
 
@@ -276,6 +276,7 @@ def forget(choice: Choice) -> None:
     if isinstance(choice, MeasuredChoice) and choice.key:
         for folder in (CACHE_DIR, FALLBACK_CACHE_DIR):
             (folder / f"{choice.key}.json").unlink(missing_ok=True)
+            (folder / f"{choice.key}{MEASURED_BY_SUFFIX}").unlink(missing_ok=True)
 
 
 def within_margin(declared: list[str], rates: dict[str, float]) -> str:
@@ -326,14 +327,18 @@ def _kept(path: Path) -> tuple[dict[str, float], str] | None:
     """(images/s per candidate, who measured them) as kept at path; None when nothing readable is."""
     try:
         kept = json.loads(path.read_text())
-        rates = {str(kind): float(rate) for kind, rate in kept[IMAGES_PER_S].items()}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        rates = {str(kind): float(rate) for kind, rate in kept.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
-    return rates, str(kept.get(MEASURED_BY, BY_A_START))
+    by = path.with_suffix(MEASURED_BY_SUFFIX)
+    return rates, by.read_text().strip() if by.is_file() else BY_A_START
 
 
 def _keep(path: Path, rates: dict[str, float], by: str) -> None:
-    atomic_write_text(path, json.dumps({IMAGES_PER_S: rates, MEASURED_BY: by}))
+    """The rates as a flat {kind: images/s}, the form every release of this module reads (an archive carries the
+    runtime it was exported with, and its workers share this cache), and who measured them beside it."""
+    atomic_write_text(path.with_suffix(MEASURED_BY_SUFFIX), by)
+    atomic_write_text(path, json.dumps(rates))
 
 
 @contextmanager

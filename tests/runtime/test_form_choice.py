@@ -4,6 +4,7 @@ workers."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import zipfile
 
@@ -103,6 +104,8 @@ def test_the_exports_own_timing_is_the_first_starts_choice_and_never_replaces_a_
     first = open_core(two_candidates, threads=1)
     assert "by the export" in first.choice.how and first.record.kind == "onnx-traced"
     assert first.choice.measured == {"onnx-dynamo": 100.0, "onnx-traced": 200.0}
+    (kept,) = (tmp_path / "choices").glob("*.json")  # flat, as every release reads it (an archive carries its own)
+    assert json.loads(kept.read_text()) == first.choice.measured
     assert form_choice.keep_export_measurement(manifest, machine, 1, "cpu", {"onnx-dynamo": 1.0, "onnx-traced": 9.0})
     assert open_core(two_candidates, threads=1).choice.measured == first.choice.measured  # the first kept stays
     assert not form_choice.keep_export_measurement(manifest, machine, 1, "cpu", {"onnx-dynamo": 1.0})  # not all timed
