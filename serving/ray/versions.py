@@ -92,8 +92,12 @@ class RayVersions:
                                      f"(`python -m serving rollback`, or DELETE {VERSION_ROUTES}/{name}/{held})")
         self.deploy_gate(name, wait=True)
         router = self.router(create=True)
-        ray.get(router.set_gate.remote(name, label, str(archive)))
-        held_now = self.gate_hold(name, label, archive)
+        ray.get(router.set_gate.remote(name, label, str(archive)))  # first: a replaced gate replica opens it too
+        try:
+            held_now = self.gate_hold(name, label, archive)
+        except VersionsError:
+            ray.get(router.set_gate.remote(name, None))
+            raise
         if "refused" in held_now:
             ray.get(router.set_gate.remote(name, None))
             raise VersionsError(422, f"{archive.name} cannot be loaded: {held_now['refused']}")
