@@ -168,8 +168,9 @@ REPLACED_S = 180  # a new replica: a process, the archive unpacked, its artifact
 
 
 def replica_pids(process) -> list[int]:
-    """The model's replica processes in the Ray session the server process started (Ray titles them by class)."""
-    return [pid for pid in session_members(process.pid) if f"ServeReplica:{NAME}" in process_name(pid)]
+    """The model's replica processes in the Ray session the server process started (Ray titles them by class,
+    ray::ServeReplica:APP:DEPLOYMENT: its gate's, APP NAME.gate, is not one of them)."""
+    return [pid for pid in session_members(process.pid) if f"ServeReplica:{NAME}:" in process_name(pid)]
 
 
 def test_not_ready_when_the_replica_dies_ready_again_when_replaced_no_wrong_answer(served, expect):
