@@ -99,6 +99,8 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
         except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
             raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
     for name in settings.models:  # each model's spare for a rollout's candidate, started as the server answers
+        if settings.policies[name].device == "gpu":
+            continue  # the live replicas hold the GPUs: a spare would wait for one (a rollout deploys it, and waits)
         try:
             versions.deploy_gate(name, wait=False)
         except ServingError as error:  # the models serve without it: a rollout deploys it again, or says why
