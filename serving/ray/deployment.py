@@ -176,8 +176,12 @@ class RayGate(Replica):
         self.release()  # a spare: no version held
         self.named()
         held = gate_holding(name)
-        if held is not None:  # a replacement of a gate that held a candidate: it holds it again
-            self.open(*held)
+        if held is not None:  # a replacement of a gate that held a candidate: it holds it again, if it still opens
+            try:
+                self.open(*held)
+            except Exception as error:  # the gate stays up, holding nothing: the rollout's asks say so
+                logger.warning("%s: %s not held again: %s", name, held[0], error)
+                self.release()
 
     async def hold(self, label: str | None, archive: str | None = None) -> dict:
         """Hold that version (open archive, sha256-checked by the core), or none (label None): {"held": label}, or
