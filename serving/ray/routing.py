@@ -5,8 +5,9 @@ share) and the capture (how many live requests' photos to keep, and those kept).
 (LiveRouting: never a remote call per request), sends its canary counts with each poll, and sends the photos it
 captures to it without waiting for an answer. A canary request goes from the live replica through a Serve handle
 to the name's gate (serving/ray/deployment.py RayGate), whose replica answers it with the same code as its HTTP
-route. The router also holds which version each gate holds, so that a gate replica Serve replaces opens it again. What is forwarded,
-counted and answered by whom is the one routing policy's (handlers/routing.py): this module is its transport on Ray.
+route. The router also records which version each gate holds, so that a gate replica Serve replaces opens it
+again. What is forwarded, counted and answered by whom is the one routing policy's (handlers/routing.py): this
+module is its transport on Ray.
 
 Every change bumps the name's epoch; a change is settled once every replica that polled lately has polled again
 having seen it, with no canary request in flight: the switchboard waits for that, so that a canary's counts are
