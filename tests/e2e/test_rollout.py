@@ -195,35 +195,35 @@ TWO_WORKERS = ServingPolicy(workers=2, batch_size=1, max_batch_delay_ms=5, threa
 JOINED_S = 60  # a KServe candidate's workers after its first, started on a busy 2-core machine
 
 
-def ray_titles() -> dict[int, str]:
-    import psutil
-    return {p.pid: " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].startswith("ray::")}
-
-
-def ray_replica_pids(application: str) -> list[int]:
-    """Each replica's process is titled by Ray with its actor's class, which Serve names after the application;
-    the title is rewritten around every task the replica runs, so it is read until it shows."""
+def ray_replica_pids(server, application: str) -> list[int]:
+    """The replica processes of application in this server's Ray session (serving/ray/cluster.py), titled by Ray
+    with its actor's class, which Serve names after the application; the title is rewritten around every task the
+    replica runs, so it is read until it shows."""
+    from serving.ray.cluster import process_name, session_members
     title = f"ray::ServeReplica:{application}:"
+    session = int(server.pid_file.read_text())  # the server process leads the session its Ray node runs in
     pids: list[int] = []
 
+    def titles() -> dict[int, str]:
+        return {pid: process_name(pid) for pid in session_members(session)}
+
     def titled() -> bool:
-        pids[:] = [pid for pid, seen in ray_titles().items() if seen.startswith(title)]
+        pids[:] = [pid for pid, seen in titles().items() if seen.startswith(title)]
         return bool(pids)
     try:
         wait_for(titled, JOINED_S, f"process titled {title}")
     except AssertionError as error:
-        raise AssertionError(f"{error}; Ray's processes: {sorted(set(ray_titles().values()))}") from None
+        raise AssertionError(f"{error}; the session's processes: {sorted(set(titles().values()))}") from None
     return pids
 
 
-def candidate_pids(engine: str, board, settings, workers: int) -> list[int]:
+def candidate_pids(engine: str, server, board, settings, workers: int) -> list[int]:
     """The process ids of the candidate's (v2's) workers, as the engine describes them; on KServe once it has all
     of them (its pool serves from its first and the others join: serving/kserve/pool.py)."""
     if engine == "torchserve":
         return [worker["pid"] for worker in board.described(NAME, "v2")[0]["workers"]]
     if engine == "ray":
-        return ray_replica_pids(gate_app(NAME))
+        return ray_replica_pids(server, gate_app(NAME))
     def described() -> list[dict]:
         return requests.get(f"{settings.url}/v2/models/{NAME}.v2/description", timeout=60).json()["workers"]
     wait_for(lambda: len(described()) == workers, JOINED_S, f"v2 with its {workers} workers")
@@ -259,9 +259,9 @@ def test_a_candidate_that_hangs_or_crashes_never_fails_a_live_request(engine, po
     with server.running(CAT):
         board = server.switchboard()
         archive = store / f"{NAME}.v2.mar"
-        spare = ray_replica_pids(gate_app(NAME)) if engine == "ray" else None  # the gate's, standing by
+        spare = ray_replica_pids(server, gate_app(NAME)) if engine == "ray" else None  # the gate's, standing by
         board.load_beside(NAME, Candidate(archive, checked_manifest(archive)))
-        pids = candidate_pids(engine, board, settings, policy.workers)
+        pids = candidate_pids(engine, server, board, settings, policy.workers)
         assert pids, f"no process of {NAME}'s v2 on {engine}"
         assert spare is None or pids == spare, "Ray's candidate opened in a new process, not in the gate's spare"
         load = VersionedLoad(url, CAT.read_bytes(), engine=server).start()
