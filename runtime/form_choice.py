@@ -218,15 +218,11 @@ def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, t
                     device: str, rebuild: str) -> MeasuredChoice | None:
     """The candidate to serve, measured (or read from an earlier measurement); None when there is nothing to choose
     between (one candidate or none met) or the environment asks for the declared order."""
-    met, skipped = met_candidates(manifest.decision().gated, machine, manifest.artifacts, manifest.artifacts, device)
     mode = os.environ.get(CHOICE_ENV, "")
-    if len(met) < 2 or mode == "declared":
+    between = None if mode == "declared" else _candidates_to_time(manifest, machine, threads, batch, device)
+    if between is None:
         return None
-    handler_input = manifest.input.handler_input()
-    if handler_input is None:  # the core refuses such an archive by name (check_task)
-        return None
-    shape = (batch, *handler_input)
-    key = _key(manifest, met, machine, threads, shape, device)
+    met, skipped, shape, key = between
     opened: dict[str, tuple[RunOptions, Any]] = {}
     with _locked(key) as cache:
         kept = None if mode == "remeasure" else _kept(cache / f"{key}.json")
@@ -249,15 +245,27 @@ def keep_export_measurement(manifest: Manifest, machine: MachineProfile, threads
     on this machine) kept as the choice's measurement at batch 1, so that the first start on the machine that
     exported reads it instead of measuring the same forms again; a start's own measurement is never replaced.
     False when the timings do not cover every candidate this machine meets, or there is nothing to choose."""
-    met, _ = met_candidates(manifest.decision().gated, machine, manifest.artifacts, manifest.artifacts, device)
-    handler_input = manifest.input.handler_input()
-    if len(met) < 2 or handler_input is None or not all(median_ms.get(kind) for kind in met):
+    between = _candidates_to_time(manifest, machine, threads, 1, device)
+    if between is None or not all(median_ms.get(kind) for kind in between[0]):
         return False
-    key = _key(manifest, met, machine, threads, (1, *handler_input), device)
+    met, _, _, key = between
     with _locked(key) as cache:
         if _kept(cache / f"{key}.json") is None:
             _keep(cache / f"{key}.json", {kind: round(1000 / median_ms[kind], 1) for kind in met}, BY_THE_EXPORT)
     return True
+
+
+def _candidates_to_time(manifest: Manifest, machine: MachineProfile, threads: int, batch: int,
+                        device: str) -> tuple[list[str], dict[str, str], tuple[int, ...], str] | None:
+    """(the candidates this machine meets, why the others are not, the input timed, where their timing is kept),
+    for measured_choice and keep_export_measurement alike; None when there is nothing to choose between (one
+    candidate or none met) or no input shape (the core refuses such an archive by name: check_task)."""
+    met, skipped = met_candidates(manifest.decision().gated, machine, manifest.artifacts, manifest.artifacts, device)
+    handler_input = manifest.input.handler_input()
+    if len(met) < 2 or handler_input is None:
+        return None
+    shape = (batch, *handler_input)
+    return met, skipped, shape, _key(manifest, met, machine, threads, shape, device)
 
 
 def taken_backend(choice: Choice | None, options: RunOptions) -> Any:
