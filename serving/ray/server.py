@@ -75,8 +75,7 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
     failing, e.g. the sha256)."""
     from ray import serve
 
-    from serving.ray.deployment import application, application_args
-    from serving.ray.versions import RayVersions, deployment_failure
+    from serving.ray.versions import RayVersions
     serve.start(http_options={"host": settings.host, "port": settings.http_port, "location": PROXY_LOCATION})
     folder = signals.metrics_folder(settings.run_dir)  # every replica on this machine writes its metrics there
 
@@ -89,15 +88,7 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
     logger.info("metrics: %s/metrics (health: %s/health/live, %s/health/ready)", settings.signals_url,
                 settings.signals_url, settings.signals_url)
     for name in settings.models:
-        policy = settings.policies[name]
-        options = options_of(policy)
-        logger.info("deploying %s on %s: %s; replicas %s", name, settings.url, "; ".join(policy.lines()),
-                    options["autoscaling_config"])
-        app = application({**application_args(archives[name], policy), "options": options})
-        try:
-            serve.run(app, name=name, route_prefix=f"/predictions/{name}")
-        except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
-            raise ServingError(f"{name}: {deployment_failure(name) or error}") from None
+        versions.deploy(name, archives[name])
     for name in settings.models:  # each model's spare for a rollout's candidate, started as the server answers
         if settings.policies[name].device == "gpu":
             continue  # the live replicas hold the GPUs: a spare would wait for one (a rollout deploys it, and waits)

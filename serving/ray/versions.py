@@ -146,17 +146,22 @@ class RayVersions:
         return archive
 
     def deploy(self, name: str, archive: Path) -> None:
-        """Serve's in-place update of name's live application to archive."""
+        """name's live application from archive, at the server's start or in place at a switch; returns once its
+        replicas run (serve.run waits for them), VersionsError with Serve's reason when it cannot (a replica's
+        constructor failing, e.g. the sha256)."""
         from ray import serve
 
         from serving.ray.deployment import application, application_args
         policy = self.settings.policies[name]
-        app = application({**application_args(archive, policy), "options": self.options_of(policy)})
+        options = self.options_of(policy)
+        logger.info("deploying %s (%s) on %s: %s; replicas %s", name, archive.name, self.settings.url,
+                    "; ".join(policy.lines()), options["autoscaling_config"])
+        app = application({**application_args(archive, policy), "options": options})
         try:
             serve.run(app, name=name, route_prefix=f"/predictions/{name}")
-        except RuntimeError as error:
-            raise VersionsError(422, f"{archive.name} cannot be deployed: {deployment_failure(name) or error}") \
-                from None
+        except RuntimeError as error:  # Serve's "Deploying application NAME failed: ...": the replica says why
+            raise VersionsError(422, f"{name}: {archive.name} cannot be deployed: "
+                                     f"{deployment_failure(name) or error}") from None
 
     def set_default(self, name: str, label: str) -> dict:
         """The candidate, held by the gate, takes every request of name at once: the live replicas hand it all of
