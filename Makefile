@@ -50,11 +50,12 @@ serve: setup
 
 # Two pytest-xdist workers (a 2-core machine's worth); each test module runs whole on one (tests/conftest.py).
 TEST_WORKERS ?= 2
+# -rsfE: the summary lists skips, then failures and errors last, where a log cut to its tail still names them.
 # Then the litert kind's tests, in the one environment that has litert-torch (in .venv they skip, saying so).
 LITERT_TESTS := tests/export/forms/test_litert.py tests/runtime/test_litert.py
 test: setup litert-env
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -v -rs --durations=40
-	$(LITERT_VENV)/bin/python -m pytest -v -rs $(LITERT_TESTS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -v -rsfE --durations=40
+	$(LITERT_VENV)/bin/python -m pytest -v -rsfE $(LITERT_TESTS)
 
 test-fast: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -q -m "not slow"
