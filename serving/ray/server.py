@@ -93,7 +93,7 @@ def deploy(settings: RaySettings, archives: dict[str, Path]) -> None:
         if settings.policies[name].device == "gpu":
             continue  # the live replicas hold the GPUs: a spare would wait for one (a rollout deploys it, and waits)
         try:
-            versions.deploy_gate(name, wait=False)
+            versions.gates.deploy(name, wait=False)
         except ServingError as error:  # the models serve without it: a rollout deploys it again, or says why
             logger.warning("%s", error)
 

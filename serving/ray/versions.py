@@ -3,8 +3,8 @@ through its version routes (serving/rollout/switchboard.py's RoutedSwitchboard),
 a rollout then needs no Ray driver of its own (Python's `import ray`, `ray.init` and Serve's client: seconds
 before its first step, and several times that on a loaded machine).
 
-The candidate is opened beside the live application by NAME's gate (serving/ray/deployment.py RayGate: a spare
-replica deployed with the live one, its imports done, at GATE_PREFIX/NAME/vN once it holds vN). At the switch the
+The candidate is opened beside the live application by NAME's gate (serving/ray/gates.py drives it; its replica,
+serving/ray/deployment.py RayGate, is a spare deployed with the live one, its imports done). At the switch the
 live replicas hand it every request at once (the routing below, at 100 %), while Serve's own in-place update
 brings the live application to the candidate's archive: Serve replaces its replicas a few at a time, each old one
 finishing the requests it holds before it stops, and each new one, being the candidate's version, answers itself.
@@ -29,23 +29,14 @@ import requests
 from contract.policy import ServingPolicy
 from contract.versions import archive_name, parse_label
 from serving.auth import VERSION_ROUTES, auth_headers
-from serving.ray.config import GATE_PREFIX, RaySettings, gate_app, gate_options
+from serving.ray.config import RaySettings
+from serving.ray.gates import RayGates, VersionsError, deployment_failure
 from serving.rollout.switchboard import answer_of
 from serving.settings import REQUEST_TIMEOUT_S, ServingError
 
 logger = logging.getLogger("serving.ray")
 
 NAME, LABEL = r"(?P<name>[^/]+)", r"(?P<label>v\d+)"
-DEPLOY_FAILED = "DEPLOY_FAILED"  # Serve's status of an application whose replicas could not start
-GATE_TIMEOUT_S = 120.0  # a gate's replica started (a busy machine's imports) and the candidate opened within this
-
-
-class VersionsError(ServingError):
-    """A version route's refusal: its HTTP status and why."""
-
-    def __init__(self, status: int, why: str):
-        super().__init__(why)
-        self.status = status
 
 
 class RayVersions:
@@ -55,6 +46,7 @@ class RayVersions:
         self.settings = settings
         self.options_of = options_of  # a policy's deployment options, as the server deploys its own models
         self.new_router = False  # made by this process: the replicas have not polled it yet
+        self.gates = RayGates(settings, options_of, self.router)
 
     # ---------------------------------------------------------------- what is loaded
     def describe(self, name: str) -> dict:
@@ -63,79 +55,17 @@ class RayVersions:
         if name not in serve.status().applications:
             raise VersionsError(404, f"no model {name}")
         default = described_version(self.settings, name)
-        held = self.held(name)
+        held = self.gates.held(name)
         router = self.router(create=False)
         canary = ray.get(router.canary_report.remote(name)) if router is not None else None
         return {"default": default, "loaded": [default, *([held] if held and held != default else [])],
                 "canary": canary if canary and canary["label"] else None}
 
-    def held(self, name: str) -> str | None:
-        """The version name's gate holds beside the live one (the router's record), None when none."""
-        import ray
-        router = self.router(create=False)
-        holding = ray.get(router.gate_of.remote(name)) if router is not None else None
-        return holding[0] if holding else None
-
-    def require_held(self, name: str, label: str) -> None:
-        if self.held(name) != label:
-            raise VersionsError(404, f"{name} {label} is not loaded beside the live version")
-
     # ---------------------------------------------------------------- loading and switching
     def load(self, name: str, label: str) -> dict:
-        """The candidate opened by name's gate (deployed now if it is not there: a server on someone else's
-        cluster, or a gate deleted); one version beside the live one at a time."""
-        import ray
-        archive = self.archive(name, label)
-        held = self.held(name)
-        if held not in (None, label):
-            raise VersionsError(409, f"{name} {held} is loaded beside the live version: unload it first "
-                                     f"(`python -m serving rollback`, or DELETE {VERSION_ROUTES}/{name}/{held})")
-        self.deploy_gate(name, wait=True)
-        router = self.router(create=True)
-        ray.get(router.set_gate.remote(name, label, str(archive)))  # first: a replaced gate replica opens it too
-        try:
-            held_now = self.gate_hold(name, label, archive)
-        except VersionsError:
-            ray.get(router.set_gate.remote(name, None))
-            raise
-        if "refused" in held_now:
-            ray.get(router.set_gate.remote(name, None))
-            raise VersionsError(422, f"{archive.name} cannot be loaded: {held_now['refused']}")
+        """The candidate opened beside the live version by name's gate (serving/ray/gates.py)."""
+        self.gates.open(name, label, self.archive(name, label))
         return {"loaded": label}
-
-    def gate_hold(self, name: str, label: str | None, archive: Path | None = None) -> dict:
-        """The gate's replica told what to hold: its answer ({"held"} or {"refused": why}); VersionsError when it
-        does not answer (its replica not started within GATE_TIMEOUT_S, or failing)."""
-        from ray import serve
-        try:
-            handle = serve.get_app_handle(gate_app(name))
-            return handle.hold.remote(label, None if archive is None else str(archive)).result(
-                timeout_s=GATE_TIMEOUT_S)
-        except Exception as error:  # Serve's own: a timeout, a replica that died while opening
-            raise VersionsError(503, f"{gate_app(name)}, which opens {name}'s candidate, did not answer: "
-                                     f"{type(error).__name__}: {error}") from None
-
-    def deploy_gate(self, name: str, wait: bool) -> None:
-        """name's gate beside its live application, unless it is there (a failed one is deployed again); waited
-        for when wait, else deployed while the caller goes on (the server's start, which returns once its own
-        models answered)."""
-        from ray import serve
-
-        from serving.ray.deployment import gate_application
-        app = gate_app(name)
-        status = serve.status().applications.get(app)
-        if status is not None and status.status != DEPLOY_FAILED:
-            return  # running, or its replica still starting: the hold waits for it
-        if status is not None:
-            serve.delete(app)
-        policy = self.settings.policies[name]
-        target = serve.RunTarget(gate_application(name, policy, gate_options(self.options_of(policy))),
-                                 name=app, route_prefix=f"{GATE_PREFIX}/{name}")
-        try:
-            serve.run_many([target], wait_for_applications_running=wait)
-        except RuntimeError as error:  # Serve's "Deploying application ... failed": the replica says why
-            raise VersionsError(503, f"{app}, which opens {name}'s candidate, cannot be deployed: "
-                                     f"{deployment_failure(app) or error}") from None
 
     def archive(self, name: str, label: str) -> Path:
         if name not in self.settings.policies:
@@ -171,34 +101,28 @@ class RayVersions:
         capture outlives it."""
         import ray
         archive = self.archive(name, label)
-        self.require_held(name, label)
+        self.gates.require_held(name, label)
         router = self.router(create=True)
         self.settle(router, name, ray.get(router.set_switch.remote(name, label)), idle=False)
         self.deploy(name, archive)
         self.settle(router, name, ray.get(router.end.remote(name)), idle=False)  # the switch's counts are nobody's
-        self.release(name)
+        self.gates.release(name)
         logger.info("%s: %s is the default", name, label)
         return {"default": label}
 
     def unload(self, name: str, label: str) -> dict:
         """The gate lets that version go (the old version's replicas drained in Serve's update)."""
         self.end_routing(name)
-        if self.held(name) == label:
-            self.release(name)
+        if self.gates.held(name) == label:
+            self.gates.release(name)
         return {"unloaded": label}
-
-    def release(self, name: str) -> None:
-        import ray
-        router = self.router(create=True)
-        ray.get(router.set_gate.remote(name, None))
-        self.gate_hold(name, None)
 
     # ---------------------------------------------------------------- canary and capture
     def canary(self, name: str, label: str, percent: float) -> dict:
         """Set, then settled: every live replica follows it, none still holds a canary request (so that the counts
         are final when it ends)."""
         import ray
-        if percent and self.held(name) != label:
+        if percent and self.gates.held(name) != label:
             raise VersionsError(409, f"a canary of {name} {label}: {label} is not loaded beside the live version")
         router = self.router(create=True)
         self.settle(router, name, ray.get(router.set_canary.remote(name, label, percent)))
@@ -276,17 +200,6 @@ class RayVersions:
             if matched and step_method == method:
                 return step(matched)
         raise VersionsError(404, f"no version route {method} {VERSION_ROUTES}{path}")
-
-
-def deployment_failure(name: str) -> str | None:
-    """Serve's message of application name's failed deployment: the replica constructor's exception, its
-    traceback cut to the last line (the core's reason, e.g. the sha256 mismatch)."""
-    from ray import serve
-    application = serve.status().applications.get(name)
-    messages = [status.message for status in (application.deployments.values() if application else ())
-                if status.message]
-    lines = [line for message in messages for line in message.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else None
 
 
 def described_version(settings: RaySettings, name: str) -> str:
