@@ -5,8 +5,10 @@
 Runs the user's own command, `python -m serving --detach`, on a fresh run dir with the store (its ports from --port
 up, on loopback), times it until it returns (every model gave a real answer), reads the phases each process that
 opened a model wrote (handlers/start_phases.py), stops the server, and prints one table per run with the CPU named.
-The first run is as a new machine's (--cold, the default: the choice at load measured afresh,
-VISION_EXPORT_FORM_CHOICE=remeasure); the next ones find what the first kept. --out writes start.json and start.md.
+The first run is as a new machine's (the default): the servers get an empty cache folder of their own (XDG_CACHE_HOME),
+so the first worker of each model measures the choice at load and the others read what it kept, as on a machine
+that never served; the next runs find what the first kept. --warm: the user's own cache, on every run. --out
+writes start.json and start.md.
 A benchmark, not a test: the figures go to docs/results/.
 """
 
@@ -25,7 +27,6 @@ from pathlib import Path
 from contract.files import atomic_write_text
 from handlers.start_phases import PHASES, read_phases
 from measure.distributed.report import cpu_name
-from runtime.form_choice import CHOICE_ENV
 
 ENGINES = ("torchserve", "kserve", "ray")
 # the engine's port options, in the order --port, --port + 1, ... fills them
@@ -59,15 +60,20 @@ def main(argv: list[str]) -> int:
         print(f"{args.store} holds no archive: export one first, e.g. `python -m export efficientnet "
               f"--model-store {args.store}`", file=sys.stderr)
         return 2
-    runs = []
-    for index in range(args.runs):
-        run = start_once(args, cold=index == 0 and not args.warm)
-        if run["returncode"] != 0:
-            print(run["output"][-3000:], file=sys.stderr)
-            print(f"`{' '.join(run['command'])}` failed (exit {run['returncode']})", file=sys.stderr)
-            return 1
-        runs.append(run)
-        print(report(run), flush=True)
+    new_machine_cache = None if args.warm else Path(tempfile.mkdtemp(prefix="measure-start-cache-"))
+    try:
+        runs = []
+        for index in range(args.runs):
+            run = start_once(args, new_machine_cache, cold=index == 0 and not args.warm)
+            if run["returncode"] != 0:
+                print(run["output"][-3000:], file=sys.stderr)
+                print(f"`{' '.join(run['command'])}` failed (exit {run['returncode']})", file=sys.stderr)
+                return 1
+            runs.append(run)
+            print(report(run), flush=True)
+    finally:
+        if new_machine_cache is not None:
+            shutil.rmtree(new_machine_cache)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out / "start.json", json.dumps({"cpu": cpu_name(), "runs": runs}, indent=2))
@@ -75,13 +81,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def start_once(args: argparse.Namespace, cold: bool) -> dict:
-    """One `python -m serving --detach` on a fresh run dir, timed, its processes' phases read, then stopped."""
+def start_once(args: argparse.Namespace, cache_home: Path | None, cold: bool) -> dict:
+    """One `python -m serving --detach` on a fresh run dir (its caches in cache_home when given, else the user's),
+    timed, its processes' phases read, then stopped."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"measure-start-{args.engine}-"))
     ports = [f"{option}={args.port + offset}" for offset, option in enumerate(PORT_OPTIONS[args.engine])]
     command = [sys.executable, "-m", "serving", "--engine", args.engine, "--model-store", str(args.store),
                "--run-dir", str(run_dir), "--detach", *ports]
-    env = {**os.environ, **({CHOICE_ENV: "remeasure"} if cold else {})}
+    env = {**os.environ, **({"XDG_CACHE_HOME": str(cache_home)} if cache_home else {})}
     began = time.time()
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=START_TIMEOUT_S)
@@ -101,7 +108,7 @@ def start_once(args: argparse.Namespace, cold: bool) -> dict:
 
 def report(run: dict) -> str:
     """The run as a markdown table: a row per process that opened a model, its phases in seconds."""
-    head = (f"{run['engine']}, {'cold (the choice at load measured afresh)' if run['cold'] else 'warm (the kept choice)'}"
+    head = (f"{run['engine']}, {'cold (a new machine: no choice kept yet)' if run['cold'] else 'warm (the kept choice)'}"
             f", on {run['cpu']} ({run['cores']} cores): `python -m serving --detach` returned after "
             f"{run['returned_s']:.1f} s")
     if "run_dir" in run:
