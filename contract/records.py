@@ -22,6 +22,7 @@ from contract.versions import ModelVersion
 
 SCHEMA_VERSION = 4  # 4: the task, every output, the resize rule of whole-image models; 3: refused kinds are Refusals
 MANIFEST_NAME = "manifest.json"
+FORM_TIMING_NAME = "form-timing.json"  # the export's timing of its candidates and its machine key (form_choice.py)
 LABELS_NAME = "index_to_name.json"
 INPUT_NAME = "input"  # the artifacts' input and output tensor names (ONNX graphs, Triton, v2 clients)
 OUTPUT_NAME = "output"
@@ -275,9 +276,8 @@ class ServingDecision:
 
 @dataclass
 class Refusal:
-    """A form an export could not make or keep: the step that refused it and why. Every refusal has this shape
-    (an exporter, an ONNX check, loading, running the parity inputs, a reduced-precision variant); the other
-    forms go on without it."""
+    """A form an export could not make or keep, the step that refused it and why, in one shape for every refusal
+    (an exporter, an ONNX check, loading, parity, a reduced-precision variant); the other forms go on without it."""
 
     step: str  # build | inspect | load | parity | precision | needs (a form it is made from is missing)
     error: str  # the exception's type ("" for a form skipped because another is missing)

@@ -20,11 +20,12 @@ the candidates' sha256, the machine (its CPU, flags, cores, device and runtime v
 later start on this machine (a restart, another run dir, the other workers, a replaced worker) serves the same
 choice without measuring again, and a change of either content or machine measures afresh; a lock makes the first
 worker measure alone while the others wait for its result. The export keeps its own timing of the forms there
-too (keep_export_measurement: the same setting, batch 1, on the machine that exported), so a first start there reads
-it. VISION_EXPORT_FORM_CHOICE=remeasure measures again and replaces what was kept. Every candidate is checked against the manifest's sha256 (runtime.integrity
-verify_artifact) before any of its code runs, and the served one again before it serves (handlers/core.py); a kept
-choice whose form fails that check is forgotten (forget). The measuring worker serves the backend it measured
-(taken_backend) instead of opening it twice.
+too (keep_export_measurement: the same setting, batch 1, on the machine that exported), so a first start there
+reads it, and carries it in its archive with its key (FORM_TIMING_NAME), so a first start on any machine of that
+kind does. VISION_EXPORT_FORM_CHOICE=remeasure measures again and replaces what was kept. Every candidate is
+checked against the manifest's sha256 (runtime.integrity verify_artifact) before any of its code runs, and the
+served one again before it serves (handlers/core.py); a kept choice whose form fails that check is forgotten
+(forget). The measuring worker serves the backend it measured (taken_backend) instead of opening it twice.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ from typing import Any
 import torch
 
 from contract.files import atomic_write_text
-from contract.records import ContractError, Manifest
+from contract.records import FORM_TIMING_NAME, ContractError, Manifest
 from runtime.base import RunOptions, backend_class, open_artifact
-from runtime.integrity import verify_artifact
+from runtime.integrity import mismatch, verify_artifact
 from runtime.machine import CUDA, MachineProfile, Needs
 from runtime.timing import time_runs
 
@@ -64,6 +65,7 @@ FALLBACK_CACHE_DIR = Path(tempfile.gettempdir()) / "vision-export-form-choices" 
 RUNTIMES = ("torch", "onnxruntime", "openvino")  # a new version may change which form is fastest
 MEASURED_BY_SUFFIX = ".by"  # beside KEY.json: who measured it (BY_A_START when absent)
 BY_A_START, BY_THE_EXPORT = "at an earlier start", "by the export"
+BY_THE_ARCHIVE = "by the archive's export, on a machine of this kind"
 
 
 class FormChoiceError(ContractError):
@@ -225,14 +227,14 @@ def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, t
     met, skipped, shape, key = between
     opened: dict[str, tuple[RunOptions, Any]] = {}
     with _locked(key) as cache:
-        kept = None if mode == "remeasure" else _kept(cache / f"{key}.json")
+        kept = None if mode == "remeasure" else _kept(cache / f"{key}.json") or _carried(folder, manifest, key)
         if kept is None:
             measured = {kind: _rate(folder, manifest, kind, threads, shape, device, rebuild, opened) for kind in met}
             _keep(cache / f"{key}.json", measured, BY_A_START)
             how = "measured at this worker's start"
         else:
             measured, by = kept
-            how = f"as measured {by} on this machine"
+            how = f"as measured {by}" + ("" if by == BY_THE_ARCHIVE else " on this machine")
     kind = within_margin(met, measured)
     backend = dict(zip(("options", "backend"), opened[kind])) if kind in opened else {}
     return MeasuredChoice(kind, machine, skipped, measured,
@@ -240,19 +242,25 @@ def measured_choice(folder: Path, manifest: Manifest, machine: MachineProfile, t
 
 
 def keep_export_measurement(manifest: Manifest, machine: MachineProfile, threads: int, device: str,
-                            median_ms: dict[str, float]) -> bool:
+                            median_ms: dict[str, float]) -> dict[str, Any] | None:
     """The export's own timing of its forms (one call on the example input, under the serving policy's threads,
     on this machine) kept as the choice's measurement at batch 1, so that the first start on the machine that
-    exported reads it instead of measuring the same forms again; a start's own measurement is never replaced.
-    False when the timings do not cover every candidate this machine meets, or there is nothing to choose."""
+    exported reads it instead of measuring the same forms again; a start's own measurement is never replaced. What
+    the export carries (carry_timing); None when the timings miss a candidate met here, or there is no choice."""
     between = _candidates_to_time(manifest, machine, threads, 1, device)
     if between is None or not all(median_ms.get(kind) for kind in between[0]):
-        return False
+        return None
     met, _, _, key = between
+    rates = {kind: round(1000 / median_ms[kind], 1) for kind in met}
     with _locked(key) as cache:
         if _kept(cache / f"{key}.json") is None:
-            _keep(cache / f"{key}.json", {kind: round(1000 / median_ms[kind], 1) for kind in met}, BY_THE_EXPORT)
-    return True
+            _keep(cache / f"{key}.json", rates, BY_THE_EXPORT)
+    return {"key": key, "images_per_s": rates}
+
+
+def carry_timing(folder: Path, timing: dict[str, Any]) -> None:
+    """keep_export_measurement's result as the export folder's FORM_TIMING_NAME (the manifest records it)."""
+    atomic_write_text(folder / FORM_TIMING_NAME, json.dumps(timing))
 
 
 def _candidates_to_time(manifest: Manifest, machine: MachineProfile, threads: int, batch: int,
@@ -340,6 +348,20 @@ def _kept(path: Path) -> tuple[dict[str, float], str] | None:
         return None
     by = path.with_suffix(MEASURED_BY_SUFFIX)
     return rates, by.read_text().strip() if by.is_file() else BY_A_START
+
+
+def _carried(folder: Path, manifest: Manifest, key: str) -> tuple[dict[str, float], str] | None:
+    """(images/s per candidate, BY_THE_ARCHIVE) when the archive carries its export's timing made under this very
+    key (a machine of this kind, the same setting); None otherwise, said when the file is not the one recorded."""
+    record = manifest.files.get(FORM_TIMING_NAME)
+    problem = mismatch(folder / FORM_TIMING_NAME, record.sha256) if record else None
+    if record is None or problem:
+        if problem:
+            logger.warning("%s: %s; the forms are timed here instead", folder / FORM_TIMING_NAME, problem)
+        return None
+    carried = json.loads((folder / FORM_TIMING_NAME).read_text())  # the export's own file: its sha256 checked
+    rates = {str(kind): float(rate) for kind, rate in carried["images_per_s"].items()}
+    return (rates, BY_THE_ARCHIVE) if carried["key"] == key else None
 
 
 def _keep(path: Path, rates: dict[str, float], by: str) -> None:

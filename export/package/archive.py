@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from contract.handler_config import TORCHSERVE_KEYS, HandlerConfig
-from contract.records import MANIFEST_NAME, Manifest
+from contract.records import FORM_TIMING_NAME, MANIFEST_NAME, Manifest
 from contract.versions import (
     KEEP_VERSIONS,
     UNVERSIONED_ARCHIVE,
@@ -212,6 +212,8 @@ def _run_archiver(export_dir: Path, manifest: Manifest, name: str, overrides: di
     (extra / MANIFEST_NAME).write_text(manifest.to_json())
     if manifest.labels_file():
         shutil.copy2(export_dir / manifest.labels_file(), extra / manifest.labels_file())
+    if FORM_TIMING_NAME in manifest.files:  # the export's timing of its candidates, read by its kind of machine
+        shutil.copy2(export_dir / FORM_TIMING_NAME, extra / FORM_TIMING_NAME)
     for path in [*shipped_files(manifest), *manifest.holdout_photos]:  # the held-out photos a rollout judges it on
         (extra / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(export_dir / path, extra / path)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.files import atomic_write_text
-from contract.records import Manifest
+from contract.records import FORM_TIMING_NAME, Manifest
 from export.checks.latency import Latency, measure_forms, skipped
 from export.checks.trace_vs_script import TraceVsScript
 from export.forms import kinds
@@ -18,7 +18,7 @@ from export.package import form_table, report_html
 from export.package.manifest import file_record
 from export.package.pictures import Drawer, draw_probes
 from models.registry import ModelEntry
-from runtime.form_choice import keep_export_measurement
+from runtime.form_choice import carry_timing, keep_export_measurement
 from runtime.machine import this_machine_profile
 
 TRACE_VS_SCRIPT_JSON = "report.json"
@@ -55,8 +55,8 @@ def write_look(
 ) -> Looked:
     latency = measure_forms(stage, manifest, entry.example_input(), device) if benchmark else skipped()
     manifest.decision().latency_ms_batch1 = dict(latency.median_ms)
-    if benchmark:  # a first start on this machine chooses its form from these timings instead of timing again
-        keep_export_measurement(manifest, this_machine_profile(device), latency.threads, device, latency.median_ms)
+    if benchmark:  # a first start on this machine, or one of its kind, chooses its form from these timings
+        _carry_timing(stage, manifest, latency, device)
     rows = form_table.form_rows(manifest, paths, latency)
     _add_to_report_json(stage, manifest, entry.name, form_table.as_json(rows, latency))
     pictures = draw_probes(
@@ -71,6 +71,15 @@ def write_look(
     atomic_write_text(html, report_html.render(manifest, rows, latency, pictures, forms.divergence))
     manifest.files[report_html.REPORT_HTML] = file_record(stage, report_html.REPORT_HTML)
     return Looked(rows, latency, form_table.terminal_table(rows, latency), html)
+
+
+def _carry_timing(stage: Path, manifest: Manifest, latency: Latency, device: str) -> None:
+    """The timings kept as this machine's choice, and carried in the folder (hence the archive) with their key."""
+    timing = keep_export_measurement(manifest, this_machine_profile(device), latency.threads, device,
+                                     latency.median_ms)
+    if timing is not None:
+        carry_timing(stage, timing)
+        manifest.files[FORM_TIMING_NAME] = file_record(stage, FORM_TIMING_NAME)
 
 
 def _tolerances(entry: ModelEntry, names: list[str]) -> dict:

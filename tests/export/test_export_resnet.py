@@ -11,7 +11,7 @@ import torch
 
 import models
 from contract.handler_config import HandlerConfig, read_labels
-from contract.records import MANIFEST_NAME, SCHEMA_VERSION, Manifest
+from contract.records import FORM_TIMING_NAME, MANIFEST_NAME, SCHEMA_VERSION, Manifest
 from export.forms import kinds
 from tests.conftest import ROOT
 
@@ -127,6 +127,8 @@ def test_archive_holds_handler_runtime_contract_artifact_manifest_labels_and_con
                 "handlers/image_classifier.py", "runtime/base.py", "runtime/onnxruntime.py", "contract/errors.py",
                 "contract/records.py", served.path} <= names
         assert hashlib.sha256(archive.read(served.path)).hexdigest() == served.sha256
+        if FORM_TIMING_NAME in manifest.files:  # the export's timing of the candidates this machine meets (2 or more)
+            assert archive.read(FORM_TIMING_NAME) == (resnet18_export["out"] / FORM_TIMING_NAME).read_bytes()
         # the archive ships contract/, runtime/ and handlers/ whole (what development imports), nothing else of ours
         assert not {n for n in names if n.split("/")[0] in ("models", "export", "serving", "measure")}
         assert {n for n in names if n.startswith("contract/")} == {

@@ -117,6 +117,35 @@ def test_the_exports_own_timing_is_the_first_starts_choice_and_never_replaces_a_
     assert open_core(two_candidates, threads=1).choice.measured == measured.measured
 
 
+@pytest.mark.slow
+def test_a_machine_of_the_exports_kind_reads_the_timing_its_archive_carries(two_candidates, tmp_path, monkeypatch):
+    """A fleet's other node (its cache empty) serves the form the export's carried timing chooses, without timing
+    the forms; on another kind of machine, or with a file that is not the one the manifest recorded, they are timed."""
+    from contract.records import FORM_TIMING_NAME, MANIFEST_NAME, Manifest
+    from export.package.manifest import file_record
+    from runtime.machine import this_machine_profile
+    monkeypatch.setattr(form_choice, "CACHE_DIR", tmp_path / "exporter")
+    monkeypatch.delenv(form_choice.CHOICE_ENV, raising=False)
+    manifest = Manifest.read(two_candidates)
+    timing = form_choice.keep_export_measurement(manifest, this_machine_profile("cpu"), 1, "cpu",
+                                                 {"onnx-dynamo": 10.0, "onnx-traced": 5.0})
+    form_choice.carry_timing(two_candidates, timing)
+    manifest.files[FORM_TIMING_NAME] = file_record(two_candidates, FORM_TIMING_NAME)
+    (two_candidates / MANIFEST_NAME).write_text(manifest.to_json())
+    monkeypatch.setattr(form_choice, "CACHE_DIR", tmp_path / "node")  # another machine of the same kind
+    node = open_core(two_candidates, threads=1)
+    assert node.choice.how.startswith("as measured by the archive's export") and node.record.kind == "onnx-traced"
+    assert node.choice.measured == {"onnx-dynamo": 100.0, "onnx-traced": 200.0}
+    assert not list((tmp_path / "node").glob("*.json"))  # nothing timed, nothing kept
+    with monkeypatch.context() as other_kind:
+        other_kind.setattr(form_choice, "_cpu_model", lambda: "another CPU")
+        assert "measured at this worker's start" in open_core(two_candidates, threads=1).choice.how
+    monkeypatch.setattr(form_choice, "CACHE_DIR", tmp_path / "third")
+    carried = two_candidates / FORM_TIMING_NAME
+    carried.write_text(carried.read_text().replace("200.0", "900.0"))  # not the file the manifest recorded
+    assert "measured at this worker's start" in open_core(two_candidates, threads=1).choice.how
+
+
 def test_a_kept_choice_is_keyed_by_the_forms_content_and_the_machine():
     from dataclasses import replace
 
