@@ -2,8 +2,9 @@
 URL, registration limited to the local model store, token authorisation end to end (python -m serving and
 its readiness check, the try-it page in front of it, the benchmark), bounded request and response sizes; and of a
 real KServe server and a real Ray Serve, both with token authorisation on: every port tried anonymously and with
-each key, Ray's cluster refusing a driver without its token, one body limit with TorchServe's, read no further
-than it, and on KServe a cap on the photos of one request (the other servers' bounds: tests/serving/test_bounds.py)."""
+each key (Ray's rollout gate too), Ray's cluster refusing a driver without its token, one body limit with
+TorchServe's, read no further than it, and on KServe a cap on the photos of one request (the other servers'
+bounds: tests/serving/test_bounds.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from serving.auth import auth_headers, read_keys
 from serving.kserve.config import KServeSettings
 from serving.kserve.engine import KServe
 from serving.page.server import NO_KEY
+from serving.ray.config import GATE_PREFIX
 from serving.torchserve import server
 from serving.torchserve.config import DEFAULT_CONFIG, free_port
 from tests.answers import assert_same_answer, expected_answer
@@ -324,12 +326,28 @@ def test_ray_with_token_auth_answers_only_the_key_and_its_cluster_only_the_token
         assert refused.headers["WWW-Authenticate"] == "Bearer"
     described = requests.get(versions, headers=auth_headers(ray_serve, "management"), timeout=60)
     assert described.status_code == 200 and described.json()["loaded"] == [described.json()["default"]], described.text
+    gate = gate_answer(ray_serve, f"{GATE_PREFIX}/{resnet18_export['model_name']}/v1", photo)
+    assert gate.status_code == 401 and "send the inference key" in gate.json()["error"], gate.text
+    held = requests.post(gate.url, data=photo, headers={**jpeg, **auth_headers(ray_serve)}, timeout=60)
+    assert held.status_code == 404 and "not loaded beside the live version" in held.json()["error"], held.text
     address = ray_serve.address_file.read_text()
     assert drives_the_cluster(address, {"RAY_AUTH_MODE": "token",
                                         "RAY_AUTH_TOKEN_PATH": str(ray_serve.run_dir / RAY_TOKEN_FILE)})
     assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "disabled"})  # anonymous: the router is out of reach
     assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
     assert keys_not_in_the_log(ray_serve.key_file, ray_serve.log_file)
+
+
+def gate_answer(settings, path: str, photo: bytes, timeout_s: float = 120) -> requests.Response:
+    """An anonymous photo to the gate's own route (a spare replica the server deploys once its models answer): the
+    gate's answer, once Serve's proxy stops answering for it (404 or 503 while the gate still starts)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = requests.post(f"http://127.0.0.1:{settings.http_port}{path}", data=photo,
+                               headers={"Content-Type": "image/jpeg"}, timeout=60)
+        if answer.status_code not in (404, 503) or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.5)
 
 
 def drives_the_cluster(address: str, auth_env: dict) -> bool:
