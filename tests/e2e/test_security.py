@@ -326,9 +326,16 @@ def test_ray_with_token_auth_answers_only_the_key_and_its_cluster_only_the_token
         assert refused.headers["WWW-Authenticate"] == "Bearer"
     described = requests.get(versions, headers=auth_headers(ray_serve, "management"), timeout=60)
     assert described.status_code == 200 and described.json()["loaded"] == [described.json()["default"]], described.text
-    gate = gate_answer(ray_serve, f"{GATE_PREFIX}/{resnet18_export['model_name']}/v1", photo)
+    gate_url = f"http://127.0.0.1:{ray_serve.http_port}{GATE_PREFIX}/{resnet18_export['model_name']}/v1"
+
+    # The gate's own route, anonymously: Serve's proxy answers 404 or 503 for it until the spare, deployed once the
+    # models answered, runs (the answer comes in a list: a 401 response is falsy, and wait_for waits for truth).
+    def gate_route_answer():
+        answer = requests.post(gate_url, data=photo, headers=jpeg, timeout=60)
+        return None if answer.status_code in (404, 503) else [answer]
+    (gate,) = wait_for(gate_route_answer, timeout=120, every=0.5)
     assert gate.status_code == 401 and "send the inference key" in gate.json()["error"], gate.text
-    held = requests.post(gate.url, data=photo, headers={**jpeg, **auth_headers(ray_serve)}, timeout=60)
+    held = requests.post(gate_url, data=photo, headers={**jpeg, **auth_headers(ray_serve)}, timeout=60)
     assert held.status_code == 404 and "not loaded beside the live version" in held.json()["error"], held.text
     address = ray_serve.address_file.read_text()
     assert drives_the_cluster(address, {"RAY_AUTH_MODE": "token",
@@ -336,18 +343,6 @@ def test_ray_with_token_auth_answers_only_the_key_and_its_cluster_only_the_token
     assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "disabled"})  # anonymous: the router is out of reach
     assert not drives_the_cluster(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
     assert keys_not_in_the_log(ray_serve.key_file, ray_serve.log_file)
-
-
-def gate_answer(settings, path: str, photo: bytes, timeout_s: float = 120) -> requests.Response:
-    """An anonymous photo to the gate's own route (a spare replica the server deploys once its models answer): the
-    gate's answer, once Serve's proxy stops answering for it (404 or 503 while the gate still starts)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        answer = requests.post(f"http://127.0.0.1:{settings.http_port}{path}", data=photo,
-                               headers={"Content-Type": "image/jpeg"}, timeout=60)
-        if answer.status_code not in (404, 503) or time.monotonic() > deadline:
-            return answer
-        time.sleep(0.5)
 
 
 def drives_the_cluster(address: str, auth_env: dict) -> bool:
